@@ -1,0 +1,63 @@
+# accelops.vgpu: developer entry points. `make demo` and `make test` are the two that matter.
+SHELL := /bin/bash
+VENV  ?= .venv
+BIN   := $(CURDIR)/$(VENV)/bin
+COLLECTIONS := $(CURDIR)/.build/collections
+export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(BIN):$(PATH)
+
+.PHONY: help setup system-deps demo test units sanity lint integration molecule reliability bench build clean
+
+help:
+	@echo "make demo   - run playbooks/site.yml against the built-in simulated GPU node"
+	@echo "make test   - the whole test suite (sets up .venv and system packages first)"
+	@echo "stages: units sanity lint integration molecule reliability; also: bench build clean"
+
+$(VENV)/.stamp: requirements-dev.txt tools/find-python.sh
+	@py=$$(tools/find-python.sh) && echo "creating $(VENV) with $$py" && $$py -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/pip install -q --disable-pip-version-check -e tests/gpusim
+	@touch $@
+
+$(COLLECTIONS)/ansible_collections/accelops/vgpu:
+	@mkdir -p $(COLLECTIONS)/ansible_collections/accelops
+	@ln -sfn $(CURDIR) $@
+
+setup: $(VENV)/.stamp $(COLLECTIONS)/ansible_collections/accelops/vgpu
+
+system-deps:
+	@tools/system-deps.sh
+
+demo: setup system-deps
+	@tools/demo.sh
+
+test: setup system-deps
+	@tools/test-all.sh
+
+units: setup
+	$(BIN)/pytest -q tests/unit tests/gpusim/tests
+
+sanity: setup
+	@tools/ansible-test.sh sanity
+
+lint: setup
+	$(BIN)/ansible-lint --profile production --offline
+
+integration: setup system-deps
+	$(BIN)/pytest -q tests/integration
+
+molecule: setup system-deps
+	@tools/molecule-all.sh
+
+reliability: setup system-deps
+	$(BIN)/pytest -q tests/reliability
+
+bench: setup system-deps
+	@$(BIN)/python -m tests.bench
+
+build: setup
+	@mkdir -p .build/dist && $(BIN)/ansible-galaxy collection build --force --output-path .build/dist .
+
+clean:
+	rm -rf .build .cache tests/output

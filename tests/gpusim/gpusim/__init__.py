@@ -1,0 +1,1 @@
+"""gpusim: a simulated GPU node for tests and the demo."""

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Run ansible-test (sanity, units) offline-friendly:
+# - ansible-test insists on running from .../ansible_collections/<ns>/<name> inside a git work tree,
+#   so the tracked and new (non-ignored) files are mirrored into .build/ansible-test/ and indexed there;
+# - its per-test venvs bootstrap pip from the internet; a get-pip shim backed by pip's own PyPI
+#   wheel (see shared test-environment notes) is placed where ansible-test looks first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+top=$PWD
+venv_py=$top/.venv/bin/python
+pyver=$("$venv_py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+pip_ver=$("$venv_py" - <<'PY'
+import ansible_test._util.target.setup.requirements as r, re, inspect
+src = inspect.getsource(r)
+m = re.search(r"PIP_VERSION\s*=\s*['\"]([0-9.]+)", src) or re.search(r"get-pip-([0-9.]+)\.py", src)
+print(m.group(1) if m else "25.2")
+PY
+)
+export HOME=$top/.cache/ansible-test-home
+wheels=$top/.cache/wheels
+mkdir -p "$HOME/.ansible/test/cache" "$wheels"
+[ -e "$wheels/pip-$pip_ver-py3-none-any.whl" ] || "$top/.venv/bin/pip" download -q --no-deps -d "$wheels" "pip==$pip_ver"
+cat > "$HOME/.ansible/test/cache/get_pip_${pip_ver//./_}.py" <<PY
+import runpy, sys
+WHEELS = "$wheels"
+sys.path.insert(0, WHEELS + "/pip-$pip_ver-py3-none-any.whl")
+args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
+sys.argv = ["pip", "install", "--find-links", WHEELS] + args
+runpy.run_module("pip", run_name="__main__", alter_sys=True)
+PY
+dest=$top/.build/ansible-test/ansible_collections/accelops/vgpu
+rm -rf "$dest"; mkdir -p "$dest"
+git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+  [ -e "$f" ] || continue
+  mkdir -p "$dest/$(dirname "$f")"; cp -a "$f" "$dest/$f"
+done
+cd "$dest"
+git init -q . && git add -A >/dev/null
+exec "$top/.venv/bin/ansible-test" "$@" --python "$pyver" --local --color no

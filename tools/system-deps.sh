@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install (as root) or list the Debian packages the test suite and the demo need.
+#   fuse3/libfuse3-3   gpusim mounts its simulated /sys with FUSE
+#   podman             Molecule nodes and the vGPU manager image build
+#   docker-registry    a registry on 127.0.0.1 for the image push test
+#   debootstrap        builds the local Debian 12 base image (no registry pulls here)
+set -eu
+pkgs=(fuse3 libfuse3-3 podman docker-registry debootstrap uidmap)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing system packages: ${missing[*]}; install them with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing system packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# the registry package starts a daemon on :5000; tests run their own instance on another port
+systemctl disable --now docker-registry >/dev/null 2>&1 || true
