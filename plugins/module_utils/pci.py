@@ -46,7 +46,7 @@ def parse_id_filter(text):
     """
     value = str(text).strip().lower()
     if ":" in value:
-        vendor, _, device = value.partition(":")
+        vendor, dummy, device = value.partition(":")
         vm, dm = _HEX4.match(vendor), _HEX4.match(device)
         if vm and dm:
             return vm.group(1), dm.group(1)
@@ -142,7 +142,7 @@ class PciDevice:
                 target = self.sysfs.link_name(self.attr(name))
                 if target:
                     links.append((int(name[6:]), target))
-        return [addr for _, addr in sorted(links)]
+        return [addr for dummy, addr in sorted(links)]
 
     @property
     def id_pair(self):

@@ -13,8 +13,10 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 
-class SysfsError(Exception):
+
+class SysfsError(EngineError):
     """A sysfs operation failed. `path` is relative to the sysfs root, `errno` the kernel's answer."""
 
     def __init__(self, path, errno, op="read", detail=None):
