@@ -6,6 +6,8 @@ COLLECTIONS := $(CURDIR)/.build/collections
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
+# podman on the test machines needs runc and lower ulimits (see tests/containers.conf)
+export CONTAINERS_CONF := $(CURDIR)/tests/containers.conf
 
 .PHONY: help setup system-deps demo test units sanity lint integration molecule reliability bench build clean
 
