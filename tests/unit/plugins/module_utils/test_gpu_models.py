@@ -1,0 +1,29 @@
+import pytest
+
+from ansible_collections.accelops.vgpu.plugins.module_utils import gpu_models
+
+
+@pytest.mark.parametrize("vendor,device,expected", [
+    ("10de", "26b9", "L40S"),
+    ("10DE", "26B9", "L40S"),
+    ("10de", "2336", "H100 SXM5"),
+    ("10de", "2bb5", "RTX PRO 6000 Blackwell"),
+    ("10de", "25b6", "A2/A16"),
+    ("10de", "1eb8", "T4"),
+])
+def test_known_ids_name_their_model(vendor, device, expected):
+    assert gpu_models.model_name(vendor, device) == expected
+
+
+@pytest.mark.parametrize("vendor,device", [
+    ("10de", "ffff"),      # unknown NVIDIA device
+    ("8086", "26b9"),      # same device ID, other vendor
+    (None, "26b9"),        # unreadable vendor
+    ("10de", None),
+])
+def test_unknown_ids_have_no_model(vendor, device):
+    assert gpu_models.model_name(vendor, device) is None
+
+
+def test_table_keys_are_normalised_device_ids():
+    assert all(len(key) == 4 and key == key.lower() for key in gpu_models.NVIDIA_MODELS)
