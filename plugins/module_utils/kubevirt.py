@@ -1,0 +1,251 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""KubeVirt CR planning: permittedHostDevices entries keyed by resourceName, feature gates, versions.
+
+Everything here is pure: it takes the CR as a dict and returns plain data. The I/O (read, patch,
+retry on 409) lives in k8s_client.py, so the merge rules are tested without any server.
+
+Merge rules for `pciHostDevices` and `mediatedDevices` (a JSON merge patch would replace the
+lists wholesale and wipe other teams' entries, so we compute the whole new list ourselves and
+send it guarded by the resourceVersion we read):
+- an entry is *ours* when its resourceName is in the desired list;
+- ours are updated in place (unknown extra keys of the existing entry are kept), missing ones are
+  appended in the desired order; `state: absent` removes ours;
+- with an exclusive vendor (`10DE`) / mdev name prefix, entries of that vendor that are not ours
+  (present) are removed; every other entry is kept untouched, in its order.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+
+GROUP, VERSION, PLURAL, KIND = "kubevirt.io", "v1", "kubevirts", "KubeVirt"
+HOST_DEVICES_GATE = "HostDevices"
+# kubevirt/kubevirt PR #16890 (nvidia-bound VFs) and PR #18112 (display) shipped together in
+# v1.9.0; the backports to 1.6-1.8 are disputed (domain brief section 7.3).
+VENDOR_VFIO_MIN_VERSION = "1.9.0"
+
+PCI, MDEV = "pciHostDevices", "mediatedDevices"
+SELECTOR = {PCI: "pciVendorSelector", MDEV: "mdevNameSelector"}
+_PCI_SELECTOR_RE = re.compile(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}$")
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+
+
+class KubeVirtError(EngineError):
+    """A KubeVirt CR or desired entry problem; the message names the object."""
+
+
+@dataclass
+class HostDevicesPlan:
+    """What a run would do. `patch` is None when nothing changes."""
+
+    patch: dict | None
+    changes: list = field(default_factory=list)
+    before: dict = field(default_factory=dict)
+    after: dict = field(default_factory=dict)
+
+    @property
+    def changed(self):
+        return self.patch is not None
+
+
+def cr_ref(cr):
+    meta = cr.get("metadata") or {}
+    return "KubeVirt %s/%s" % (meta.get("namespace"), meta.get("name"))
+
+
+def select_kubevirt(items, name=None, namespace=None):
+    """The one KubeVirt CR among `items` (a LIST result), optionally pinned by name/namespace."""
+    found = [cr for cr in items
+             if (name is None or cr["metadata"]["name"] == name)
+             and (namespace is None or cr["metadata"].get("namespace") == namespace)]
+    pinned = "%s/%s" % (namespace or "*", name or "*")
+    if not found:
+        raise KubeVirtError("KubeVirt %s: no KubeVirt CR found (is KubeVirt installed?)" % pinned)
+    if len(found) > 1:
+        raise KubeVirtError("KubeVirt %s: %d KubeVirt CRs found (%s); set name and namespace to pick one"
+                            % (pinned, len(found), ", ".join(cr_ref(cr)[len(KIND) + 1:] for cr in found)))
+    return found[0]
+
+
+def pci_entry(resource_name, pci_vendor_selector=None, external_resource_provider=False):
+    """A pciHostDevices entry as KubeVirt spells it (externalResourceProvider only when true)."""
+    entry = {"resourceName": resource_name}
+    if pci_vendor_selector is not None:
+        entry["pciVendorSelector"] = pci_vendor_selector.upper()
+    if external_resource_provider:
+        entry["externalResourceProvider"] = True
+    return entry
+
+
+def mdev_entry(resource_name, mdev_name_selector=None, external_resource_provider=False):
+    entry = {"resourceName": resource_name}
+    if mdev_name_selector is not None:
+        entry["mdevNameSelector"] = mdev_name_selector
+    if external_resource_provider:
+        entry["externalResourceProvider"] = True
+    return entry
+
+
+def validate_entries(kind, entries, state):
+    """Desired entries of one list: unique resourceNames, selectors present and well formed."""
+    seen = {}
+    for entry in entries:
+        name = entry.get("resourceName")
+        if not name:
+            raise KubeVirtError("%s entry %r: resourceName is required" % (kind, entry))
+        if name in seen and seen[name] != entry:
+            raise KubeVirtError("%s %s: listed twice with different fields" % (kind, name))
+        seen[name] = entry
+        if state != "present":
+            continue
+        selector = entry.get(SELECTOR[kind])
+        if not selector:
+            raise KubeVirtError("%s %s: %s is required" % (kind, name, SELECTOR[kind]))
+        if kind == PCI and not _PCI_SELECTOR_RE.match(selector):
+            raise KubeVirtError("%s %s: pciVendorSelector %r is not VVVV:DDDD (e.g. 10DE:26B9)"
+                                % (kind, name, selector))
+    return list(seen.values())
+
+
+def _vendor(entry):
+    return str(entry.get("pciVendorSelector", "")).split(":", 1)[0].upper()
+
+
+def _is_exclusive(kind, entry, exclusive):
+    if kind == PCI:
+        return _vendor(entry) in {v.upper() for v in exclusive}
+    return any(str(entry.get("mdevNameSelector", "")).startswith(p) for p in exclusive)
+
+
+def _same(existing, wanted):
+    """Equal for KubeVirt: a missing externalResourceProvider means false."""
+    def norm(entry):
+        out = dict(entry)
+        if not out.get("externalResourceProvider"):
+            out.pop("externalResourceProvider", None)
+        return out
+    return norm(existing) == norm(wanted)
+
+
+def merge_entries(kind, current, desired, state="present", exclusive=()):
+    """(new list, change lines) for one permittedHostDevices list. Pure; inputs are not modified."""
+    ours = {e["resourceName"]: e for e in desired}
+    result, changes, done = [], [], set()
+    for entry in current or []:
+        name = entry.get("resourceName")
+        if name in ours:
+            if state == "absent" or name in done:
+                changes.append("%s: remove %s" % (kind, name))
+                continue
+            merged = {k: v for k, v in entry.items() if k != "externalResourceProvider"}
+            merged.update(ours[name])
+            if _same(entry, merged):
+                merged = copy.deepcopy(entry)  # keep an explicit `externalResourceProvider: false`
+            else:
+                changes.append("%s: update %s" % (kind, name))
+            result.append(merged)
+            done.add(name)
+        elif exclusive and _is_exclusive(kind, entry, exclusive):
+            changes.append("%s: remove %s (not ours, exclusive %s)" % (kind, name, _exclusive_label(kind, entry)))
+        else:
+            result.append(copy.deepcopy(entry))
+    if state == "present":
+        for name, entry in ours.items():
+            if name not in done:
+                result.append(dict(entry))
+                changes.append("%s: add %s" % (kind, name))
+    return result, changes
+
+
+def _exclusive_label(kind, entry):
+    return "vendor " + _vendor(entry) if kind == PCI else "mdev name"
+
+
+def merge_feature_gates(current, wanted):
+    gates = list(current or [])
+    added = [g for g in wanted if g not in gates]
+    return gates + added, ["featureGates: add %s" % g for g in added]
+
+
+def managed_view(cr):
+    """The subtree this module manages, for diff before/after."""
+    conf = (cr.get("spec") or {}).get("configuration") or {}
+    permitted = conf.get("permittedHostDevices") or {}
+    return {
+        "permittedHostDevices": {PCI: list(permitted.get(PCI) or []), MDEV: list(permitted.get(MDEV) or [])},
+        "featureGates": list((conf.get("developerConfiguration") or {}).get("featureGates") or []),
+    }
+
+
+def plan_host_devices(current_cr, pci=(), mdev=(), state="present", exclusive_pci_vendors=(),
+                      exclusive_mdev_prefixes=(), feature_gate=True):
+    """Plan the KubeVirt CR change.
+
+    current_cr: the CR as read (dict). pci / mdev: desired entries in KubeVirt spelling
+    (`pci_entry()` / `mdev_entry()`). Returns a HostDevicesPlan whose `patch` is a JSON merge
+    patch carrying metadata.resourceVersion (so a concurrent writer makes the server answer 409)
+    and the complete new lists, or None when the CR already matches.
+    """
+    if state not in ("present", "absent"):
+        raise KubeVirtError("%s: state must be present or absent, not %r" % (cr_ref(current_cr), state))
+    pci = validate_entries(PCI, list(pci), state)
+    mdev = validate_entries(MDEV, list(mdev), state)
+    before = managed_view(current_cr)
+    new_pci, pci_changes = merge_entries(PCI, before["permittedHostDevices"][PCI], pci, state,
+                                         exclusive_pci_vendors)
+    new_mdev, mdev_changes = merge_entries(MDEV, before["permittedHostDevices"][MDEV], mdev, state,
+                                           exclusive_mdev_prefixes)
+    wants_gate = feature_gate and state == "present" and (pci or mdev)
+    gates, gate_changes = merge_feature_gates(before["featureGates"], [HOST_DEVICES_GATE] if wants_gate else [])
+    after = {"permittedHostDevices": {PCI: new_pci, MDEV: new_mdev}, "featureGates": gates}
+    changes = pci_changes + mdev_changes + gate_changes
+    configuration = {}
+    permitted = {}
+    if new_pci != before["permittedHostDevices"][PCI]:
+        permitted[PCI] = new_pci
+    if new_mdev != before["permittedHostDevices"][MDEV]:
+        permitted[MDEV] = new_mdev
+    if permitted:
+        configuration["permittedHostDevices"] = permitted
+    if gates != before["featureGates"]:
+        configuration["developerConfiguration"] = {"featureGates": gates}
+    patch = None
+    if configuration:
+        meta = current_cr.get("metadata") or {}
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+                 "spec": {"configuration": configuration}}
+    return HostDevicesPlan(patch=patch, changes=changes, before=before, after=after)
+
+
+def parse_version(text):
+    """(major, minor, patch) from 'v1.9.0', '1.9.0-rc.1', ...; None when unparseable."""
+    match = _VERSION_RE.match(str(text or "").strip())
+    return tuple(int(x) for x in match.groups()) if match else None
+
+
+def deployed_version(cr):
+    status = cr.get("status") or {}
+    return status.get("observedKubeVirtVersion") or status.get("operatorVersion")
+
+
+def check_vendor_vfio_version(cr, minimum=VENDOR_VFIO_MIN_VERSION):
+    """Fail unless the deployed KubeVirt serves nvidia-bound VFs (>= minimum)."""
+    text = deployed_version(cr)
+    have, want = parse_version(text), parse_version(minimum)
+    if want is None:
+        raise KubeVirtError("minimum KubeVirt version %r is not X.Y.Z" % minimum)
+    if have is None:
+        raise KubeVirtError("%s: deployed version unknown (status.observedKubeVirtVersion=%r); vendor-VFIO "
+                            "vGPU needs KubeVirt >= %s (set skip_version_check to proceed)"
+                            % (cr_ref(cr), text, minimum))
+    if have < want:
+        raise KubeVirtError("%s: KubeVirt %s cannot serve nvidia-bound vGPU VFs (needs KubeVirt >= %s); upgrade, "
+                            "or set skip_version_check if its virt-handler carries PR #16890"
+                            % (cr_ref(cr), text, minimum))
+    return text
