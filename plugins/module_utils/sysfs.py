@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno as errno_mod
 import os
+import threading
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 
@@ -32,13 +33,14 @@ class Sysfs:
     """Reads and writes below `root` (default /sys); paths are given relative to it.
 
     `writes` counts successful writes and `write_log` keeps (path, value) pairs, so callers can
-    report exactly what an apply changed.
+    report exactly what an apply changed. Safe to share between threads (PFs are applied in parallel).
     """
 
     def __init__(self, root="/sys"):
         self.root = os.path.abspath(root)
         self.writes = 0
         self.write_log = []
+        self._log_lock = threading.Lock()
 
     def path(self, rel):
         """Absolute path of `rel`, refusing anything that would leave the root (`..`, absolute)."""
@@ -121,5 +123,6 @@ class Sysfs:
             os.close(fd)
         if written != len(data):
             raise SysfsError(rel, errno_mod.EIO, "write", "short write (%d of %d bytes)" % (written, len(data)))
-        self.writes += 1
-        self.write_log.append((rel, str(value)))
+        with self._log_lock:
+            self.writes += 1
+            self.write_log.append((rel, str(value)))

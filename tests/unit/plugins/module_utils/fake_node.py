@@ -8,7 +8,9 @@ import errno
 import itertools
 import os
 import shutil
+import time
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs, SysfsError
 
 L40S_TYPES = "ID    : vGPU Name\n1145  : NVIDIA L40S-1B\n1155  : NVIDIA L40S-24Q\n1156  : NVIDIA L40S-48Q\n"
@@ -62,9 +64,20 @@ class FakeNode:
         return self.pf(addr, total=total, vf_style="plain", vendor="0x8086", device="0x1572",
                        cls="0x020000", driver="i40e")
 
+    def remove_mdev(self, uuid):
+        link = self.sys / "bus/mdev/devices" / uuid
+        shutil.rmtree(os.path.realpath(link))
+        os.unlink(link)
+
     def set_numvfs(self, pf, count):
         """What the kernel does on a successful sriov_numvfs store: VFs appear or vanish."""
         pf_dir = self.dir(pf)
+        for uuid in os.listdir(self.sys / "bus/mdev/devices"):
+            if not os.path.exists(self.sys / "bus/mdev/devices" / uuid):
+                continue
+            parent = os.path.basename(os.path.dirname(os.readlink(self.sys / "bus/mdev/devices" / uuid)))
+            if os.path.islink(self.dir(parent) / "physfn") and os.readlink(self.dir(parent) / "physfn") == "../" + pf:
+                self.remove_mdev(uuid)
         for name in os.listdir(pf_dir):
             if name.startswith("virtfn"):
                 vf = os.path.basename(os.readlink(pf_dir / name))
@@ -103,6 +116,7 @@ class FakeNode:
     def mdev(self, uuid, parent, type_id="nvidia-742"):
         path = self.dir(parent) / uuid
         path.mkdir()
+        (path / "remove").write_text("")
         os.symlink("../mdev_supported_types/" + type_id, path / "mdev_type")
         os.symlink("../../../../kernel/iommu_groups/%d" % next(self._groups), path / "iommu_group")
         os.symlink("../../../devices/pci0000:00/%s/%s" % (parent, uuid), self.sys / "bus/mdev/devices" / uuid)
@@ -130,13 +144,18 @@ class FakeNode:
 class KernelSysfs(Sysfs):
     """Sysfs whose sriov_numvfs writes follow drivers/pci/iov.c (sriov_numvfs_store)."""
 
-    def __init__(self, node, no_sriov_configure=()):
+    def __init__(self, node, no_sriov_configure=(), latency=0.0):
         super().__init__(str(node.sys))
         self.node = node
         self.no_sriov_configure = set(no_sriov_configure)
+        self.latency = latency
 
     def write(self, rel, value):
         parts = rel.split("/")
+        if parts[-1] == "remove" and parts[:3] == ["bus", "mdev", "devices"]:
+            super().write(rel, value)
+            self.node.remove_mdev(parts[3])
+            return
         if parts[-1] == "sriov_numvfs":
             pf, want = parts[-2], int(value)
             current, total = self.node.numvfs(pf), self.read_int(rel.replace("sriov_numvfs", "sriov_totalvfs"))
@@ -147,6 +166,33 @@ class KernelSysfs(Sysfs):
             if want and current and want != current:
                 raise SysfsError(rel, errno.EBUSY, "write %r to" % value)
             super().write(rel, value)
+            time.sleep(self.latency)
             self.node.set_numvfs(pf, want)
             return
         super().write(rel, value)
+
+
+class FakeSriovManage(CommandRunner):
+    """sriov-manage -e|-d <PF> acting on a FakeNode; `noop_calls` first calls exit 0 doing nothing."""
+
+    PATH = "/usr/lib/nvidia/sriov-manage"
+
+    def __init__(self, node, installed=True, noop_calls=0, latency=0.0):
+        super().__init__()
+        self.node, self.installed, self.noop_calls, self.latency = node, installed, noop_calls, latency
+
+    def which(self, name, extra_paths=()):
+        return self.PATH if self.installed and name == "sriov-manage" else None
+
+    def _execute(self, argv):
+        tool, flag, pf = argv
+        assert tool == self.PATH and flag in ("-e", "-d")
+        if self.noop_calls:
+            self.noop_calls -= 1
+            return 0, "Enabling VFs on %s\n" % pf, ""
+        time.sleep(self.latency)
+        if flag == "-e" and self.node.numvfs(pf):
+            return 0, "GPU at %s already has VFs enabled.\n" % pf, ""
+        total = int((self.node.dir(pf) / "sriov_totalvfs").read_text())
+        self.node.set_numvfs(pf, total if flag == "-e" else 0)
+        return 0, "", ""
