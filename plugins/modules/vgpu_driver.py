@@ -1,0 +1,179 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vgpu_driver
+short_description: Install, upgrade or remove the NVIDIA vGPU manager (host driver) from its runfile
+version_added: 0.1.0
+description:
+  - Detects the NVIDIA host driver and installs or upgrades the vGPU manager from an
+    C(NVIDIA-Linux-<arch>-<version>-vgpu-kvm.run) (or C(...-vgpu-kvm-aie.run)) runfile that is already on the node.
+  - The installed version is read from C(<sysfs_root>/module/nvidia/version) when the C(nvidia) module is loaded,
+    else from C(modinfo -F version nvidia). The driver counts as the vGPU-manager flavour when C(nvidia_vgpu_vfio)
+    is loaded or the C(nvidia-vgpu-mgr) daemon is installed; any other driver (also of the same version) is replaced.
+  - A runfile is accepted only when its name matches the pattern above, it starts with a makeself shell header,
+    and its C(--version) output reports the version in its name. Otherwise the module fails before changing anything.
+  - An install or upgrade stops the vGPU services, unloads C(nvidia_vgpu_vfio) and C(nvidia), runs the runfile
+    non-interactively (C(--ui=none --no-questions --silent), plus C(--dkms) and O(installer_args)), loads the
+    modules again and enables and starts the services. Modules VMs still use cannot be unloaded; stop the VMs first.
+  - Without a version change it only repairs the nouveau blacklist, loads missing modules and starts stopped services.
+author:
+  - accelops.vgpu contributors
+options:
+  state:
+    description:
+      - V(present) installs or upgrades the driver from O(runfile); V(absent) stops the services, unloads the
+        modules and uninstalls the driver (with O(runfile) C(--uninstall) when given, else C(nvidia-uninstall)).
+      - V(absent) leaves the nouveau blacklist file in place.
+    type: str
+    choices: [present, absent]
+    default: present
+  runfile:
+    description:
+      - Path of the vGPU-KVM runfile on the node. Required with O(state=present).
+    type: path
+  dkms:
+    description:
+      - Build the kernel modules with DKMS (C(--dkms)), so kernel updates rebuild them.
+    type: bool
+    default: false
+  allow_downgrade:
+    description:
+      - Install a runfile older than the installed driver. Without it a downgrade fails.
+    type: bool
+    default: false
+  installer_args:
+    description:
+      - Extra arguments for the runfile, appended after the non-interactive flags, for example C(--no-drm).
+    type: list
+    elements: str
+    default: []
+  blacklist_nouveau:
+    description:
+      - Write C(<modprobe_dir>/accelops-vgpu-blacklist-nouveau.conf) (mode 0644) that blacklists nouveau.
+        A loaded nouveau module still needs a reboot.
+    type: bool
+    default: true
+  modprobe_dir:
+    description:
+      - Directory for the blacklist file.
+    type: path
+    default: /etc/modprobe.d
+  load_modules:
+    description:
+      - Load C(nvidia) and C(nvidia_vgpu_vfio) with C(modprobe) (after an install, and whenever one is not loaded),
+        and check that the kernel then runs the runfile's version.
+    type: bool
+    default: true
+  manage_services:
+    description:
+      - Enable and start O(services) with C(systemctl). Set to V(false) where there is no systemd (containers).
+    type: bool
+    default: true
+  services:
+    description:
+      - The vGPU manager's systemd units.
+    type: list
+    elements: str
+    default: [nvidia-vgpud.service, nvidia-vgpu-mgr.service]
+  sysfs_root:
+    description:
+      - Directory that holds the node's sysfs (C(/host/sys) in a container, a simulated node in tests).
+    type: path
+    default: /sys
+  lock_timeout:
+    description:
+      - Seconds to wait for the node's apply lock, which the SR-IOV and profile modules take too.
+    type: float
+    default: 120.0
+notes:
+  - Check mode runs only read-only commands (C(<runfile> --version), C(modinfo), C(systemctl is-enabled/is-active)).
+  - Diff mode shows the driver before and after (version, flavour, loaded modules, services) and the planned actions.
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Install or upgrade the vGPU manager
+  accelops.vgpu.vgpu_driver:
+    runfile: /root/NVIDIA-Linux-x86_64-570.124.03-vgpu-kvm.run
+    dkms: true
+
+- name: Remove it
+  accelops.vgpu.vgpu_driver:
+    state: absent
+"""
+
+RETURN = r"""
+version:
+  description: Driver version after the run (null after V(absent)).
+  returned: always
+  type: str
+  sample: 570.124.03
+previous_version:
+  description: Driver version found before the run (loaded or installed), null when none.
+  returned: always
+  type: str
+  sample: 550.54.16
+runfile_version:
+  description: Version of O(runfile), null without one.
+  returned: always
+  type: str
+actions:
+  description: What the run did (or would do in check mode), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: ["blacklist nouveau in /etc/modprobe.d/accelops-vgpu-blacklist-nouveau.conf", "install 570.124.03 from
+    NVIDIA-Linux-x86_64-570.124.03-vgpu-kvm.run", "load nvidia", "load nvidia_vgpu_vfio"]
+"""
+
+from contextlib import nullcontext
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.module_glue import engine_errors, exit_with_diff
+from ansible_collections.accelops.vgpu.plugins.module_utils.node_lock import node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.nvdriver import DEFAULT_SERVICES, DriverManager
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            runfile=dict(type="path"),
+            dkms=dict(type="bool", default=False),
+            allow_downgrade=dict(type="bool", default=False),
+            installer_args=dict(type="list", elements="str", default=[]),
+            blacklist_nouveau=dict(type="bool", default=True),
+            modprobe_dir=dict(type="path", default="/etc/modprobe.d"),
+            load_modules=dict(type="bool", default=True),
+            manage_services=dict(type="bool", default=True),
+            services=dict(type="list", elements="str", default=list(DEFAULT_SERVICES)),
+            sysfs_root=dict(type="path", default="/sys"),
+            lock_timeout=dict(type="float", default=120.0),
+        ),
+        required_if=[("state", "present", ["runfile"])],
+        supports_check_mode=True,
+    )
+    params = module.params
+    manager = DriverManager(FunctionRunner(module.run_command), params["sysfs_root"], params["modprobe_dir"])
+    with engine_errors(module) as result:
+        # one writer per node: the driver swap must not race a profile or VF apply
+        with node_lock(params["sysfs_root"], params["lock_timeout"]) if not module.check_mode else nullcontext():
+            result.update(manager.apply(params, check_mode=module.check_mode))
+    before, after = result.pop("before"), result.pop("after")
+    exit_with_diff(module, result.pop("changed"), {"before": before, "after": dict(after, actions=result["actions"])},
+                   **result)
+
+
+if __name__ == "__main__":
+    main()
