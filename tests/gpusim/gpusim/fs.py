@@ -1,0 +1,183 @@
+"""The FUSE server: serves a State's Tree, logs every sysfs write, counts open VFIO handles.
+
+Multi-threaded (libfuse's default loop); every callback takes the State lock only briefly, so a
+slow sriov_numvfs store on one PF never blocks reads or other PFs. Mounted with allow_other (so
+podman containers see it through a bind mount), direct_io and zero cache timeouts (every read and
+lookup reaches the server, like sysfs).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import os
+import threading
+import time
+
+import mfusepy
+
+from gpusim.state import SimError
+from gpusim.tree import GPUSIM_DIR, Tree, canonical
+
+MOUNT_OPTIONS = {"foreground": True, "allow_other": True, "direct_io": True, "attr_timeout": 0,
+                 "entry_timeout": 0, "negative_timeout": 0, "fsname": "gpusim", "subtype": "gpusim",
+                 "max_threads": 64}
+
+
+class SimFS(mfusepy.Operations):
+    use_ns = True
+
+    def __init__(self, state):
+        self.state = state
+        self._tree = None
+        self._tree_version = -1
+        self._handles = {}
+        self._handles_lock = threading.Lock()
+        self._next_fh = itertools.count(1)
+        self._time = time.time_ns()
+
+    # ---- tree ----------------------------------------------------------------------------------
+    def tree(self):
+        with self.state.lock:
+            if self._tree_version != self.state.version:
+                self._tree = Tree(self.state, self).build()
+                self._tree_version = self.state.version
+            return self._tree
+
+    def _node(self, path):
+        node = self.tree().nodes.get(path.strip("/"))
+        if node is None:
+            raise SimError(errno.ENOENT)
+        return node
+
+    # ---- FUSE callbacks --------------------------------------------------------------------------
+    def getattr(self, path, fh=None):
+        node = self._node(path)
+        size = {"dir": 0, "file": 4096, "link": len(node.target or "")}[node.kind]
+        return {"st_mode": node.st_mode, "st_nlink": 2 if node.kind == "dir" else 1, "st_size": size,
+                "st_uid": 0, "st_gid": 0, "st_atime": self._time, "st_mtime": self._time,
+                "st_ctime": self._time}
+
+    def readdir(self, path, fh):
+        node = self._node(path)
+        if node.kind != "dir":
+            raise SimError(errno.ENOTDIR)
+        return [".", ".."] + list(node.children)
+
+    def readlink(self, path):
+        node = self._node(path)
+        if node.kind != "link":
+            raise SimError(errno.EINVAL)
+        return node.target
+
+    def open(self, path, flags):
+        node = self._node(path)
+        if node.kind == "dir":
+            raise SimError(errno.EISDIR)
+        mode = flags & os.O_ACCMODE
+        if mode in (os.O_WRONLY, os.O_RDWR) and node.write is None:
+            if not node.canon.startswith(GPUSIM_DIR + "/"):    # kernfs: no store -> EACCES on open
+                self.state.record(node.canon, None, errno.EACCES)
+            raise SimError(errno.EACCES)
+        if mode in (os.O_RDONLY, os.O_RDWR) and node.read is None:
+            raise SimError(errno.EACCES)
+        fh = next(self._next_fh)
+        with self._handles_lock:
+            self._handles[fh] = node
+        if node.holds is not None:
+            self.state.open_handle(node.holds)
+        return fh
+
+    def release(self, path, fh):
+        with self._handles_lock:
+            node = self._handles.pop(fh, None)
+        if node is not None and node.holds is not None:
+            self.state.close_handle(node.holds)
+        return 0
+
+    def read(self, path, size, offset, fh):
+        node = self._handles.get(fh) or self._node(path)
+        return node.read().encode()[offset:offset + size]
+
+    def write(self, path, data, offset, fh):
+        node = self._handles.get(fh) or self._node(path)
+        text = data.decode("utf-8", "replace")
+        if node.canon.startswith(GPUSIM_DIR + "/"):
+            node.write(text)
+            return len(data)
+        value = text[:-1] if text.endswith("\n") else text
+        injected = self.state.take_failure(node.canon)
+        if injected is not None:
+            self.state.record(node.canon, value, injected)
+            raise SimError(injected, "injected by fail-next")
+        try:
+            node.write(text)
+        except OSError as exc:
+            self.state.record(node.canon, value, exc.errno)
+            raise
+        self.state.record(node.canon, value)
+        return len(data)
+
+    def truncate(self, path, length, fh=None):
+        # `echo 1 > attr` opens with O_TRUNC; sysfs ignores the truncate.
+        if self._node(path).write is None:
+            raise SimError(errno.EACCES)
+        return 0
+
+    def create(self, path, mode, fi=None):
+        raise SimError(errno.EACCES)
+
+    def mkdir(self, path, mode):
+        raise SimError(errno.EPERM)
+
+    def unlink(self, path):
+        raise SimError(errno.EPERM)
+
+    def rmdir(self, path):
+        raise SimError(errno.EPERM)
+
+    def utimens(self, path, times=None):
+        self._node(path)
+        return 0
+
+    def statfs(self, path):
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+
+    # ---- .gpusim files ---------------------------------------------------------------------------
+    def log_text(self):
+        with self.state.lock:
+            return "".join(json.dumps(entry) + "\n" for entry in self.state.log)
+
+    def control(self, text):
+        """One command per write to .gpusim/ctl (see cli.py for the user-facing spelling)."""
+        args = text.split()
+        state = self.state
+        command = " ".join(args[:2]) if args[:1] == ["driver"] else (args[0] if args else "")
+        if command == "reboot" and len(args) == 1:
+            state.reboot()
+        elif command == "clear-log" and len(args) == 1:
+            with state.lock:
+                state.log.clear()
+        elif command == "fail-next" and len(args) == 3:
+            code = getattr(errno, args[2].upper(), None) if args[2].upper().startswith("E") else None
+            if not isinstance(code, int):
+                raise SimError(errno.EINVAL, "unknown errno name %r" % args[2])
+            real = self.tree().resolve(args[1])
+            with state.lock:
+                state.fail_next[canonical(real if real is not None else args[1])] = code
+        elif command == "driver unload" and len(args) == 2:
+            state.unload_nvidia()
+        elif command == "driver load" and len(args) in (2, 3):
+            state.load_nvidia(args[2] if len(args) == 3 else None)
+        elif command == "mixed" and len(args) == 3 and args[2] in ("0", "1"):
+            state.set_mixed(args[1], args[2] == "1")
+        elif command == "latency" and len(args) == 2 and args[1].isdigit():
+            state.latency_ms = int(args[1])
+        else:
+            raise SimError(errno.EINVAL, "unknown control command %r" % text[:80])
+
+
+def serve(state, root):
+    """Mount `root` and serve until unmounted (blocks)."""
+    mfusepy.FUSE(SimFS(state), root, **MOUNT_OPTIONS)

@@ -1,0 +1,515 @@
+"""The simulated node's state and the kernel/driver semantics of every write.
+
+Independent of FUSE: tree.py exposes this state as files, fs.py serves them. Every store method
+raises SimError(errno) exactly where the kernel (or the NVIDIA driver, as far as known) fails, and
+changes nothing in that case. `lock` guards all state; `Device.lock` is the kernel's device_lock,
+held across a slow sriov_numvfs store so one PF's latency never blocks another PF.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import re
+import threading
+import time
+
+from gpusim import layout, placement
+from gpusim.models import (DEFAULT_DRIVER_VERSION, DRIVERS, MDEV_ON_PF, MDEV_ON_VF, MODELS,
+                           VENDOR_VFIO)
+
+NVIDIA = "nvidia"
+_uids = itertools.count(1)
+_U16 = re.compile(r"^\+?(0x[0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+class SimError(OSError):
+    """A write refused with a kernel errno; `detail` is what dmesg would say."""
+
+    def __init__(self, code, detail=""):
+        super().__init__(code, os.strerror(code) + (" (%s)" % detail if detail else ""))
+
+
+def kstrtoul(text, base=0, limit=0xffffffffffffffff):
+    """Kernel kstrto*(): optional '+', base 0 prefixes, one trailing newline; else EINVAL."""
+    value = text[:-1] if text.endswith("\n") else text
+    if base == 10:
+        match = re.match(r"^\+?[0-9]+$", value)
+    else:
+        match = _U16.match(value)
+    if not match:
+        raise SimError(errno.EINVAL, "not a number: %r" % text[:32])
+    digits = value.lstrip("+")
+    number = int(digits, 16) if digits.lower().startswith("0x") else (
+        int(digits, 8) if base != 10 and len(digits) > 1 and digits.startswith("0") else int(digits))
+    if number > limit:
+        raise SimError(errno.EINVAL, "out of range: %r" % text[:32])
+    return number
+
+
+def kstrtobool(text):
+    """Kernel kstrtobool(): y/Y/1/n/N/0, on/off."""
+    low = text.lower()
+    if low[:1] in ("y", "1"):
+        return True
+    if low[:1] in ("n", "0"):
+        return False
+    if low.startswith("on"):
+        return True
+    if low.startswith("of"):
+        return False
+    raise SimError(errno.EINVAL, "not a boolean: %r" % text[:32])
+
+
+class Device:
+    """A PCI function (PF or VF)."""
+
+    def __init__(self, address, model, pf_index, group, pf=None, vf_index=None):
+        self.uid = next(_uids)
+        self.address = address
+        self.model = model
+        self.pf_index = pf_index
+        self.group = group
+        self.pf = pf
+        self.vf_index = vf_index
+        self.driver = None
+        self.driver_override = ""
+        self.alive = True
+        self.lock = threading.Lock()
+        self.vfs = []            # PF: its VFs
+        self.autoprobe = True    # PF: sriov_drivers_autoprobe
+        self.mixed = False       # PF: vGPU heterogeneous (mixed-size) mode of this GPU
+        self.vgpu_type = 0       # vendor-VFIO VF: current_vgpu_type
+        self.params = {}         # vendor-VFIO VF: vgpu_params, gpu_instance_id, placement_id, warm_update
+        self.mdevs = []          # mdev parent: its mdevs
+
+    @property
+    def is_vf(self):
+        return self.pf is not None
+
+    @property
+    def gpu(self):
+        """The physical GPU (its PF)."""
+        return self.pf or self
+
+    @property
+    def default_driver(self):
+        return self.model.vf_driver if self.is_vf else self.model.driver
+
+    @property
+    def vendor_vfio(self):
+        """A VF typed through nvidia/ (vendor-specific VFIO framework) right now."""
+        return self.is_vf and self.model.framework == VENDOR_VFIO and self.driver == NVIDIA
+
+    @property
+    def mdev_parent(self):
+        if self.driver != NVIDIA:
+            return False
+        return (self.model.framework == MDEV_ON_VF and self.is_vf) or (
+            self.model.framework == MDEV_ON_PF and not self.is_vf)
+
+    @property
+    def vfio(self):
+        """vfio<N> cdev number when the device has vfio-dev/ (vendor-VFIO VF or vfio-pci bound)."""
+        if self.vendor_vfio or (self.is_vf and self.driver == "vfio-pci"):
+            return layout.vfio_number(self.group)
+        return None
+
+
+class Mdev:
+    def __init__(self, uuid, parent, vgpu_type, group):
+        self.uid = next(_uids)
+        self.uuid = uuid
+        self.parent = parent
+        self.vgpu_type = vgpu_type
+        self.group = group
+        self.alive = True
+
+    @property
+    def vfio(self):
+        return layout.vfio_number(self.group)
+
+
+class State:
+    def __init__(self, spec, latency_ms=0, driver_version=DEFAULT_DRIVER_VERSION):
+        self.lock = threading.RLock()
+        self.spec = spec
+        self.latency_ms = latency_ms
+        self.version = 0
+        self.nvidia_loaded = True
+        self.nvidia_version = driver_version
+        self.dynamic_ids = {name: set() for name in DRIVERS}
+        self.open_counts = {}
+        self.fail_next = {}
+        self.log = []
+        self.seq = 0
+        self.pfs = []
+        self.devices = {}
+        self.mdevs = {}
+        for pf_index, key, dummy in layout.pf_slots(spec):
+            pf = Device(layout.pf_address(pf_index), MODELS[key], pf_index, layout.pf_group(pf_index))
+            self.pfs.append(pf)
+            self.devices[pf.address] = pf
+        for pf in self.pfs:
+            self._probe(pf)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _changed(self):
+        self.version += 1
+
+    def driver_available(self, name):
+        return name in DRIVERS and (name != NVIDIA or self.nvidia_loaded)
+
+    def _matches(self, name, dev):
+        """Kernel pci_bus_match: driver_override wins; else static IDs or new_id dynamic IDs."""
+        if dev.driver_override:
+            return dev.driver_override == name
+        model = dev.model
+        pci_id = (model.vendor, model.vf_device if dev.is_vf else model.device)
+        return name == dev.default_driver or pci_id in self.dynamic_ids.get(name, ())
+
+    def _probe(self, dev):
+        """Bind the first available matching driver (default driver first), as the PCI core does."""
+        if dev.driver:
+            return
+        for name in [dev.default_driver] + sorted(DRIVERS):
+            if name and self.driver_available(name) and self._matches(name, dev):
+                self._attach(dev, name)
+                return
+
+    def _attach(self, dev, name):
+        dev.driver = name
+        self._changed()
+
+    def _detach(self, dev):
+        """Driver remove: drops vGPUs/mdevs; a PF driver that frees VFs on remove drops them too."""
+        if dev.driver is None:
+            return
+        if not dev.is_vf and dev.vfs and DRIVERS[dev.driver].disables_sriov_on_remove:
+            self._disable_vfs(dev)
+        for mdev in list(dev.mdevs):
+            self._remove_mdev(mdev)
+        dev.vgpu_type = 0
+        dev.params = {}
+        dev.driver = None
+        self._changed()
+
+    def _busy_below(self, dev):
+        """Some VM holds the device, one of its VFs, or one of their mdevs."""
+        nodes = [dev] + list(dev.vfs)
+        return any(self.held(node) or any(self.held(mdev) for mdev in node.mdevs) for node in nodes)
+
+    def _enable_vfs(self, pf, count):
+        model = pf.model
+        for index in range(count):
+            address = layout.vf_address(pf.address, model.vf_offset, model.vf_stride, index)
+            vf = Device(address, model, pf.pf_index, layout.vf_group(pf.pf_index, index), pf=pf, vf_index=index)
+            pf.vfs.append(vf)
+            self.devices[address] = vf
+        pf.mixed = False      # sriov-manage -e resets heterogeneous mode (cubecos PR #1338)
+        if pf.autoprobe:
+            for vf in pf.vfs:
+                self._probe(vf)
+        self._changed()
+
+    def _disable_vfs(self, pf):
+        for vf in pf.vfs:
+            self._detach(vf)
+            vf.alive = False
+            self.devices.pop(vf.address, None)
+        pf.vfs = []
+        self._changed()
+
+    def _remove_mdev(self, mdev):
+        mdev.alive = False
+        mdev.parent.mdevs.remove(mdev)
+        self.mdevs.pop(mdev.uuid, None)
+        self._changed()
+
+    @staticmethod
+    def _alive(obj):
+        if not obj.alive:
+            raise SimError(errno.ENODEV, "device is gone")
+
+    # ---- holds (open VFIO device nodes) ---------------------------------------------------
+    def open_handle(self, obj):
+        with self.lock:
+            self.open_counts[obj.uid] = self.open_counts.get(obj.uid, 0) + 1
+
+    def close_handle(self, obj):
+        with self.lock:
+            left = self.open_counts.get(obj.uid, 0) - 1
+            if left > 0:
+                self.open_counts[obj.uid] = left
+            else:
+                self.open_counts.pop(obj.uid, None)
+
+    def held(self, obj):
+        return self.open_counts.get(obj.uid, 0) > 0
+
+    # ---- vGPU placement ---------------------------------------------------------------------
+    def running(self, gpu, exclude=None):
+        """VgpuTypes running on a physical GPU (a PF and its VFs), optionally minus one VF/mdev."""
+        result = []
+        for node in [gpu] + list(gpu.vfs):
+            if node.vgpu_type and node is not exclude:
+                result.append(gpu.model.type_by_id(node.vgpu_type))
+            result.extend(mdev.vgpu_type for mdev in node.mdevs)
+        return result
+
+    def creatable(self, vf):
+        """Types this vendor-VFIO VF could take now; a VF that has a vGPU lists none (ASSUMPTION)."""
+        with self.lock:
+            if not vf.alive or not vf.vendor_vfio or vf.vgpu_type:
+                return []
+            running = self.running(vf.gpu)
+            return [t for t in vf.model.types if placement.fits(vf.model, running, t, vf.gpu.mixed)]
+
+    def available_instances(self, parent, vgpu_type):
+        with self.lock:
+            if not parent.alive or not parent.mdev_parent:
+                return 0
+            running = self.running(parent.gpu)
+            if parent.is_vf:        # Ampere: one mdev per VF (HPD A2 fixture: 0 or 1)
+                return int(not parent.mdevs and placement.fits(parent.model, running, vgpu_type, parent.gpu.mixed))
+            return placement.headroom(parent.model, running, vgpu_type, parent.gpu.mixed)
+
+    # ---- stores: SR-IOV (kernel drivers/pci/iov.c) -------------------------------------------
+    def store_numvfs(self, pf, text):
+        """sriov_numvfs_store(): EINVAL, ERANGE, same value ok, ENOENT without sriov_configure,
+        0 disables, EBUSY while enabled; enabling sleeps `latency_ms` outside the state lock."""
+        count = kstrtoul(text, limit=0xffff)
+        if count > pf.model.total_vfs:
+            raise SimError(errno.ERANGE, "%d > sriov_totalvfs %d" % (count, pf.model.total_vfs))
+        with pf.lock:
+            with self.lock:
+                self._alive(pf)
+                if count == len(pf.vfs):
+                    return
+                driver = DRIVERS.get(pf.driver) if pf.driver else None
+                if driver is None:
+                    raise SimError(errno.ENOENT, "no driver bound to device; cannot configure SR-IOV")
+                if not driver.sriov_configure:
+                    raise SimError(errno.ENOENT, "driver does not support SR-IOV configuration via sysfs")
+                if count == 0:
+                    if self._busy_below(pf):
+                        raise SimError(errno.EBUSY, "a VF is in use by a VM (ASSUMPTION: real kernel blocks)")
+                    self._disable_vfs(pf)
+                    return
+                if pf.vfs:
+                    raise SimError(errno.EBUSY, "%d VFs already enabled. Disable before enabling %d VFs"
+                                   % (len(pf.vfs), count))
+                delay = self.latency_ms / 1000.0
+            if delay:
+                time.sleep(delay)
+            with self.lock:
+                self._alive(pf)
+                if pf.driver is None:
+                    raise SimError(errno.ENOENT, "driver went away while enabling")
+                self._enable_vfs(pf, count)
+
+    def store_autoprobe(self, pf, text):
+        value = kstrtobool(text)
+        with self.lock:
+            self._alive(pf)
+            pf.autoprobe = value
+
+    # ---- stores: vendor-specific VFIO (brief §1) ----------------------------------------------
+    def store_vgpu_type(self, vf, text):
+        """current_vgpu_type: EBUSY while held; 0 clears; same ID no-op; not creatable -> EINVAL."""
+        type_id = kstrtoul(text, base=10)
+        with self.lock:
+            self._alive(vf)
+            if not vf.vendor_vfio:
+                raise SimError(errno.ENODEV, "VF not bound to nvidia")
+            if self.held(vf):
+                raise SimError(errno.EBUSY, "VF is held by a VM (ASSUMPTION: errno unconfirmed)")
+            if type_id == vf.vgpu_type:
+                return
+            if type_id == 0:
+                vf.vgpu_type = 0
+                vf.params = {}
+                return
+            vgpu_type = vf.model.type_by_id(type_id)
+            if vgpu_type is None or vgpu_type not in self.creatable(vf):
+                raise SimError(errno.EINVAL, "type %d is not creatable on %s" % (type_id, vf.address))
+            vf.vgpu_type = type_id
+            vf.params = {"placement_id": "0", "gpu_instance_id": "0"}
+
+    def store_vf_param(self, vf, name, text):
+        with self.lock:
+            self._alive(vf)
+            if not vf.vendor_vfio:
+                raise SimError(errno.ENODEV, "VF not bound to nvidia")
+            if self.held(vf):
+                raise SimError(errno.EBUSY, "VF is held by a VM")
+            vf.params[name] = text.rstrip("\n")
+
+    def vf_param(self, vf, name):
+        with self.lock:
+            return vf.params.get(name, "")
+
+    # ---- stores: mdev (kernel drivers/vfio/mdev) ---------------------------------------------
+    def store_mdev_create(self, parent, vgpu_type, text):
+        value = text.rstrip("\n")
+        if not _UUID.match(value):
+            raise SimError(errno.EINVAL, "not a UUID: %r" % value[:40])
+        uuid = value.lower()
+        with self.lock:
+            self._alive(parent)
+            if uuid in self.mdevs:
+                raise SimError(errno.EEXIST, "mdev %s already exists (kernel mdev_device_create)" % uuid)
+            if not self.available_instances(parent, vgpu_type):
+                raise SimError(errno.EINVAL, "no instance of %s available (ASSUMPTION: errno)" % vgpu_type.name)
+            used = {mdev.group for mdev in self.mdevs.values()}
+            group = next(g for g in itertools.count(layout.MDEV_FIRST_GROUP) if g not in used)
+            mdev = Mdev(uuid, parent, vgpu_type, group)
+            parent.mdevs.append(mdev)
+            self.mdevs[uuid] = mdev
+            self._changed()
+
+    def store_mdev_remove(self, mdev, text):
+        value = kstrtoul(text)
+        with self.lock:
+            self._alive(mdev)
+            if not value:
+                return
+            if self.held(mdev):
+                raise SimError(errno.EBUSY, "mdev %s is held by a VM" % mdev.uuid)
+            self._remove_mdev(mdev)
+
+    # ---- stores: driver binding (kernel drivers/pci/pci-driver.c, drivers/base/bus.c) ---------
+    def _device_from(self, text):
+        address = text.strip()
+        dev = self.devices.get(address)
+        if dev is None:
+            raise SimError(errno.ENODEV, "no device %r" % address[:40])
+        return dev
+
+    def store_bind(self, driver, text):
+        with self.lock:
+            dev = self._device_from(text)
+            if dev.driver:
+                raise SimError(errno.EBUSY, "%s is bound to %s" % (dev.address, dev.driver))
+            if not self._matches(driver, dev):
+                raise SimError(errno.ENODEV, "%s does not match %s" % (driver, dev.address))
+            if driver == "vfio-pci" and dev.is_vf and dev.model.framework == VENDOR_VFIO:
+                raise SimError(errno.EINVAL, "vendor-VFIO VF refuses vfio-pci (kubevirt#17642)")
+            self._attach(dev, driver)
+
+    def store_unbind(self, driver, text):
+        with self.lock:
+            dev = self._device_from(text)
+            if dev.driver != driver:
+                raise SimError(errno.ENODEV, "%s is not bound to %s" % (dev.address, driver))
+            if self._busy_below(dev):
+                raise SimError(errno.EBUSY, "held by a VM (ASSUMPTION: the kernel would block)")
+            self._detach(dev)
+
+    def store_new_id(self, driver, text):
+        parts = text.split()
+        if len(parts) < 2 or not all(re.match(r"^[0-9a-fA-F]{1,4}$", p) for p in parts[:2]):
+            raise SimError(errno.EINVAL, "new_id wants 'vendor device' in hex")
+        with self.lock:
+            self.dynamic_ids[driver].add((parts[0].lower().zfill(4), parts[1].lower().zfill(4)))
+            for dev in list(self.devices.values()):
+                if not dev.driver and self._matches(driver, dev):
+                    self._attach(dev, driver)
+
+    def store_override(self, dev, text):
+        with self.lock:
+            self._alive(dev)
+            dev.driver_override = text.strip()
+
+    # ---- control (ROOT/.gpusim/ctl) --------------------------------------------------------------
+    def set_mixed(self, address, enable):
+        with self.lock:
+            pf = self.devices.get(address)
+            if pf is None or pf.is_vf or not pf.model.is_gpu or not self.nvidia_loaded:
+                raise SimError(errno.ENODEV, "no NVIDIA GPU %s" % address)
+            if not pf.model.mixed_size:
+                raise SimError(errno.EOPNOTSUPP, "%s does not support mixed-size mode" % pf.model.product)
+            if enable != pf.mixed and self.running(pf):
+                raise SimError(errno.EBUSY, "vGPUs exist on %s" % address)
+            pf.mixed = enable
+
+    def reboot(self):
+        """Host reboot / vGPU manager restart: VFs, types, mdevs, modes and bindings reset."""
+        with self.lock:
+            for pf in self.pfs:
+                self._disable_vfs(pf)
+                for mdev in list(pf.mdevs):
+                    self._remove_mdev(mdev)
+                pf.driver = None
+                pf.driver_override = ""
+                pf.autoprobe = True
+                pf.mixed = False
+            self.dynamic_ids = {name: set() for name in DRIVERS}
+            for pf in self.pfs:
+                self._probe(pf)
+            self._changed()
+
+    def unload_nvidia(self):
+        with self.lock:
+            if not self.nvidia_loaded:
+                return
+            bound = [dev for dev in self.devices.values() if dev.driver == NVIDIA]
+            if any(self._busy_below(dev) for dev in bound):
+                raise SimError(errno.EBUSY, "Module nvidia is in use")
+            for dev in sorted(bound, key=lambda d: d.is_vf):
+                self._detach(dev)
+            for pf in self.pfs:
+                if pf.model.is_gpu:
+                    pf.mixed = False
+            self.nvidia_loaded = False
+            self.dynamic_ids[NVIDIA] = set()
+            self._changed()
+
+    def load_nvidia(self, version=None):
+        with self.lock:
+            self.nvidia_version = version or self.nvidia_version or DEFAULT_DRIVER_VERSION
+            if self.nvidia_loaded:
+                return
+            self.nvidia_loaded = True
+            for dev in sorted(self.devices.values(), key=lambda d: d.is_vf):
+                if not dev.is_vf or dev.pf.autoprobe:
+                    self._probe(dev)
+            self._changed()
+
+    # ---- log and injected failures -------------------------------------------------------------
+    def record(self, path, value, error=None):
+        with self.lock:
+            self.seq += 1
+            entry = {"seq": self.seq, "path": path, "value": value}
+            if error is None:
+                entry["result"] = "ok"
+            else:
+                entry["result"] = "error"
+                entry["errno"] = errno.errorcode.get(error, str(error))
+            self.log.append(entry)
+
+    def take_failure(self, path):
+        with self.lock:
+            return self.fail_next.pop(path, None)
+
+    def find(self, name):
+        """A PCI device by address or an mdev by UUID (for hold/release)."""
+        with self.lock:
+            return self.devices.get(name) or self.mdevs.get(name.lower())
+
+    def snapshot(self):
+        """What .gpusim/state.json shows: read by the fake nvidia-smi and the test helpers."""
+        with self.lock:
+            gpus = [{"address": pf.address, "model": pf.model.key, "product": pf.model.product,
+                     "framework": pf.model.framework, "mixed_size": pf.mixed,
+                     "mixed_size_supported": pf.model.mixed_size, "driver": pf.driver,
+                     "numvfs": len(pf.vfs)} for pf in self.pfs]
+            held = {}
+            for dev in list(self.devices.values()) + list(self.mdevs.values()):
+                if self.held(dev):
+                    held[getattr(dev, "address", None) or dev.uuid] = self.open_counts[dev.uid]
+            return {"spec": self.spec, "latency_ms": self.latency_ms,
+                    "nvidia": {"loaded": self.nvidia_loaded, "version": self.nvidia_version},
+                    "pfs": gpus, "held": held}

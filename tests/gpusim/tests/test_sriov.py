@@ -1,0 +1,111 @@
+"""SR-IOV as kernel drivers/pci/iov.c does it: errno values, links, VF addresses."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from simhelpers import read, write, write_fails
+
+
+def _stub_bind(node, pf):
+    """Rebind an NVIDIA PF to pci-pf-stub (has sriov_configure), as sriov-manage does."""
+    write(node.path("bus/pci/drivers/nvidia/unbind"), pf)
+    write(node.device_path(pf, "driver_override"), "pci-pf-stub")
+    write(node.path("bus/pci/drivers/pci-pf-stub/bind"), pf)
+
+
+def test_nvidia_pf_without_sriov_configure_refuses_with_enoent(gpusim_node):
+    node = gpusim_node("l40s:1")
+    pf = node.pfs()[0]
+    write_fails(node.device_path(pf, "sriov_numvfs"), "4", errno.ENOENT)
+    assert read(node.device_path(pf, "sriov_numvfs")) == "0"
+    write(node.device_path(pf, "sriov_numvfs"), "0")        # the current value always succeeds
+
+
+def test_numvfs_rules_on_a_pf_with_sriov_configure(gpusim_node):
+    node = gpusim_node("l40s:1")
+    pf = node.pfs()[0]
+    numvfs = node.device_path(pf, "sriov_numvfs")
+    _stub_bind(node, pf)
+    write_fails(numvfs, "33", errno.ERANGE)
+    write_fails(numvfs, "four", errno.EINVAL)
+    write_fails(numvfs, "-1", errno.EINVAL)
+    write(numvfs, "4\n")
+    assert read(numvfs) == "4"
+    write(numvfs, "4")                                       # same value: success, no change
+    write_fails(numvfs, "8", errno.EBUSY)
+    write(numvfs, "0")
+    assert node.vfs(pf) == []
+    write(numvfs, "0x8")                                     # kstrtou16 base 0
+    assert len(node.vfs(pf)) == 8
+
+
+def test_no_driver_bound_gives_enoent(gpusim_node):
+    node = gpusim_node("l40s:1")
+    pf = node.pfs()[0]
+    write(node.path("bus/pci/drivers/nvidia/unbind"), pf)
+    assert not os.path.exists(node.device_path(pf, "driver"))
+    write_fails(node.device_path(pf, "sriov_numvfs"), "2", errno.ENOENT)
+
+
+def test_read_only_attributes_refuse_writes_with_eacces(gpusim_node):
+    node = gpusim_node("l40s:1")
+    pf = node.pfs()[0]
+    for name in ("sriov_totalvfs", "sriov_offset", "sriov_stride", "sriov_vf_device", "vendor", "class"):
+        write_fails(node.device_path(pf, name), "1", errno.EACCES)
+    assert node.log()[-1] == {"seq": 6, "path": "bus/pci/devices/%s/class" % pf, "value": None,
+                              "result": "error", "errno": "EACCES"}
+
+
+def test_l40s_vfs_start_at_function_4_with_links(gpusim_node):
+    node = gpusim_node("l40s:2")
+    pf = node.pfs()[1]
+    assert pf == "0000:42:00.0"
+    _stub_bind(node, pf)
+    write(node.device_path(pf, "sriov_numvfs"), "32")
+    vfs = node.vfs(pf)
+    assert vfs[:5] == ["0000:42:00.4", "0000:42:00.5", "0000:42:00.6", "0000:42:00.7", "0000:42:01.0"]
+    assert vfs[-1] == "0000:42:04.3"
+    vf = node.device_path(vfs[0])
+    assert os.path.realpath(os.path.join(vf, "physfn")) == os.path.realpath(node.device_path(pf))
+    assert os.readlink(os.path.join(vf, "iommu_group")) == "../../../kernel/iommu_groups/200"
+    assert os.path.basename(os.readlink(os.path.join(vf, "driver"))) == "nvidia"
+    assert read(os.path.join(vf, "device")) == "0x26b9" and read(os.path.join(vf, "class")) == "0x030200"
+    assert "PCI_ID=10DE:26B9" in read(os.path.join(vf, "uevent")).splitlines()
+    assert os.listdir(os.path.join(vf, "vfio-dev")) == ["vfio100"]
+    assert os.path.exists(node.path(".gpusim/dev/vfio/200"))
+    assert os.path.exists(node.path(".gpusim/dev/vfio/devices/vfio100"))
+    assert not os.path.exists(node.device_path(pf, "nvidia"))
+    for name, value in [("sriov_totalvfs", "32"), ("sriov_offset", "4"), ("sriov_stride", "1"),
+                        ("sriov_vf_device", "26b9"), ("sriov_drivers_autoprobe", "1")]:
+        assert read(node.device_path(pf, name)) == value
+
+
+def test_generic_nic_path_enables_directly(gpusim_node):
+    node = gpusim_node("nic:1")
+    pf = node.pfs()[0]
+    assert read(node.device_path(pf, "class")) == "0x020000"
+    assert os.path.basename(os.readlink(node.device_path(pf, "driver"))) == "i40e"
+    write(node.device_path(pf, "sriov_numvfs"), "3")
+    vfs = node.vfs(pf)
+    assert vfs == ["0000:41:02.0", "0000:41:02.1", "0000:41:02.2"]   # offset 16, stride 1
+    assert read(node.device_path(vfs[0], "device")) == "0x154c"
+    assert os.path.basename(os.readlink(node.device_path(vfs[0], "driver"))) == "iavf"
+    write_fails(node.device_path(pf, "sriov_numvfs"), "65", errno.ERANGE)
+
+
+def test_autoprobe_off_leaves_vfs_unbound(gpusim_node):
+    node = gpusim_node("nic:1")
+    pf = node.pfs()[0]
+    write_fails(node.device_path(pf, "sriov_drivers_autoprobe"), "maybe", errno.EINVAL)
+    write(node.device_path(pf, "sriov_drivers_autoprobe"), "0")
+    write(node.device_path(pf, "sriov_numvfs"), "1")
+    assert not os.path.exists(node.device_path(node.vfs(pf)[0], "driver"))
+
+
+def test_non_sriov_devices_have_no_sriov_files(gpusim_node):
+    node = gpusim_node("t4:1,nvme:1")
+    for pf in node.pfs():
+        assert not os.path.exists(node.device_path(pf, "sriov_numvfs"))
+    assert read(node.device_path(node.pfs("nvme")[0], "class")) == "0x010802"
