@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_client import K8sError, read_modify_write
 
 GROUP, VERSION, PLURAL, KIND = "kubevirt.io", "v1", "kubevirts", "KubeVirt"
 HOST_DEVICES_GATE = "HostDevices"
@@ -249,3 +250,62 @@ def check_vendor_vfio_version(cr, minimum=VENDOR_VFIO_MIN_VERSION):
                             "or set skip_version_check if its virt-handler carries PR #16890"
                             % (cr_ref(cr), text, minimum))
     return text
+
+
+# --- I/O around the plan (the api object is k8s_client.KubeApi or a test double) -------------
+
+def _desired_from_params(params):
+    pci = [pci_entry(e["resource_name"], e.get("pci_vendor_selector"), e.get("external_resource_provider"))
+           for e in params.get("pci_host_devices") or []]
+    mdev = [mdev_entry(e["resource_name"], e.get("mdev_name_selector"), e.get("external_resource_provider"))
+            for e in params.get("mediated_devices") or []]
+    vendor_vfio = params.get("state", "present") == "present" and any(
+        e.get("vendor_vfio", True) and not e.get("external_resource_provider")
+        for e in params.get("pci_host_devices") or [])
+    return pci, mdev, vendor_vfio
+
+
+def read_kubevirt(api, name=None, namespace=None):
+    """The KubeVirt CR: GET when pinned by name and namespace, else LIST in all namespaces."""
+    if name and namespace:
+        return api.get_custom("KubeVirt %s/%s" % (namespace, name), GROUP, VERSION, PLURAL, name, namespace)
+    try:
+        items = api.list_custom("KubeVirt CRs", GROUP, VERSION, PLURAL)
+    except K8sError as exc:
+        if exc.status == 404:
+            raise KubeVirtError("KubeVirt CRD kubevirts.kubevirt.io: not served by the API server (HTTP 404); "
+                                "is KubeVirt installed?") from None
+        raise
+    return select_kubevirt(items, name, namespace)
+
+
+def run_hostdevices(api, params, check_mode):
+    """kubevirt_hostdevices: read the CR, plan, write with resourceVersion, retry on 409."""
+    pci, mdev, vendor_vfio = _desired_from_params(params)
+    warnings = []
+
+    def plan(cr):
+        if vendor_vfio:
+            if params.get("skip_version_check"):
+                warnings.append("%s: KubeVirt version check skipped (deployed: %s)" % (cr_ref(cr), deployed_version(cr)))
+            else:
+                check_vendor_vfio_version(cr, params.get("minimum_version") or VENDOR_VFIO_MIN_VERSION)
+        return plan_host_devices(cr, pci, mdev, params.get("state", "present"),
+                                 params.get("exclusive_pci_vendors") or (),
+                                 params.get("exclusive_mdev_prefixes") or (),
+                                 params.get("feature_gate", True))
+
+    def write(cr, patch):
+        if check_mode and params.get("dry_run") == "client":
+            return
+        meta = cr["metadata"]
+        api.patch_custom(cr_ref(cr), GROUP, VERSION, PLURAL, meta["name"], patch,
+                         namespace=meta.get("namespace"), dry_run=check_mode)
+
+    cr, result, attempts = read_modify_write(
+        lambda: read_kubevirt(api, params.get("name"), params.get("namespace")), plan, write,
+        params.get("conflict_retries", 5))
+    meta = cr["metadata"]
+    return {"changed": result.changed, "changes": result.changes, "attempts": attempts,
+            "kubevirt": {"name": meta["name"], "namespace": meta.get("namespace"), "version": deployed_version(cr)},
+            "diff": {"before": result.before, "after": result.after}, "warnings": sorted(set(warnings))}

@@ -1,0 +1,202 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kubevirt_hostdevices
+short_description: Manage KubeVirt permitted host devices (vGPU resources) keyed by resourceName
+version_added: 0.1.0
+description:
+  - Finds the KubeVirt CR (any namespace, or the one pinned by O(name) and O(namespace)) and manages
+    entries of C(spec.configuration.permittedHostDevices.pciHostDevices) and C(.mediatedDevices)
+    keyed by C(resourceName).
+  - Entries with other resource names are never lost or reordered; ours are updated in place, new
+    ones appended. The whole list is written guarded by the C(resourceVersion) that was read, and
+    read, merged and written again when another writer got in between (HTTP 409).
+  - Adds the C(HostDevices) feature gate to C(spec.configuration.developerConfiguration.featureGates)
+    when entries are present (other gates are kept; the gate is never removed).
+  - Vendor-specific VFIO vGPU (C(nvidia)-bound virtual functions in O(pci_host_devices)) needs
+    KubeVirt 1.9.0 or newer; an older deployed version fails unless O(skip_version_check) is set.
+  - To run a patched virt-handler instead, set the C(VIRT_HANDLER_IMAGE) environment variable of the
+    virt-operator Deployment (it overrides only virt-handler, unlike C(spec.imageRegistry) and
+    C(spec.imageTag), which apply to all KubeVirt components); this module does not manage it.
+author: accelops.vgpu contributors
+extends_documentation_fragment:
+  - accelops.vgpu.k8s_auth
+attributes:
+  check_mode:
+    support: full
+    description: Uses a server-side dry run (O(dry_run=server)) or a local computation (O(dry_run=client)).
+  diff_mode:
+    support: full
+    description: Before and after of the managed subtree (the two lists and the feature gates).
+options:
+  name:
+    description: Name of the KubeVirt CR. Without it, the only KubeVirt CR of the cluster is used.
+    type: str
+  namespace:
+    description: Namespace of the KubeVirt CR. Without it, all namespaces are searched.
+    type: str
+  state:
+    description:
+      - V(present) adds or updates the listed entries; V(absent) removes the entries with the listed
+        resource names (selectors are not needed then).
+    type: str
+    choices: [present, absent]
+    default: present
+  pci_host_devices:
+    description: Entries of C(pciHostDevices), keyed by O(pci_host_devices[].resource_name).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      resource_name:
+        description: The C(resourceName), for example C(nvidia.com/NVIDIA_L40S-24Q).
+        type: str
+        required: true
+      pci_vendor_selector:
+        description: C(VVVV:DDDD), for example C(10DE:26B9). Required with O(state=present).
+        type: str
+      external_resource_provider:
+        description: Whether an external device plugin allocates the device (KubeVirt only permits it).
+        type: bool
+        default: false
+      vendor_vfio:
+        description:
+          - Whether the entry serves C(nvidia)-bound vGPU virtual functions (vendor-specific VFIO), which
+            needs KubeVirt 1.9.0 or newer. Set V(false) for plain C(vfio-pci) passthrough.
+        type: bool
+        default: true
+  mediated_devices:
+    description: Entries of C(mediatedDevices), keyed by O(mediated_devices[].resource_name).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      resource_name:
+        description: The C(resourceName), for example C(nvidia.com/GRID_T4-1Q).
+        type: str
+        required: true
+      mdev_name_selector:
+        description: The mdev type's C(name), for example C(GRID T4-1Q). Required with O(state=present).
+        type: str
+      external_resource_provider:
+        description: Whether an external device plugin (the NVIDIA sandbox device plugin) serves the device.
+        type: bool
+        default: false
+  exclusive_pci_vendors:
+    description:
+      - PCI vendor IDs (for example V(10DE)) whose C(pciHostDevices) entries this task owns completely:
+        entries of these vendors whose resource name is not listed (with O(state=present)) are removed.
+    type: list
+    elements: str
+    default: []
+  exclusive_mdev_prefixes:
+    description:
+      - C(mdevNameSelector) prefixes (for example V(GRID ), V(NVIDIA )) whose C(mediatedDevices)
+        entries this task owns completely, as O(exclusive_pci_vendors).
+    type: list
+    elements: str
+    default: []
+  feature_gate:
+    description: Add the C(HostDevices) feature gate when entries are present.
+    type: bool
+    default: true
+  skip_version_check:
+    description: Proceed with vendor-VFIO entries whatever KubeVirt version is deployed (a warning is shown).
+    type: bool
+    default: false
+  minimum_version:
+    description: The KubeVirt version vendor-VFIO entries need (from C(status.observedKubeVirtVersion)).
+    type: str
+    default: 1.9.0
+"""
+
+EXAMPLES = r"""
+- name: Permit the L40S-24Q vGPU VFs of the vGPU nodes
+  accelops.vgpu.kubevirt_hostdevices:
+    kubeconfig: /etc/kubernetes/admin.conf
+    pci_host_devices:
+      - pci_vendor_selector: "10DE:26B9"
+        resource_name: nvidia.com/NVIDIA_L40S-24Q
+  delegate_to: localhost
+  run_once: true
+
+- name: Own all NVIDIA PCI entries (others' NVIDIA entries are removed, other vendors kept)
+  accelops.vgpu.kubevirt_hostdevices:
+    pci_host_devices:
+      - {pci_vendor_selector: "10DE:2331", resource_name: nvidia.com/NVIDIA_H100-40C}
+    exclusive_pci_vendors: ["10DE"]
+
+- name: Remove a mediated device resource
+  accelops.vgpu.kubevirt_hostdevices:
+    state: absent
+    mediated_devices:
+      - resource_name: nvidia.com/GRID_T4-1Q
+"""
+
+RETURN = r"""
+changes:
+  description: One line per change, for example C(pciHostDevices: add nvidia.com/NVIDIA_L40S-24Q).
+  returned: always
+  type: list
+  elements: str
+attempts:
+  description: Read-merge-write attempts made (more than 1 after HTTP 409 conflicts).
+  returned: always
+  type: int
+kubevirt:
+  description: The KubeVirt CR that was managed.
+  returned: always
+  type: dict
+  contains:
+    name: {description: Name of the CR., type: str, returned: always}
+    namespace: {description: Namespace of the CR., type: str, returned: always}
+    version: {description: Deployed KubeVirt version from the CR status., type: str, returned: always}
+diff:
+  description: Before and after of C(permittedHostDevices) lists and C(featureGates).
+  returned: diff mode
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_args import cluster_argspec
+from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_client import run_cluster_module
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubevirt import run_hostdevices
+
+
+def argspec():
+    return cluster_argspec(
+        name={"type": "str"},
+        namespace={"type": "str"},
+        state={"type": "str", "choices": ["present", "absent"], "default": "present"},
+        pci_host_devices={"type": "list", "elements": "dict", "default": [], "options": {
+            "resource_name": {"type": "str", "required": True},
+            "pci_vendor_selector": {"type": "str"},
+            "external_resource_provider": {"type": "bool", "default": False},
+            "vendor_vfio": {"type": "bool", "default": True},
+        }},
+        mediated_devices={"type": "list", "elements": "dict", "default": [], "options": {
+            "resource_name": {"type": "str", "required": True},
+            "mdev_name_selector": {"type": "str"},
+            "external_resource_provider": {"type": "bool", "default": False},
+        }},
+        exclusive_pci_vendors={"type": "list", "elements": "str", "default": []},
+        exclusive_mdev_prefixes={"type": "list", "elements": "str", "default": []},
+        feature_gate={"type": "bool", "default": True},
+        skip_version_check={"type": "bool", "default": False},
+        minimum_version={"type": "str", "default": "1.9.0"},
+    )
+
+
+def main():
+    module = AnsibleModule(argument_spec=argspec(), supports_check_mode=True)
+    run_cluster_module(module, run_hostdevices, missing_required_lib("kubernetes"))
+
+
+if __name__ == "__main__":
+    main()
