@@ -1,0 +1,190 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vgpu_profile
+short_description: Program NVIDIA vGPU profiles on a GPU node, per VF or mdev, idempotently
+version_added: 0.1.0
+description:
+  - Creates the vGPUs a layout asks for on the node's NVIDIA GPUs and removes the ones it does not.
+  - Vendor-specific VFIO GPUs (vGPU 17+, Ada/Hopper/Blackwell) are typed per SR-IOV VF through
+    C(nvidia/current_vgpu_type); legacy mdev GPUs (T4 on the PF, A2/A16 on each VF) get mdevs with
+    deterministic UUIDs. The framework is detected per GPU.
+  - Per-VF difference, not "clear all" - VFs that already have a wanted profile are kept, only
+    unwanted vGPUs are cleared, free VFs are filled in VF order.
+  - A vGPU that a VM holds (an open VFIO device node) is never changed; a layout that needs it
+    changed fails naming it, before any write. The whole layout is validated before the first write.
+  - VFs must be enabled first (M(accelops.vgpu.sriov_vfs)); the node CLI C(accelops-vgpu apply)
+    enables them itself.
+  - Takes the node's apply lock, shared with the other node modules and the node CLI.
+extends_documentation_fragment:
+  - accelops.vgpu.node_roots
+options:
+  config:
+    description:
+      - An NVIDIA vgpu-device-manager config (C(version=v1), C(vgpu-configs)) as data, unchanged from
+        the files the GPU Operator uses. Read YAML files on the controller with
+        C(lookup('ansible.builtin.file', 'vgpu.yaml') | from_yaml).
+      - GPU indices in C(devices) count NVIDIA GPUs (not VFs) in PCI address order. An entry whose
+        profiles a GPU does not offer is skipped for that GPU (so one config serves A2 and A16 boards
+        with the same PCI ID); the last matching entry wins.
+    type: dict
+  config_file:
+    description:
+      - Path on the node of a vgpu-device-manager config or layout file in JSON (YAML only when
+        PyYAML is installed on the node).
+    type: path
+  selected:
+    description:
+      - Name of the config in O(config) or O(config_file) to apply. Optional when there is only one.
+    type: str
+  layout:
+    description:
+      - The simple form - a list of entries, each selecting GPUs and naming profile counts per GPU.
+    type: list
+    elements: dict
+    suboptions:
+      devices:
+        description:
+          - V(all), or a list of PCI addresses of GPUs (PFs) and GPU indices.
+        type: raw
+        default: all
+      device_filter:
+        description:
+          - Only GPUs with this PCI ID, C(0x26B910DE) (device, vendor) or C(10de:26b9); a list matches any.
+        type: raw
+      profiles:
+        description:
+          - Profile name (short C(L40S-24Q) or full C(NVIDIA L40S-24Q)) to the number of vGPUs per GPU.
+        type: dict
+        required: true
+  mixed_size:
+    description:
+      - Allow profiles of different framebuffer sizes on one GPU. Before the first type write on a GPU
+        it is put into mixed-size (heterogeneous) mode with C(nvidia-smi vgpu -i <PF> -shm 1),
+        unless C(nvidia-smi vgpu -i <PF> -ghm) reports it already on.
+    type: bool
+    default: false
+  state:
+    description:
+      - V(present) programs the layout.
+      - V(absent) removes every vGPU of the GPUs the layout selects, except those a VM holds
+        (reported as warnings); profile counts are ignored.
+    type: str
+    choices: [present, absent]
+    default: present
+  lock_timeout:
+    description:
+      - Seconds to wait for the node's apply lock.
+    type: float
+    default: 120
+attributes:
+  check_mode:
+    support: full
+    description: Plans and validates everything, writes nothing, reports the same C(changed).
+  diff_mode:
+    support: full
+    description: Per GPU, per VF (or parent/mdev UUID) the profile before and after.
+notes:
+  - Resource names follow Harvester, C(nvidia.com/) plus the full type name with whitespace, C(/) and
+    C(.) replaced by C(_).
+seealso:
+  - module: accelops.vgpu.sriov_vfs
+author:
+  - accelops.vgpu contributors
+"""
+
+EXAMPLES = r"""
+- name: Two L40S-24Q per L40S
+  accelops.vgpu.vgpu_profile:
+    layout:
+      - device_filter: "0x26B910DE"
+        profiles:
+          L40S-24Q: 2
+
+- name: Apply the 'default' config of a vgpu-device-manager file kept next to the playbook
+  accelops.vgpu.vgpu_profile:
+    config: "{{ lookup('ansible.builtin.file', 'vgpu-configs.yaml') | from_yaml }}"
+    selected: default
+
+- name: Mixed sizes on the first GPU
+  accelops.vgpu.vgpu_profile:
+    layout:
+      - devices: ["0000:41:00.0"]
+        profiles: {L40S-24Q: 1, L40S-12Q: 2}
+    mixed_size: true
+
+- name: Remove every vGPU no VM uses
+  accelops.vgpu.vgpu_profile:
+    layout: [{profiles: {}}]
+    state: absent
+"""
+
+RETURN = r"""
+gpus:
+  description: One entry per GPU (PF) the layout selects, with every vGPU slot before and after.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - address: "0000:41:00.0"
+      model: L40S
+      framework: vendor-vfio
+      pci_id: "10de:26b9"
+      vgpus:
+        - {address: "0000:41:00.4", before: null, after: L40S-24Q, type_id: 1155}
+resources:
+  description: One entry per profile in use on the selected GPUs, what KubeVirt needs to expose it.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - profile: L40S-24Q
+      type_name: NVIDIA L40S-24Q
+      resource_name: nvidia.com/NVIDIA_L40S-24Q
+      pci_vendor_selector: "10DE:26B9"
+      framework: vendor-vfio
+      count: 2
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.module_glue import (
+    NodeContext, engine_errors, exit_with_diff, node_argspec)
+
+LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(type="raw"),
+                    profiles=dict(type="dict", required=True))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=node_argspec(
+            config=dict(type="dict"), config_file=dict(type="path"), selected=dict(type="str"),
+            layout=dict(type="list", elements="dict", options=LAYOUT_ENTRY),
+            mixed_size=dict(type="bool", default=False), lock_timeout=dict(type="float", default=120.0),
+            state=dict(type="str", default="present", choices=["present", "absent"])),
+        mutually_exclusive=[("config", "config_file", "layout")],
+        required_one_of=[("config", "config_file", "layout")],
+        supports_check_mode=True)
+    params = module.params
+    node = NodeContext(module)
+    with engine_errors(module):
+        if params["config_file"]:
+            entries = vgpu_layout.from_document(vgpu_layout.load_file(params["config_file"]), params["selected"])
+        else:
+            entries = vgpu_layout.entries(params["config"], params["selected"], params["layout"])
+        result = vgpu_apply.apply(vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root), entries,
+                                  state=params["state"], mixed_size=params["mixed_size"],
+                                  check_mode=module.check_mode, lock_timeout=params["lock_timeout"])
+    for warning in result.pop("warnings"):
+        module.warn(warning)
+    result.pop("vfs_enabled")
+    exit_with_diff(module, result.pop("changed"), result.pop("diff"), **result)
+
+
+if __name__ == "__main__":
+    main()
