@@ -1,0 +1,167 @@
+"""Mounting, the log, injected failures, reboot, driver unload/load, latency, clean teardown."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from gpusim import daemon
+from gpusim.testing import GpuSimNode
+from simhelpers import enable_vfs, read, write, write_fails
+
+
+def _mounted(root):
+    with open("/proc/mounts") as mounts:
+        return any(line.split()[1] == root for line in mounts)
+
+
+def _gpusim(*args):
+    return subprocess.run([sys.executable, "-m", "gpusim.cli", *args], capture_output=True, text=True)
+
+
+def test_cli_up_down_leaves_no_mount(tmp_path):
+    root = str(tmp_path / "sys")
+    result = _gpusim("up", root, "--gpus", "l40s:1,nic:1")
+    assert result.returncode == 0, result.stderr
+    try:
+        assert _mounted(root)
+        assert sorted(os.listdir(os.path.join(root, "bus/pci/devices"))) == ["0000:41:00.0", "0000:42:00.0"]
+        assert _gpusim("ctl", root, "fail-next", "bus/pci/devices/0000:42:00.0/sriov_numvfs", "EIO").returncode == 0
+        write_fails(os.path.join(root, "bus/pci/devices/0000:42:00.0/sriov_numvfs"), "2", errno.EIO)
+        lines = [json.loads(line) for line in _gpusim("log", root, "--clear").stdout.splitlines()]
+        assert lines == [{"seq": 1, "path": "bus/pci/devices/0000:42:00.0/sriov_numvfs", "value": "2",
+                          "result": "error", "errno": "EIO"}]
+        assert _gpusim("log", root).stdout == ""
+    finally:
+        assert _gpusim("down", root).returncode == 0
+    assert not _mounted(root)
+    assert _gpusim("down", root).returncode == 0        # idempotent
+
+
+def test_down_cleans_up_after_the_server_was_killed(tmp_path):
+    root = str(tmp_path / "sys")
+    pid = daemon.up(root, "nic:1")
+    write(os.path.join(root, "bus/pci/devices/0000:41:00.0/sriov_numvfs"), "1")
+    holder = daemon.hold(root, "0000:41:02.0")
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.1)
+    assert _mounted(root)                                # a dead server leaves a broken mount
+    daemon.down(root)
+    assert not _mounted(root)
+    assert not os.path.exists("/proc/%d" % holder) and not os.path.exists("/proc/%d" % pid)
+
+
+def test_bad_spec_fails_before_mounting(tmp_path):
+    result = _gpusim("up", str(tmp_path / "sys"), "--gpus", "l40s:2,rtx9000:1")
+    assert result.returncode == 1 and "unknown model 'rtx9000'" in result.stderr
+    assert not _mounted(str(tmp_path / "sys"))
+
+
+def test_context_manager_unmounts_after_a_failure():
+    with pytest.raises(RuntimeError):
+        with GpuSimNode("l40s:1") as node:
+            root = node.root
+            vf = enable_vfs(node, node.pfs()[0])[0]
+            node.hold(vf)
+            raise RuntimeError("test failed here")
+    assert not _mounted(root) and not os.path.exists(root)
+
+
+def test_log_records_every_write_attempt(gpusim_node):
+    node = gpusim_node("l40s:1")
+    pf = node.pfs()[0]
+    node.clear_log()
+    vf = enable_vfs(node, pf)[0]
+    write_fails(node.path("devices/pci0000:41/%s/nvidia/current_vgpu_type" % vf), "7", errno.EINVAL)
+    entries = node.log()
+    assert entries[-1]["path"] == "bus/pci/devices/%s/nvidia/current_vgpu_type" % vf   # canonical spelling
+    assert [e["path"] for e in node.writes()][:5] == [
+        "bus/pci/drivers/nvidia/unbind", "bus/pci/devices/%s/driver_override" % pf,
+        "bus/pci/drivers/pci-pf-stub/bind", "bus/pci/devices/%s/sriov_numvfs" % pf,
+        "bus/pci/drivers/pci-pf-stub/unbind"]
+    node.clear_log()
+    read(node.device_path(vf, "nvidia/creatable_vgpu_types"))
+    assert node.log() == []                              # reads are not logged
+
+
+def test_fail_next_fails_exactly_once(gpusim_node):
+    node = gpusim_node("l40s:1")
+    vf = enable_vfs(node, node.pfs()[0])[0]
+    node.ctl("fail-next", "bus/pci/devices/%s/nvidia/current_vgpu_type" % vf, "EIO")
+    path = node.device_path(vf, "nvidia/current_vgpu_type")
+    write_fails(path, "1155", errno.EIO)
+    assert read(path) == "0"
+    write(path, "1155")
+    assert read(path) == "1155"
+    with pytest.raises(daemon.GpuSimError, match="EINVAL"):
+        node.ctl("fail-next", "bus/pci/devices/%s/sriov_numvfs" % vf, "ENOTANERRNO")
+
+
+def test_reboot_drops_vfs_types_mdevs_and_mixed_mode(gpusim_node):
+    node = gpusim_node("l40s:1,t4:1")
+    l40s, t4 = node.pfs()
+    vfs = enable_vfs(node, l40s)
+    node.ctl("mixed", l40s, "1")
+    write(node.device_path(vfs[0], "nvidia/current_vgpu_type"), "1155")
+    write(node.device_path(t4, "mdev_supported_types/nvidia-230/create"), "7a3c62f2-0d7b-4c1a-9a55-3f1b2c3d4e5f")
+    node.hold(vfs[0])
+    node.ctl("reboot")
+    assert read(node.device_path(l40s, "sriov_numvfs")) == "0" and node.vfs(l40s) == []
+    assert os.listdir(node.path("bus/mdev/devices")) == []
+    snapshot = node.state()
+    assert snapshot["held"] == {} and not snapshot["pfs"][0]["mixed_size"]
+    assert snapshot["nvidia"]["loaded"] and os.path.basename(os.readlink(node.device_path(l40s, "driver"))) == "nvidia"
+
+
+def test_driver_unload_and_load(gpusim_node):
+    node = gpusim_node("l40s:1,t4:1")
+    l40s, t4 = node.pfs()
+    vfs = enable_vfs(node, l40s)
+    node.hold(vfs[0])
+    with pytest.raises(daemon.GpuSimError, match="EBUSY"):
+        node.ctl("driver", "unload")                     # in use, like rmmod
+    node.release(vfs[0])
+    node.ctl("driver", "unload")
+    assert not os.path.exists(node.path("module/nvidia"))
+    assert not os.path.exists(node.path("bus/pci/drivers/nvidia"))
+    assert not os.path.exists(node.device_path(l40s, "driver")) and node.vfs(l40s) == []
+    assert not os.path.exists(node.path("class/mdev_bus", t4))
+    write_fails(node.device_path(l40s, "sriov_numvfs"), "32", errno.ENOENT)
+    result = subprocess.run(["sriov-manage", "-e", l40s], env=node.env, capture_output=True, text=True)
+    assert result.returncode == 1 and "not loaded" in result.stderr
+    assert subprocess.run(["nvidia-smi", "-q"], env=node.env, capture_output=True).returncode == 9
+    node.ctl("driver", "load", "580.65.06")
+    assert read(node.path("module/nvidia/version")) == "580.65.06"
+    assert os.path.basename(os.readlink(node.device_path(l40s, "driver"))) == "nvidia"
+    assert os.path.exists(node.path("class/mdev_bus", t4))
+
+
+def test_enable_latency_does_not_serialise_pfs(gpusim_node):
+    latency = 0.4
+    node = gpusim_node("nic:2", latency_ms=int(latency * 1000))
+    errors = []
+
+    def enable(pf):
+        try:
+            write(node.device_path(pf, "sriov_numvfs"), "4")
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enable, args=(pf,)) for pf in node.pfs()]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - start
+    assert not errors
+    assert latency <= elapsed < 1.6 * latency, elapsed
+    assert all(len(node.vfs(pf)) == 4 for pf in node.pfs())
