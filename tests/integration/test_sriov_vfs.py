@@ -1,0 +1,146 @@
+"""accelops.vgpu.sriov_vfs against a simulated node: two L40S (sriov-manage) and a NIC (sysfs)."""
+
+import os
+import time
+
+from ansible_collections.accelops.vgpu.plugins.module_utils import inuse, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
+
+SPEC = "l40s:2,nic:1"
+
+
+def enable_tasks(nic):
+    return [
+        {"name": "gpus", "accelops.vgpu.sriov_vfs": {"devices": "all"}},
+        {"name": "nic", "accelops.vgpu.sriov_vfs": {"devices": [nic], "num_vfs": 8, "method": "sysfs"}},
+    ]
+
+
+def numvfs(node, pf):
+    return int(node.read("bus/pci/devices/%s/sriov_numvfs" % pf))
+
+
+def sysfs_writes(node):
+    """Write attempts the simulated kernel saw (fake tools included), ok or failed."""
+    return node.log()
+
+
+def test_enable_check_diff_idempotence_and_the_nic_is_never_in_all(gpusim_node, run_playbook):
+    node = gpusim_node(SPEC)
+    gpus, nic = node.pfs("l40s"), node.pfs("nic")[0]
+
+    check = run_playbook(enable_tasks(nic), node, check=True, diff=True)
+    assert check.rc == 0, check
+    assert sysfs_writes(node) == []
+    assert [check.task(t)["changed"] for t in ("gpus", "nic")] == [True, True]
+    assert check.task("gpus")["diff"] == {"before": dict((pf, {"num_vfs": 0}) for pf in gpus),
+                                          "after": dict((pf, {"num_vfs": 32}) for pf in gpus)}
+
+    real = run_playbook(enable_tasks(nic), node, diff=True)
+    assert real.rc == 0, real
+    assert [real.task(t)["changed"] for t in ("gpus", "nic")] == [True, True]
+    assert real.task("gpus")["diff"] == check.task("gpus")["diff"]
+    assert [(p["address"], p["method"], p["after"]) for p in real.task("gpus")["pfs"]] == \
+        [(pf, "sriov_manage", {"num_vfs": 32}) for pf in gpus]
+    assert real.task("nic")["pfs"] == [{"address": nic, "before": {"num_vfs": 0}, "after": {"num_vfs": 8},
+                                        "method": "sysfs", "changed": True, "discarded_profiles": []}]
+    assert [numvfs(node, pf) for pf in gpus + [nic]] == [32, 32, 8]
+    assert all(os.path.isdir(node.device_path(vf, "nvidia")) for pf in gpus for vf in node.vfs(pf))
+    nic_writes = [w for w in node.writes() if nic in w["path"] or w["value"] == nic]
+    assert nic_writes == [dict(nic_writes[0], path="bus/pci/devices/%s/sriov_numvfs" % nic, value="8")]
+
+    node.clear_log()
+    again = run_playbook(enable_tasks(nic), node, diff=True)
+    assert again.rc == 0, again
+    assert [again.task(t)["changed"] for t in ("gpus", "nic")] == [False, False]
+    assert again.task("gpus")["diff"] == {"before": {}, "after": {}}
+    assert sysfs_writes(node) == []
+
+
+def test_n_to_m_with_a_held_vf_fails_naming_it_even_with_force(gpusim_node, run_playbook):
+    node = gpusim_node("nic:1")
+    nic = node.pfs("nic")[0]
+    node.write("bus/pci/devices/%s/sriov_numvfs" % nic, 4)
+    vf = node.vfs(nic)[2]
+    pid = node.hold(vf)
+    node.clear_log()
+    tasks = [{"name": "resize", "block": [
+        {"name": "n to m", "accelops.vgpu.sriov_vfs": {"devices": [nic], "num_vfs": 6, "force": True}}],
+        "rescue": [{"name": "failed as expected", "ansible.builtin.debug": {"msg": "{{ ansible_failed_result.msg }}"}}]}]
+    run = run_playbook(tasks, node)
+    result = run.task("n to m")
+    assert result["failed"] and result["msg"] == (
+        "%s: VF %s is held by a VM (pid %d); refusing to change 4 -> 6 VFs" % (nic, vf, pid))
+    assert sysfs_writes(node) == [] and numvfs(node, nic) == 4
+
+
+def test_force_discards_profiles_but_not_held_vfs(gpusim_node, run_playbook):
+    node = gpusim_node("l40s:2")
+    first, second = node.pfs("l40s")
+    run_playbook([{"name": "enable", "accelops.vgpu.sriov_vfs": {"devices": "all"}}], node)
+    typed_first, typed_second = node.vfs(first)[0], node.vfs(second)[0]
+    for vf in (typed_first, typed_second):
+        node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf, 1155)
+    pid = node.hold(node.vfs(second)[5])
+    node.clear_log()
+
+    def disable(pf, force):
+        return {"name": "disable %s force %s" % (pf, force), "block": [
+            {"name": "disable", "accelops.vgpu.sriov_vfs": {"devices": [pf], "state": "absent", "force": force}}],
+            "rescue": [{"name": "rescued %s %s" % (pf, force), "ansible.builtin.debug": {"msg": "refused"}}]}
+
+    run = run_playbook([disable(first, False), disable(second, True)], node)
+    refused_profile, refused_held = [r for r in run.results if r["task"] == "disable"]
+    assert refused_profile["msg"] == ("%s: VF %s has vGPU type 1155 that changing 32 -> 0 VFs would discard; "
+                                      "set force to allow it" % (first, typed_first))
+    assert refused_held["msg"] == ("%s: VF %s is held by a VM (pid %d); refusing to change 32 -> 0 VFs"
+                                   % (second, node.vfs(second)[5], pid))
+    assert sysfs_writes(node) == []
+
+    forced = run_playbook([{"name": "disable", "accelops.vgpu.sriov_vfs": {
+        "devices": [first], "state": "absent", "force": True}}], node)
+    assert forced.rc == 0, forced
+    assert forced.task("disable")["pfs"][0]["discarded_profiles"] == [typed_first]
+    assert node.writes()[0]["path"] == "bus/pci/devices/%s/nvidia/current_vgpu_type" % typed_first
+    assert (numvfs(node, first), numvfs(node, second)) == (0, 32)
+
+
+def test_bad_inputs_fail_in_one_line_naming_the_object_with_zero_writes(gpusim_node, run_playbook):
+    node = gpusim_node(SPEC)
+    gpu, nic = node.pfs("l40s")[0], node.pfs("nic")[0]
+    cases = {
+        "unknown address": ({"devices": ["0000:99:00.0"]}, "devices: no PCI device 0000:99:00.0 on this node"),
+        "filter matching nothing": ({"devices": ["0x2BB510DE"]},
+                                    "devices: 0x2BB510DE match no SR-IOV physical function on this node"),
+        "duplicate": ({"devices": [gpu, "10de:26b9"]},
+                      "devices: %s is selected twice (by '%s' and '10de:26b9')" % (gpu, gpu)),
+        "too many vfs": ({"devices": [nic], "num_vfs": 65, "method": "sysfs"},
+                         "%s: num_vfs 65 exceeds sriov_totalvfs 64" % nic),
+        "partial with sriov-manage": ({"devices": [gpu], "num_vfs": 4, "method": "sriov_manage"},
+                                      "%s: sriov-manage always enables all 32 VFs; num_vfs 4 needs method sysfs" % gpu),
+        "not a number": ({"devices": "all", "num_vfs": "lots"}, "num_vfs 'lots' is not a number of VFs or 'max'"),
+    }
+    tasks = [{"name": "case " + name, "block": [{"name": name, "accelops.vgpu.sriov_vfs": args}],
+              "rescue": [{"name": "rescued " + name, "ansible.builtin.debug": {"msg": "failed"}}]}
+             for name, (args, dummy) in cases.items()]
+    run = run_playbook(tasks, node)
+    for name, (dummy, message) in cases.items():
+        result = run.task(name)
+        assert result["failed"] and result["msg"] == message and "\n" not in result["msg"]
+    assert sysfs_writes(node) == []
+
+
+def test_pfs_are_enabled_in_parallel(gpusim_node, monkeypatch):
+    latency = 1.0
+    node = gpusim_node("l40s:2,nic:1", latency_ms=int(latency * 1000))
+    monkeypatch.setenv("GPUSIM_ROOT", node.root)
+    monkeypatch.setenv("PATH", node.env["PATH"])
+    sysfs, runner = Sysfs(node.root), CommandRunner()
+    plan = sriov.plan_vfs(sysfs, runner, [node.pfs("nic")[0], "10de:26b9"], method="auto",
+                          held=lambda: inuse.held_devices(sysfs, node.dev_root))
+    start = time.monotonic()
+    sriov.apply_vfs(sysfs, runner, plan, timeout=30)
+    elapsed = time.monotonic() - start
+    assert [numvfs(node, pf) for pf in node.pfs()] == [32, 32, 64]
+    assert elapsed < 2.5 * latency, "3 PFs took %.1f s with %.1f s latency each" % (elapsed, latency)
