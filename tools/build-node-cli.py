@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: accelops.vgpu contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Build the node CLI `accelops-vgpu` as one zipapp file (stdlib only, any python3 >= 3.7).

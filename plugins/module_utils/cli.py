@@ -32,6 +32,11 @@ PROG = "accelops-vgpu"
 EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
 
+def _say(text, stream=None):
+    """One line of output (the CLI's own channel; modules never import this file)."""
+    (stream or sys.stdout).write(text + "\n")
+
+
 def _parser():
     roots = argparse.ArgumentParser(add_help=False)
     roots.add_argument("--sysfs-root", default="/sys", help="node sysfs (default /sys)")
@@ -74,25 +79,25 @@ def _entries(args):
 def _print_apply(result, check):
     verb = "would change" if check else "changed"
     for address in result["vfs_enabled"]:
-        print("%s: enabled SR-IOV VFs" % address)
+        _say("%s: enabled SR-IOV VFs" % address)
     for gpu in result["gpus"]:
         moved = [v for v in gpu["vgpus"] if v["before"] != v["after"]]
         if not moved:
-            print("%s (%s, %s): unchanged" % (gpu["address"], gpu["model"], gpu["framework"]))
+            _say("%s (%s, %s): unchanged" % (gpu["address"], gpu["model"], gpu["framework"]))
             continue
-        print("%s (%s, %s): %s %d vGPU slot(s)" % (gpu["address"], gpu["model"], gpu["framework"], verb, len(moved)))
+        _say("%s (%s, %s): %s %d vGPU slot(s)" % (gpu["address"], gpu["model"], gpu["framework"], verb, len(moved)))
         for vgpu in moved:
             slot = vgpu["address"] + ("/" + vgpu["uuid"] if vgpu.get("uuid") else "")
-            print("  %s: %s -> %s" % (slot, vgpu["before"] or "-", vgpu["after"] or "-"))
+            _say("  %s: %s -> %s" % (slot, vgpu["before"] or "-", vgpu["after"] or "-"))
     for warning in result["warnings"]:
-        print("warning: %s" % warning, file=sys.stderr)
+        _say("warning: %s" % warning, sys.stderr)
 
 
 def cmd_apply(args):
     result = vgpu_apply.apply(_node(args), _entries(args), state=args.state, mixed_size=args.mixed_size,
                               check_mode=args.check, lock_timeout=args.lock_timeout, enable_vfs=args.enable_vfs)
     if args.json:
-        print(json.dumps(result, indent=2))
+        _say(json.dumps(result, indent=2))
     else:
         _print_apply(result, args.check)
     return EXIT_OK
@@ -101,12 +106,12 @@ def cmd_apply(args):
 def cmd_assert(args):
     problems = vgpu_apply.check(_node(args), _entries(args))
     if args.json:
-        print(json.dumps({"matches": not problems, "differences": problems}, indent=2))
+        _say(json.dumps({"matches": not problems, "differences": problems}, indent=2))
     else:
         for problem in problems:
-            print(problem)
+            _say(problem)
         if not problems:
-            print("the node matches the layout")
+            _say("the node matches the layout")
     return EXIT_DIFFERS if problems else EXIT_OK
 
 
@@ -120,7 +125,7 @@ def cmd_export(args):
             {"devices": "all", "vgpu-devices": {}}]}}
     else:
         document = {"layout": vgpu_layout.export_layout(current)}
-    print(json.dumps(document, indent=2))
+    _say(json.dumps(document, indent=2))
     return EXIT_OK
 
 
@@ -132,5 +137,5 @@ def main(argv=None):
     try:
         return VERBS[args.verb](args)
     except EngineError as err:
-        print("%s %s: %s" % (PROG, args.verb, err), file=sys.stderr)
+        _say("%s %s: %s" % (PROG, args.verb, err), sys.stderr)
         return EXIT_ERROR

@@ -136,7 +136,7 @@ class Node:
     def view(self, gpu, framework, held):
         if framework == vgpu_vfio.FRAMEWORK:
             view = vgpu_vfio.VfioGpu(self.sysfs, gpu, held, self.names)
-            self.names.remember(gpu.address, [t for t in view.catalog.values()])
+            self.names.remember(gpu.address, list(view.catalog.values()))
             return view
         return vgpu_mdev.MdevGpu(self.sysfs, gpu, held)
 

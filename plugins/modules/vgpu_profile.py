@@ -95,7 +95,7 @@ notes:
 seealso:
   - module: accelops.vgpu.sriov_vfs
 author:
-  - accelops.vgpu contributors
+  - accelops.vgpu contributors (@accelops)
 """
 
 EXAMPLES = r"""
@@ -180,10 +180,9 @@ def main():
         result = vgpu_apply.apply(vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root), entries,
                                   state=params["state"], mixed_size=params["mixed_size"],
                                   check_mode=module.check_mode, lock_timeout=params["lock_timeout"])
-    for warning in result.pop("warnings"):
+    for warning in result["warnings"]:
         module.warn(warning)
-    result.pop("vfs_enabled")
-    exit_with_diff(module, result.pop("changed"), result.pop("diff"), **result)
+    exit_with_diff(module, result["changed"], result["diff"], gpus=result["gpus"], resources=result["resources"])
 
 
 if __name__ == "__main__":
