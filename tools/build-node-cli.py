@@ -2,6 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Build the node CLI `accelops-vgpu` as one zipapp file (stdlib only, any python3 >= 3.7).
 
+The output is reproducible: the same sources give the same bytes (fixed zip timestamps).
+
     python3 tools/build-node-cli.py [OUT]        # default OUT: .build/accelops-vgpu.pyz
     python3 OUT apply --config vgpu.yaml --selected default
 
@@ -12,10 +14,8 @@ The archive holds `cli.py` and the module_utils it imports (followed transitivel
 
 import os
 import re
-import shutil
 import sys
-import tempfile
-import zipapp
+import zipfile
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "ansible_collections/accelops/vgpu/plugins/module_utils"
@@ -49,22 +49,25 @@ def closure(start):
 
 
 def build(out):
-    staging = tempfile.mkdtemp(prefix="accelops-vgpu-pyz-")
-    try:
-        package = os.path.join(staging, PACKAGE)
-        os.makedirs(package)
-        part = staging
-        for name in PACKAGE.split("/"):
-            part = os.path.join(part, name)
-            open(os.path.join(part, "__init__.py"), "w").close()
-        for name in closure("cli"):
-            shutil.copy(os.path.join(SOURCE, name + ".py"), os.path.join(package, name + ".py"))
-        with open(os.path.join(staging, "__main__.py"), "w") as handle:
-            handle.write(MAIN)
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        zipapp.create_archive(staging, out, interpreter="/usr/bin/env python3")
-    finally:
-        shutil.rmtree(staging)
+    """Write the zipapp; fixed timestamps and order make the same sources give the same bytes."""
+    files = {"__main__.py": MAIN}
+    for depth in range(1, len(PACKAGE.split("/")) + 1):
+        files["/".join(PACKAGE.split("/")[:depth]) + "/__init__.py"] = ""
+    for name in closure("cli"):
+        with open(os.path.join(SOURCE, name + ".py")) as handle:
+            files["%s/%s.py" % (PACKAGE, name)] = handle.read()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    with open(tmp, "wb") as handle:
+        handle.write(b"#!/usr/bin/env python3\n")
+        with zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as archive:
+            for arcname in sorted(files):
+                info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o644 << 16
+                archive.writestr(info, files[arcname])
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, out)
     return out
 
 
