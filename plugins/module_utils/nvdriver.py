@@ -10,6 +10,7 @@ it against gpusim and fake tools.
 Decisions (documented in the module):
 - Installed version: `<sysfs>/module/nvidia/version` when the module is loaded (what the kernel
   runs), else `modinfo -F version nvidia` (installed but not loaded, e.g. right after a reboot).
+  Loaded modules: `<proc>/modules` (what lsmod reads), else `<sysfs>/module/<name>`.
 - vGPU-manager flavour: `nvidia_vgpu_vfio` is loaded, or the `nvidia-vgpu-mgr` daemon exists
   (only the vGPU-KVM runfile ships it). A plain data-center driver of the same version is
   replaced by an install.
@@ -59,24 +60,29 @@ class Runfile:
     @classmethod
     def inspect(cls, path, runner):
         """Validate name, header and `--version` output; raise DriverError (one line) otherwise."""
-        name = os.path.basename(path)
+        runfile = cls.from_file(path)
+        rc, out, err = runner.run(["sh", path, "--version"], check=False)
+        reported = VERSION_OUTPUT.search(out or "")
+        if rc != 0 or not reported:
+            why = (err or out or "no version in its output").strip().splitlines()
+            raise DriverError("runfile %s: '--version' failed: %s" % (path, why[-1] if why else "rc %s" % rc))
+        if reported.group(1) != runfile.version:
+            raise DriverError("runfile %s: its name says %s but '--version' reports %s"
+                              % (path, runfile.version, reported.group(1)))
+        return runfile
+
+    @classmethod
+    def from_file(cls, path):
+        """Validate name and makeself header without running the file (the image build host)."""
         if not os.path.isfile(path):
             raise DriverError("runfile %s: no such file" % path)
-        match = RUNFILE_NAME.match(name)
+        match = RUNFILE_NAME.match(os.path.basename(path))
         if not match:
             raise DriverError("runfile %s: not a vGPU-KVM runfile name (expected %s)" % (path, RUNFILE_PATTERN))
         with open(path, "rb") as handle:
             head = handle.read(HEADER_BYTES)
         if not head.startswith(b"#!") or b"makeself" not in head.lower():
             raise DriverError("runfile %s: not a makeself archive (no makeself shell header)" % path)
-        rc, out, err = runner.run(["sh", path, "--version"], check=False)
-        reported = VERSION_OUTPUT.search(out or "")
-        if rc != 0 or not reported:
-            why = (err or out or "no version in its output").strip().splitlines()
-            raise DriverError("runfile %s: '--version' failed: %s" % (path, why[-1] if why else "rc %s" % rc))
-        if reported.group(1) != match.group("version"):
-            raise DriverError("runfile %s: its name says %s but '--version' reports %s"
-                              % (path, match.group("version"), reported.group(1)))
         return cls(path, match.group("arch"), match.group("version"), bool(match.group("aie")))
 
 
@@ -88,8 +94,10 @@ class DriverState:
         self.modules, self.services = modules, services
 
     @classmethod
-    def read(cls, sysfs, runner, services=()):
-        modules = [name for name in MODULES if sysfs.exists("module/%s" % name)]
+    def read(cls, sysfs, runner, services=(), proc_root="/proc"):
+        loaded_modules = _loaded_modules(proc_root)
+        modules = [name for name in MODULES
+                   if (name in loaded_modules if loaded_modules is not None else sysfs.exists("module/%s" % name))]
         version = sysfs.read_optional("module/nvidia/version")
         loaded = version is not None
         if not loaded:
@@ -101,6 +109,15 @@ class DriverState:
     def as_dict(self):
         return {"version": self.version, "vgpu_manager": self.vgpu_manager,
                 "loaded_modules": list(self.modules), "services": dict(self.services)}
+
+
+def _loaded_modules(proc_root):
+    """Names in <proc_root>/modules (what lsmod shows), or None when it cannot be read."""
+    try:
+        with open(os.path.join(proc_root, "modules"), encoding="utf-8") as handle:
+            return {line.split(None, 1)[0] for line in handle if line.strip()}
+    except OSError:
+        return None
 
 
 def _which(runner, name):
@@ -138,10 +155,11 @@ class Action:
 class DriverManager:
     """Plans and applies `state: present|absent` for the vGPU manager driver."""
 
-    def __init__(self, runner, sysfs_root="/sys", modprobe_dir="/etc/modprobe.d"):
+    def __init__(self, runner, sysfs_root="/sys", modprobe_dir="/etc/modprobe.d", proc_root="/proc"):
         self.runner = runner
         self.sysfs = Sysfs(sysfs_root)
         self.modprobe_dir = modprobe_dir
+        self.proc_root = proc_root
 
     def tool(self, name):
         path = _which(self.runner, name)
@@ -153,7 +171,7 @@ class DriverManager:
     def plan(self, params):
         """(state before, runfile or None, [Action], after dict); raises before any change."""
         services = list(params["services"]) if params["manage_services"] else []
-        state = DriverState.read(self.sysfs, self.runner, services)
+        state = DriverState.read(self.sysfs, self.runner, services, self.proc_root)
         if params["state"] == "absent":
             actions = self._plan_absent(params, state, services)
             after = {"version": None if actions else state.version, "vgpu_manager": False if actions
@@ -252,7 +270,7 @@ class DriverManager:
         return result
 
     def _verify(self, runfile, params):
-        now = DriverState.read(self.sysfs, self.runner)
+        now = DriverState.read(self.sysfs, self.runner, (), self.proc_root)
         if params["load_modules"] and now.version != runfile.version:
             raise DriverError("driver %s: installed from %s but the kernel runs %s (a reboot may be needed)"
                               % (runfile.version, runfile.path, now.version or "no nvidia module"))

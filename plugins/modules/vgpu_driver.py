@@ -85,6 +85,11 @@ options:
       - Directory that holds the node's sysfs (C(/host/sys) in a container, a simulated node in tests).
     type: path
     default: /sys
+  proc_root:
+    description:
+      - Directory that holds the node's procfs; loaded modules are read from C(<proc_root>/modules).
+    type: path
+    default: /proc
   lock_timeout:
     description:
       - Seconds to wait for the node's apply lock, which the SR-IOV and profile modules take too.
@@ -159,13 +164,15 @@ def main():
             manage_services=dict(type="bool", default=True),
             services=dict(type="list", elements="str", default=list(DEFAULT_SERVICES)),
             sysfs_root=dict(type="path", default="/sys"),
+            proc_root=dict(type="path", default="/proc"),
             lock_timeout=dict(type="float", default=120.0),
         ),
         required_if=[("state", "present", ["runfile"])],
         supports_check_mode=True,
     )
     params = module.params
-    manager = DriverManager(FunctionRunner(module.run_command), params["sysfs_root"], params["modprobe_dir"])
+    manager = DriverManager(FunctionRunner(module.run_command), params["sysfs_root"], params["modprobe_dir"],
+                            params["proc_root"])
     with engine_errors(module) as result:
         # one writer per node: the driver swap must not race a profile or VF apply
         with node_lock(params["sysfs_root"], params["lock_timeout"]) if not module.check_mode else nullcontext():

@@ -1,9 +1,10 @@
 """Fake node tools for the vGPU manager driver: modprobe, modinfo, systemctl.
 
 A fake node is a directory ($FAKE_NODE) with `bin/` (put it first on PATH), `calls.log` (one line
-per tool call: "<tool> <args>"), `installed_version` (written by the fake runfile) and
+per tool call: "<tool> <args>"), `proc/modules` (loaded modules, pass `proc_root=$FAKE_NODE/proc`),
+`installed_version` (written by the fake runfile) and
 `systemd/<unit>.{enabled,active}` markers. The kernel is the sysfs root in $GPUSIM_ROOT: on a
-gpusim tree the fakes load/unload the driver through `ROOT/.gpusim/ctl` (`driver load --version V`),
+gpusim tree the fakes load/unload the driver through `ROOT/.gpusim/ctl` (`driver load V`),
 on a plain directory they write `module/<name>/version` themselves.
 """
 
@@ -14,15 +15,17 @@ sysroot=${GPUSIM_ROOT:-/sys}
 printf '%s %s\n' "$(basename "$0")" "$*" >> "$node/calls.log"
 load() {  # load <module>
   version=$(cat "$node/installed_version" 2>/dev/null) || { echo "modprobe: FATAL: Module $1 not found." >&2; exit 1; }
+  grep -q "^$1 " "$node/proc/modules" || echo "$1 1 0 - Live 0x0" >> "$node/proc/modules"
   if [ -e "$sysroot/.gpusim/ctl" ]; then
-    [ "$1" = nvidia ] && echo "driver load --version $version" > "$sysroot/.gpusim/ctl"
+    if [ "$1" = nvidia ]; then echo "driver load $version" > "$sysroot/.gpusim/ctl"; fi
   else
     mkdir -p "$sysroot/module/$1" && echo "$version" > "$sysroot/module/$1/version"
   fi
 }
 unload() {  # unload <module>
+  sed -i "/^$1 /d" "$node/proc/modules"
   if [ -e "$sysroot/.gpusim/ctl" ]; then
-    [ "$1" = nvidia ] && echo "driver unload" > "$sysroot/.gpusim/ctl"
+    if [ "$1" = nvidia ]; then echo "driver unload" > "$sysroot/.gpusim/ctl"; fi
   else
     rm -rf "$sysroot/module/$1"
   fi
@@ -66,6 +69,8 @@ def make_fake_node(directory, sysfs_root):
             handle.write("#!/bin/sh\n" + KERNEL + body)
         os.chmod(path, 0o755)
     open(os.path.join(directory, "calls.log"), "a", encoding="utf-8").close()
+    os.makedirs(os.path.join(directory, "proc"), exist_ok=True)
+    open(os.path.join(directory, "proc", "modules"), "a", encoding="utf-8").close()
     return {"FAKE_NODE": directory, "GPUSIM_ROOT": str(sysfs_root),
             "PATH": bindir + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")}
 

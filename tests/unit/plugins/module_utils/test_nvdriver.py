@@ -28,7 +28,7 @@ def node(tmp_path, monkeypatch):
             return write_runfile(tmp_path, version, **kwargs)
 
         def manager(self):
-            return nvdriver.DriverManager(CommandRunner(), str(sysfs), str(self.modprobe_dir))
+            return nvdriver.DriverManager(CommandRunner(), str(sysfs), str(self.modprobe_dir), str(fake / "proc"))
 
         def run(self, check_mode=False, **overrides):
             params = dict(state="present", runfile=None, dkms=False, allow_downgrade=False, installer_args=[],
@@ -155,9 +155,7 @@ def test_without_services_and_with_dkms_and_extra_args(node):
 
 def test_installed_but_unloaded_driver_is_loaded_not_reinstalled(node):
     install(node, NEW)
-    for name in ("nvidia", "nvidia_vgpu_vfio"):  # as after a reboot before modprobe
-        (node.root / "module" / name / "version").unlink()
-        (node.root / "module" / name).rmdir()
+    CommandRunner().run(["modprobe", "-r", "nvidia_vgpu_vfio", "nvidia"])  # as after a reboot
     result = node.run(runfile=node.runfile(NEW))
     assert result["previous_version"] == NEW and result["actions"] == ["load nvidia", "load nvidia_vgpu_vfio"]
     assert node.loaded_version() == NEW
