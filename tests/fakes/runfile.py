@@ -20,12 +20,12 @@ label="NVIDIA Accelerated Graphics Driver for Linux-{arch} {version} (vGPU KVM, 
 
 BODY = r"""VERSION={version}
 NAME=$(basename "$0")
-node=${{FAKE_NODE:?FAKE_NODE is not set}}
 sysroot=${{GPUSIM_ROOT:-/sys}}
-printf 'runfile %s %s\n' "$VERSION" "$*" >> "$node/calls.log"
+[ -n "${{FAKE_NODE:-}}" ] && printf 'runfile %s %s\n' "$VERSION" "$*" >> "$FAKE_NODE/calls.log"
 case " $* " in
   *" --version "*) echo "$NAME: version {reported}"; exit 0 ;;
 esac
+node=${{FAKE_NODE:?FAKE_NODE is not set}}
 if [ -e "$sysroot/module/nvidia/version" ]; then
   echo "ERROR: An NVIDIA kernel module 'nvidia' appears to already be loaded in your kernel." >&2
   exit 1
