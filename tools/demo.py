@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,27 +55,51 @@ def is_mounted(path):
 
 # ---------------------------------------------------------------- bring up / tear down
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def cluster_seed():
+    """What the emulated cluster holds before the run: KubeVirt (with another team's NIC entry the
+    run must keep), the GPU Operator ClusterPolicy and the node object."""
+    kubevirt = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "1"},
+                "spec": {"configuration": {
+                    "permittedHostDevices": {"pciHostDevices": [
+                        {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710"}]},
+                    "developerConfiguration": {"featureGates": ["LiveMigration"]}}},
+                "status": {"observedKubeVirtVersion": "v1.9.0", "operatorVersion": "v1.9.0", "phase": "Deployed"}}
+    policy = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+              "metadata": {"name": "cluster-policy", "resourceVersion": "1"},
+              "spec": {"sandboxWorkloads": {"enabled": False, "defaultWorkload": "container"},
+                       "vgpuDeviceManager": {"enabled": True}}}
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "demo-node", "resourceVersion": "1", "labels": {"kubernetes.io/hostname": "demo-node"}}}
+    verbs = ["get", "list", "patch"]
+    return {"resources": {
+        "kubevirt.io/v1/kubevirts": {"kind": "KubeVirt", "singular": "kubevirt", "namespaced": True, "verbs": verbs},
+        "nvidia.com/v1/clusterpolicies": {"kind": "ClusterPolicy", "singular": "clusterpolicy", "namespaced": False,
+                                          "verbs": verbs},
+        "v1/nodes": {"kind": "Node", "singular": "node", "namespaced": False, "verbs": verbs}},
+        "objects": [
+            {"resource": "kubevirt.io/v1/kubevirts", "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt},
+            {"resource": "nvidia.com/v1/clusterpolicies", "name": "cluster-policy", "body": policy},
+            {"resource": "v1/nodes", "name": "demo-node", "body": node}]}
 
 
 def start_api_server():
-    """The API emulator on a free port; returns its URL once it printed "ready"."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, KMOCK, str(port)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    """The API emulator (its own process), seeded; returns its URL and writes a kubeconfig for it."""
+    proc = subprocess.Popen([sys.executable, KMOCK], stdout=subprocess.PIPE, text=True, start_new_session=True)
     with open(API_PID, "w", encoding="utf-8") as handle:
         handle.write(str(proc.pid))
-    line = proc.stdout.readline()
-    if "ready" not in line:
-        raise SystemExit("demo: the API server did not start (%s printed %r)" % (rel(KMOCK), line))
-    url = "http://127.0.0.1:%d" % port
+    line = proc.stdout.readline().split()
+    if len(line) != 2 or line[0] != "ready":
+        raise SystemExit("demo: the API server did not start (%s printed %r)" % (rel(KMOCK), " ".join(line)))
+    url = "http://127.0.0.1:%s" % line[1]
+    request = urllib.request.Request(url + "/_ctl/reset", data=json.dumps(cluster_seed()).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=10):
+        pass
     with open(KUBECONFIG, "w", encoding="utf-8") as handle:
         json.dump({"apiVersion": "v1", "kind": "Config", "current-context": "demo",
                    "clusters": [{"name": "demo", "cluster": {"server": url}}],
-                   "users": [{"name": "demo", "user": {"token": "demo"}}],
+                   "users": [{"name": "demo", "user": {"token": "demo-token"}}],
                    "contexts": [{"name": "demo", "context": {"cluster": "demo", "user": "demo"}}]}, handle)
     return url
 
@@ -111,8 +134,7 @@ def up(gpus):
 
 # ---------------------------------------------------------------- the run
 
-def run_playbook(with_cluster):
-    """Runs site.yml with its output streaming through; returns (rc, {task: [hosts changed]})."""
+def ansible_env():
     env = dict(os.environ)
     env.update({
         "PATH": TOOLS + os.pathsep + VENV_BIN + os.pathsep + env.get("PATH", ""),
@@ -121,10 +143,15 @@ def run_playbook(with_cluster):
         "ANSIBLE_COLLECTIONS_PATH": os.path.join(REPO, ".build", "collections"),
         "ANSIBLE_CACHE_PLUGIN": "ansible.builtin.jsonfile",
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": FACTS,
-        "ANSIBLE_FORCE_COLOR": "1" if sys.stdout.isatty() else "0",
         "K8S_AUTH_KUBECONFIG": KUBECONFIG,
     })
-    argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "inventories/demo", "playbooks/site.yml", "--diff"]
+    return env
+
+
+def run_playbook(env, with_cluster):
+    """Runs site.yml with its output streaming through; returns (rc, {task: [hosts changed]})."""
+    env = dict(env, ANSIBLE_FORCE_COLOR="1" if sys.stdout.isatty() else "0")
+    argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "inventories/demo", "playbooks/site.yml"]
     if not with_cluster:
         argv += ["--limit", "all:!vgpu_cluster"]
     print("$ " + " ".join(argv), flush=True)
@@ -164,12 +191,18 @@ def vf_counts():
     return counts
 
 
-def cached_facts(host):
+def node_facts(env):
+    """What the vgpu_profiles role published for demo-node (module results), through the fact cache."""
+    expression = "{{ {'gpus': vgpu_profiles_gpus | default([]), 'resources': vgpu_profiles_resources | default([])} }}"
+    argv = [os.path.join(VENV_BIN, "ansible"), "demo-node", "-i", "inventories/demo",
+            "-m", "ansible.builtin.debug", "-a", "msg=" + expression]
+    env = dict(env, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    proc = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          check=False)
     try:
-        with open(os.path.join(FACTS, host), encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return {}
+        return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["demo-node"]["msg"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return {"gpus": [], "resources": []}
 
 
 def write_log():
@@ -194,99 +227,114 @@ def section(title):
     print("-" * len(title))
 
 
-def describe_write(entry):
-    """'sriov_numvfs on 0000:41:00.0 := 32' from a log entry's canonical path."""
-    parts = entry["path"].split("/")
-    device = parts[3] if len(parts) > 3 else entry["path"]
-    attribute = "/".join(parts[4:]) or parts[-1]
-    if parts[:3] == ["bus", "mdev", "devices"]:
-        attribute, device = "mdev " + attribute, device[:8] + "..."
-    if "mdev_supported_types" in attribute:
-        attribute = "create mdev " + attribute.split("/")[1]
-    outcome = "" if entry.get("result") == "ok" else "  (%s)" % entry.get("errno", "failed")
-    return "%-30s %-14s := %s%s" % (attribute, device, str(entry.get("value", "")).strip()[:36], outcome)
+def write_kind(entry):
+    """A short name for one sysfs write of the simulator's log."""
+    path = entry["path"]
+    if "/mdev_supported_types/" in path:
+        return "mdev create"
+    if path.startswith("bus/pci/drivers/") or path.endswith("/driver_override"):
+        return "driver (un)bind"
+    return path.rsplit("/", 1)[-1]
 
 
-def summarize(gpus, rc, changed, api_url, elapsed):
-    facts = cached_facts("demo-node")
-    node_gpus = facts.get("vgpu_profiles_gpus") or []
-    resources = facts.get("vgpu_profiles_resources") or []
-    vfs = vf_counts()
-    print("\n" + "=" * 78)
-    print("accelops.vgpu demo: site.yml %s in %.0f s against a simulated node (%s)"
-          % ("succeeded" if rc == 0 else "FAILED (rc %d)" % rc, elapsed, gpus))
-    print("=" * 78)
+def profile_counts(vgpus, key):
+    counts = Counter(vgpu[key] for vgpu in vgpus if vgpu.get(key))
+    return ", ".join("%d x %s" % (count, name) for name, count in sorted(counts.items())) or "none"
 
+
+def print_gpus(facts):
     section("GPUs on demo-node")
-    print("%-14s %-8s %-12s %-9s %s" % ("PCI address", "model", "framework", "VFs", "vGPUs (instances x profile)"))
-    for gpu in node_gpus:
+    vfs = vf_counts()
+    print("%-14s %-8s %-12s %-7s %s" % ("PCI address", "model", "framework", "VFs", "vGPUs per GPU"))
+    for gpu in facts["gpus"]:
         numvfs, total = vfs.get(gpu["address"], (0, 0))
-        profiles = Counter(vgpu["after"] for vgpu in gpu.get("vgpus", []) if vgpu.get("after"))
-        print("%-14s %-8s %-12s %-9s %s" % (
-            gpu["address"], gpu.get("model") or "?", gpu.get("framework", "?"),
-            "%d/%d" % (numvfs, total) if total else "-",
-            ", ".join("%d x %s" % (count, name) for name, count in sorted(profiles.items())) or "none"))
-    if not node_gpus:
-        print("(no vGPU facts: the vgpu_profiles role did not finish)")
+        print("%-14s %-8s %-12s %-7s %s" % (gpu["address"], gpu.get("model") or "?", gpu.get("framework", "?"),
+                                           "%d/%d" % (numvfs, total) if total else "-",
+                                           profile_counts(gpu.get("vgpus", []), "after")))
+    if not facts["gpus"]:
+        print("(no results: the vgpu_profiles role did not finish)")
 
-    section("KubeVirt resources this node offers")
-    for resource in resources:
-        selector = resource.get("pci_vendor_selector") if resource.get("framework") == "vendor-vfio" \
-            else resource.get("type_name")
-        kind = "pciHostDevices  pciVendorSelector" if resource.get("framework") == "vendor-vfio" \
-            else "mediatedDevices mdevNameSelector "
-        print("%-34s %3d   %s %s" % (resource["resource_name"], resource["count"], kind, selector))
-    permitted = kubevirt_devices(api_url) if api_url else None
-    if permitted is not None:
-        names = [entry.get("resourceName") for key in ("pciHostDevices", "mediatedDevices")
-                 for entry in permitted.get(key) or []]
-        print("KubeVirt CR (emulated API at %s): permittedHostDevices lists %s"
-              % (api_url, ", ".join(names) or "nothing"))
-    elif not api_url:
-        print("(cluster part skipped: %s is not there yet)" % rel(KMOCK))
 
+def print_resources(facts, api_url):
+    section("KubeVirt resources (what VMs request)")
+    for resource in facts["resources"]:
+        if resource.get("framework") == "vendor-vfio":
+            selector = "pciHostDevices   pciVendorSelector %s" % resource.get("pci_vendor_selector")
+        else:
+            selector = "mediatedDevices  mdevNameSelector  %r" % resource.get("mdev_name_selector")
+        print("%-30s %3d on demo-node   %s" % (resource["resource_name"], resource["count"], selector))
+    if api_url:
+        permitted = kubevirt_devices(api_url)
+        if permitted is None:
+            print("KubeVirt CR: could not be read from the API emulator at %s" % api_url)
+        else:
+            entries = [entry.get("resourceName") for key in ("pciHostDevices", "mediatedDevices")
+                       for entry in permitted.get(key) or []]
+            print("KubeVirt CR kubevirt/kubevirt (API emulator %s) permits: %s" % (api_url, ", ".join(entries)))
+    else:
+        print("(cluster part skipped: no API emulator %s)" % rel(KMOCK))
+
+
+def print_changes(facts, changed):
     section("What changed")
     writes = write_log()
-    by_kind = Counter(describe_write(entry).split()[0] for entry in writes)
-    print("%d writes to the simulated sysfs: %s" % (
-        len(writes), ", ".join("%s x%d" % item for item in sorted(by_kind.items())) or "none"))
-    for entry in writes[:12]:
-        print("  " + describe_write(entry))
-    if len(writes) > 12:
-        print("  ... %d more: .venv/bin/gpusim log %s" % (len(writes) - 12, rel(SYS)))
-    print("Tasks that changed something:")
+    for entry in writes:
+        if entry["path"].endswith("/sriov_numvfs") and entry.get("result") == "ok":
+            print("SR-IOV  %s: %s VFs enabled" % (entry["path"].split("/")[3], entry["value"]))
+    for gpu in facts["gpus"]:
+        created = [vgpu for vgpu in gpu.get("vgpus", []) if vgpu.get("after") != vgpu.get("before")]
+        if created:
+            print("vGPU    %s: %s -> %s" % (gpu["address"], profile_counts(created, "before"),
+                                           profile_counts(created, "after")))
+    kinds = Counter(write_kind(entry) for entry in writes)
+    failed = sum(1 for entry in writes if entry.get("result") != "ok")
+    print("%d sysfs writes (%s)%s" % (len(writes), ", ".join("%s %d" % item for item in sorted(kinds.items())),
+                                      ", %d refused" % failed if failed else ""))
+    print("Tasks that reported a change:")
     for task, hosts in changed.items():
-        print("  %-60s %s" % (task[:60], ", ".join(sorted(set(hosts)))))
+        print("  %s [%s]" % (task, ", ".join(sorted(set(hosts)))))
     if not changed:
-        print("  none")
+        print("  none (the node already had this layout)")
 
+
+def print_persistence():
     section("Boot persistence (installed below %s, not on this machine)" % rel(NODE_ROOT))
     unit = read(NODE_ROOT, "etc", "systemd", "system", "accelops-vgpu.service") or ""
     exec_start = [line[len("ExecStart="):] for line in unit.splitlines() if line.startswith("ExecStart=")]
-    print("accelops-vgpu.service runs at boot and after vGPU manager restarts:")
+    print("accelops-vgpu.service re-applies the layout at boot and when the vGPU manager restarts:")
     print("  " + (exec_start[0] if exec_start else "(not installed)"))
     return exec_start[0] if exec_start else None
 
 
-def next_steps(keep, exec_start):
+def print_next_steps(keep, exec_start):
     section("Look further")
-    cli = os.path.join(NODE_ROOT, "usr", "local", "bin", "accelops-vgpu")
-    layout = os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json")
-    if keep:
-        print("The simulated node is still up (--keep):")
-        print("  ls %s/bus/pci/devices/                  # the node's PCI functions" % rel(SYS))
-        print("  cat %s/bus/pci/devices/0000:41:00.4/nvidia/current_vgpu_type" % rel(SYS))
-        print("  .venv/bin/gpusim log %s                 # every sysfs write" % rel(SYS))
-        if exec_start:
-            print("  %s" % exec_start.replace("/usr/local/bin/accelops-vgpu", rel(cli), 1)
-                  .replace("/etc/accelops-vgpu/layout.json", rel(layout)).replace(" apply ", " assert ", 1)
-                  + "   # node CLI: is the layout in place?")
-        print("  make demo ARGS=... / tools/demo.sh --keep   # run again: nothing changes the second time")
-        print("Tear down: tools/demo.sh --down")
-    else:
-        print("Keep the simulated node for a look around: tools/demo.sh --keep (tear down: --down)")
-        print("Layout written for the node: %s" % rel(layout))
-        print("The simulated node has been torn down.")
+    cli = rel(os.path.join(NODE_ROOT, "usr", "local", "bin", "accelops-vgpu"))
+    layout = rel(os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json"))
+    if not keep:
+        print("The simulated node has been torn down. Keep it for a look around: tools/demo.sh --keep")
+        print("The layout file the node got: %s" % layout)
+        return
+    print("The simulated node is still up (--keep):")
+    print("  ls %s/bus/pci/devices/" % rel(SYS))
+    print("  cat %s/bus/pci/devices/0000:41:00.4/nvidia/current_vgpu_type   # a VF's vGPU type ID" % rel(SYS))
+    print("  .venv/bin/gpusim log %s                                     # every sysfs write" % rel(SYS))
+    if exec_start:
+        check = exec_start.replace(" apply ", " assert ", 1).replace("/usr/local/bin/accelops-vgpu", cli, 1)
+        print("  " + check.replace("/etc/accelops-vgpu/layout.json", layout) + "   # node CLI: layout in place?")
+    print("  .venv/bin/gpusim ctl %s reboot   # then the assert above fails; the ExecStart line restores it"
+          % rel(SYS))
+    print("Tear down: tools/demo.sh --down")
+
+
+def summarize(gpus, rc, changed, facts, api_url, elapsed):
+    print("\n" + "=" * 78)
+    print("accelops.vgpu demo: playbooks/site.yml %s in %.0f s on a simulated node (%s)"
+          % ("succeeded" if rc == 0 else "FAILED (rc %d)" % rc, elapsed, gpus))
+    print("=" * 78)
+    print_gpus(facts)
+    print_resources(facts, api_url)
+    print_changes(facts, changed)
+    return print_persistence()
 
 
 def main(argv=None):
@@ -304,9 +352,11 @@ def main(argv=None):
     try:
         up(args.gpus)
         api_url = start_api_server() if os.path.exists(KMOCK) else None
-        rc, changed = run_playbook(with_cluster=api_url is not None)
-        exec_start = summarize(args.gpus, rc, changed, api_url, time.monotonic() - start)
-        next_steps(args.keep, exec_start)
+        env = ansible_env()
+        rc, changed = run_playbook(env, with_cluster=api_url is not None)
+        facts = node_facts(env)
+        exec_start = summarize(args.gpus, rc, changed, facts, api_url, time.monotonic() - start)
+        print_next_steps(args.keep, exec_start)
     finally:
         if not args.keep:
             down()
