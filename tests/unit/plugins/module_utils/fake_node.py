@@ -60,6 +60,11 @@ class FakeNode:
         self.vf_style[addr] = vf_style
         return path
 
+    def mdev_gpu(self, addr, total=4):
+        """An A2/A16-like GPU with all its VFs enabled, each VF an mdev parent."""
+        self.pf(addr, total=total, vf_style="mdev", device="0x25b6")
+        return self.set_numvfs(addr, total)
+
     def nic(self, addr, total=8):
         return self.pf(addr, total=total, vf_style="plain", vendor="0x8086", device="0x1572",
                        cls="0x020000", driver="i40e")

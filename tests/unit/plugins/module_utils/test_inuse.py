@@ -40,8 +40,7 @@ def test_a_vf_is_held_through_its_iommufd_cdev(node):
 
 def test_an_mdev_is_held_through_its_own_group_and_counts_for_its_parent(tmp_path):
     node = FakeNode(tmp_path)
-    node.pf(PF, total=2, vf_style="mdev", device="0x25b6")
-    node.set_numvfs(PF, 2)
+    node.mdev_gpu(PF, total=2)
     uuid = "5c8f3b52-0c1c-4a4b-9f5e-111111111111"
     node.mdev(uuid, "0000:41:00.5")
     pid = node.hold(node.group_of(uuid, "bus/mdev/devices"))

@@ -185,8 +185,7 @@ def test_a_held_vf_blocks_any_change_even_with_force(node, state, num_vfs, force
 
 def test_a_vf_held_through_its_mdev_blocks_the_change(tmp_path):
     node = FakeNode(tmp_path)
-    node.pf(GPU_A, total=4, vf_style="mdev", device="0x25b6")
-    node.set_numvfs(GPU_A, 4)
+    node.mdev_gpu(GPU_A, total=4)
     uuid = "5c8f3b52-0c1c-4a4b-9f5e-000000000001"
     node.mdev(uuid, "0000:41:00.6")
     node.hold(node.group_of(uuid, "bus/mdev/devices"))
@@ -216,8 +215,7 @@ def test_a_programmed_vf_needs_force_and_force_discards_it(node):
 
 def test_force_removes_mdevs_before_disabling(tmp_path):
     node = FakeNode(tmp_path)
-    node.pf(GPU_A, total=4, vf_style="mdev", device="0x25b6")
-    node.set_numvfs(GPU_A, 4)
+    node.mdev_gpu(GPU_A, total=4)
     uuid = "5c8f3b52-0c1c-4a4b-9f5e-000000000002"
     node.mdev(uuid, "0000:41:00.4")
     sysfs, runner = make(node)
