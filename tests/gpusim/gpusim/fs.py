@@ -30,23 +30,14 @@ class SimFS(mfusepy.Operations):
 
     def __init__(self, state):
         self.state = state
-        self._tree = None
-        self._tree_version = -1
+        self.tree = Tree(state, self)
         self._handles = {}
         self._handles_lock = threading.Lock()
         self._next_fh = itertools.count(1)
         self._time = time.time_ns()
 
-    # ---- tree ----------------------------------------------------------------------------------
-    def tree(self):
-        with self.state.lock:
-            if self._tree_version != self.state.version:
-                self._tree = Tree(self.state, self).build()
-                self._tree_version = self.state.version
-            return self._tree
-
     def _node(self, path):
-        node = self.tree().nodes.get(path.strip("/"))
+        node = self.tree.lookup(path)
         if node is None:
             raise SimError(errno.ENOENT)
         return node
@@ -63,7 +54,7 @@ class SimFS(mfusepy.Operations):
         node = self._node(path)
         if node.kind != "dir":
             raise SimError(errno.ENOTDIR)
-        return [".", ".."] + list(node.children)
+        return [".", ".."] + list(self.tree.entries(node))
 
     def readlink(self, path):
         node = self._node(path)
@@ -76,47 +67,52 @@ class SimFS(mfusepy.Operations):
         if node.kind == "dir":
             raise SimError(errno.EISDIR)
         mode = flags & os.O_ACCMODE
+        canon = canonical(path)
         if mode in (os.O_WRONLY, os.O_RDWR) and node.write is None:
-            if not node.canon.startswith(GPUSIM_DIR + "/"):    # kernfs: no store -> EACCES on open
-                self.state.record(node.canon, None, errno.EACCES)
+            if not canon.startswith(GPUSIM_DIR + "/"):          # kernfs: no store -> EACCES on open
+                self.state.record(canon, None, errno.EACCES)
             raise SimError(errno.EACCES)
         if mode in (os.O_RDONLY, os.O_RDWR) and node.read is None:
             raise SimError(errno.EACCES)
         fh = next(self._next_fh)
         with self._handles_lock:
-            self._handles[fh] = node
+            self._handles[fh] = (node, canon)
         if node.holds is not None:
             self.state.open_handle(node.holds)
         return fh
 
     def release(self, path, fh):
         with self._handles_lock:
-            node = self._handles.pop(fh, None)
+            node, dummy = self._handles.pop(fh, (None, None))
         if node is not None and node.holds is not None:
             self.state.close_handle(node.holds)
         return 0
 
+    def _handle(self, path, fh):
+        handle = self._handles.get(fh)
+        return handle if handle is not None else (self._node(path), canonical(path))
+
     def read(self, path, size, offset, fh):
-        node = self._handles.get(fh) or self._node(path)
+        node, dummy = self._handle(path, fh)
         return node.read().encode()[offset:offset + size]
 
     def write(self, path, data, offset, fh):
-        node = self._handles.get(fh) or self._node(path)
+        node, canon = self._handle(path, fh)
         text = data.decode("utf-8", "replace")
-        if node.canon.startswith(GPUSIM_DIR + "/"):
+        if canon.startswith(GPUSIM_DIR + "/"):
             node.write(text)
             return len(data)
         value = text[:-1] if text.endswith("\n") else text
-        injected = self.state.take_failure(node.canon)
+        injected = self.state.take_failure(canon)
         if injected is not None:
-            self.state.record(node.canon, value, injected)
+            self.state.record(canon, value, injected)
             raise SimError(injected, "injected by fail-next")
         try:
             node.write(text)
         except OSError as exc:
-            self.state.record(node.canon, value, exc.errno)
+            self.state.record(canon, value, exc.errno)
             raise
-        self.state.record(node.canon, value)
+        self.state.record(canon, value)
         return len(data)
 
     def truncate(self, path, length, fh=None):
@@ -163,7 +159,7 @@ class SimFS(mfusepy.Operations):
             code = getattr(errno, args[2].upper(), None) if args[2].upper().startswith("E") else None
             if not isinstance(code, int):
                 raise SimError(errno.EINVAL, "unknown errno name %r" % args[2])
-            real = self.tree().resolve(args[1])
+            real = self.tree.resolve(args[1])
             with state.lock:
                 state.fail_next[canonical(real if real is not None else args[1])] = code
         elif command == "driver unload" and len(args) == 2:

@@ -1,9 +1,11 @@
-"""The sysfs-like tree built from State: paths -> Dir / File / Link nodes.
+"""The sysfs-like tree over State: lazily computed directories of File / Link / Dir nodes.
 
-Rebuilt whenever State.version changes (VFs, mdevs, bindings); file contents are computed on
-every read, so dynamic attributes (creatable_vgpu_types, available_instances) are always current.
-Layout as the kernel's: real device directories under devices/pci0000:<bus>/, links from
-bus/pci/devices, bus/mdev/devices, class/mdev_bus, kernel/iommu_groups, bus/pci/drivers.
+A directory computes its entries when first looked up after a structural change (State.version:
+VFs, mdevs, bindings) and caches them until the next one, so a change costs only the directories
+visited afterwards. File contents are computed on every read, so dynamic attributes
+(creatable_vgpu_types, available_instances) are always current.
+Layout as the kernel's: device directories under devices/pci0000:<bus>/, links to them from
+bus/pci/devices, bus/mdev/devices, class/mdev_bus, kernel/iommu_groups/N/devices, bus/pci/drivers.
 """
 
 from __future__ import annotations
@@ -17,25 +19,48 @@ from gpusim.models import DRIVERS
 
 RO, RW, WO = 0o444, 0o644, 0o200
 GPUSIM_DIR = ".gpusim"
+_KINDS = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "link": stat.S_IFLNK}
 
 
 class Node:
-    __slots__ = ("kind", "mode", "read", "write", "target", "canon", "holds", "children")
+    __slots__ = ("kind", "mode", "read", "write", "target", "holds", "path", "make", "cache")
 
-    def __init__(self, kind, mode, read=None, write=None, target=None, canon=None, holds=None):
+    def __init__(self, kind, mode, read=None, write=None, target=None, holds=None, path=None, make=None):
         self.kind = kind
         self.mode = mode
         self.read = read          # () -> str
         self.write = write        # (str) -> None, raises SimError
-        self.target = target      # link target, relative
-        self.canon = canon        # path as logged / matched by fail-next
+        self.target = target      # link target, relative to the link's directory
         self.holds = holds        # Device/Mdev whose VFIO node this is (opening it holds the device)
-        self.children = [] if kind == "dir" else None
+        self.path = path          # directories: their path relative to ROOT
+        self.make = make          # directories: (path) -> {name: Node}
+        self.cache = (-1, None)
 
     @property
     def st_mode(self):
-        kinds = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "link": stat.S_IFLNK}
-        return kinds[self.kind] | self.mode
+        return _KINDS[self.kind] | self.mode
+
+
+def directory(path, make):
+    return Node("dir", 0o755, path=path, make=make)
+
+
+def static_dir(path, entries):
+    return directory(path, lambda dummy: entries)
+
+
+def file(read=None, write=None, mode=None, holds=None):
+    if mode is None:
+        mode = RW if (read and write) else (WO if write else RO)
+    return Node("file", mode, read=read, write=write, holds=holds)
+
+
+def value(text):
+    return file(read=lambda: text + "\n")
+
+
+def link(from_dir, target_path):
+    return Node("link", 0o777, target=posixpath.relpath(target_path, from_dir))
 
 
 def canonical(path):
@@ -48,187 +73,242 @@ def canonical(path):
     return "/".join(parts)
 
 
+def device_dir(dev):
+    """Real directory of a PCI device (VFs sit next to their PF)."""
+    return layout.root_dir(dev.gpu.address) + "/" + dev.address
+
+
 class Tree:
     def __init__(self, state, fs_ops):
         self.state = state
-        self.fs_ops = fs_ops      # the ctl / log / state.json handlers live in fs.py
-        self.nodes = {"": Node("dir", 0o755)}
+        self.fs_ops = fs_ops      # the ctl / log handlers live in fs.py
+        self.root = directory("", self._root)
 
-    # ---- primitives ----------------------------------------------------------------------
-    def _add(self, path, node):
-        parent = posixpath.dirname(path)
-        if parent not in self.nodes:
-            self._add(parent, Node("dir", 0o755))
-        self.nodes[parent].children.append(posixpath.basename(path))
-        self.nodes[path] = node
-        if node.canon is None:
-            node.canon = canonical(path)
-        return node
-
-    def dir(self, path):
-        if path not in self.nodes:
-            self._add(path, Node("dir", 0o755))
-
-    def file(self, path, read=None, write=None, mode=None, holds=None):
-        if mode is None:
-            mode = RW if (read and write) else (WO if write else RO)
-        self._add(path, Node("file", mode, read=read, write=write, holds=holds))
-
-    def value(self, path, text):
-        self.file(path, read=lambda: text + "\n")
-
-    def link(self, path, target_path):
-        self._add(path, Node("link", 0o777, target=posixpath.relpath(target_path, posixpath.dirname(path))))
-
-    # ---- build -----------------------------------------------------------------------------
-    def build(self):
+    # ---- lookup --------------------------------------------------------------------------------
+    def entries(self, node):
         state = self.state
         with state.lock:
-            self._gpusim()
-            for name in ["bus/pci/devices", "bus/mdev/devices", "class/mdev_bus", "kernel/iommu_groups"]:
-                self.dir(name)
-            for name in DRIVERS:
-                if state.driver_available(name):
-                    self._driver(name)
-            if state.nvidia_loaded:
-                self.value("module/nvidia/version", state.nvidia_version)
-                self.value("module/nvidia/refcnt", "0")
-            for pf in state.pfs:
-                self._device(pf)
-                for vf in pf.vfs:
-                    self._device(vf)
-        return self
+            version, cached = node.cache
+            if version != state.version:
+                cached = node.make(node.path)
+                node.cache = (state.version, cached)
+            return cached
 
-    def _gpusim(self):
-        ops = self.fs_ops
-        self.file(GPUSIM_DIR + "/ctl", write=ops.control, mode=WO)
-        self.file(GPUSIM_DIR + "/log", read=ops.log_text)
-        self.file(GPUSIM_DIR + "/state.json", read=lambda: json.dumps(self.state.snapshot(), indent=1) + "\n")
-        self.dir(GPUSIM_DIR + "/dev/vfio/devices")
+    def lookup(self, path):
+        node = self.root
+        for part in path.strip("/").split("/"):
+            if not part:
+                continue
+            if node.kind != "dir":
+                return None
+            node = self.entries(node).get(part)
+            if node is None:
+                return None
+        return node
 
-    def _dev_nodes(self, obj):
-        base = GPUSIM_DIR + "/dev/vfio/"
-        self.file(base + str(obj.group), read=lambda: "", write=lambda text: None, mode=0o600, holds=obj)
-        if obj.vfio is not None:
-            self.file(base + "devices/vfio%d" % obj.vfio, read=lambda: "", write=lambda text: None,
-                      mode=0o600, holds=obj)
-
-    def _driver(self, name):
-        state = self.state
-        base = "bus/pci/drivers/" + name
-        self.file(base + "/bind", write=lambda text: state.store_bind(name, text))
-        self.file(base + "/unbind", write=lambda text: state.store_unbind(name, text))
-        self.file(base + "/new_id", write=lambda text: state.store_new_id(name, text))
-        if name == "nvidia":
-            self.link(base + "/module", "module/nvidia")
-
-    def _group(self, group, member, member_path):
-        self.link("kernel/iommu_groups/%d/devices/%s" % (group, member), member_path)
-        return "kernel/iommu_groups/%d" % group
-
-    def _device(self, dev):
-        state = self.state
-        model = dev.model
-        path = layout.root_dir(dev.gpu.address) + "/" + dev.address
-        self.dir(path)
-        self.link("bus/pci/devices/" + dev.address, path)
-        device_id = model.vf_device if dev.is_vf else model.device
-        for name, text in [("vendor", "0x" + model.vendor), ("device", "0x" + device_id),
-                           ("subsystem_vendor", "0x" + model.subsystem_vendor),
-                           ("subsystem_device", "0x" + model.subsystem_device), ("class", model.pci_class)]:
-            self.value(path + "/" + name, text)
-        self.file(path + "/uevent", read=lambda: _uevent(dev, device_id))
-        self.file(path + "/driver_override", read=lambda: (dev.driver_override or "(null)") + "\n",
-                  write=lambda text: state.store_override(dev, text))
-        self.link(path + "/iommu_group", self._group(dev.group, dev.address, path))
-        if dev.driver:
-            self.link(path + "/driver", "bus/pci/drivers/" + dev.driver)
-            self.link("bus/pci/drivers/%s/%s" % (dev.driver, dev.address), path)
-        if dev.is_vf:
-            self.link(path + "/physfn", layout.root_dir(dev.gpu.address) + "/" + dev.pf.address)
-            self._dev_nodes(dev)
-        elif model.sriov:
-            self._sriov(dev, path)
-        if dev.vfio is not None:
-            self.value(path + "/vfio-dev/vfio%d/dev" % dev.vfio, "511:%d" % dev.vfio)
-        if dev.vendor_vfio:
-            self._nvidia_dir(dev, path + "/nvidia")
-        if dev.mdev_parent:
-            self._mdev_parent(dev, path)
-
-    def _sriov(self, pf, path):
-        state = self.state
-        model = pf.model
-        for name, text in [("sriov_totalvfs", str(model.total_vfs)), ("sriov_offset", str(model.vf_offset)),
-                           ("sriov_stride", str(model.vf_stride)), ("sriov_vf_device", model.vf_device)]:
-            self.value(path + "/" + name, text)
-        self.file(path + "/sriov_numvfs", read=lambda: "%d\n" % len(pf.vfs),
-                  write=lambda text: state.store_numvfs(pf, text))
-        self.file(path + "/sriov_drivers_autoprobe", read=lambda: "%d\n" % pf.autoprobe,
-                  write=lambda text: state.store_autoprobe(pf, text))
-        for vf in pf.vfs:
-            self.link("%s/virtfn%d" % (path, vf.vf_index), layout.root_dir(pf.address) + "/" + vf.address)
-
-    def _nvidia_dir(self, vf, path):
-        state = self.state
-        self.file(path + "/creatable_vgpu_types", read=lambda: _creatable_text(state.creatable(vf)))
-        self.file(path + "/current_vgpu_type", read=lambda: "%d\n" % vf.vgpu_type,
-                  write=lambda text: state.store_vgpu_type(vf, text))
-        for name in ["vgpu_params", "gpu_instance_id", "placement_id", "warm_update"]:
-            self.file("%s/%s" % (path, name), read=_param_reader(state, vf, name),
-                      write=_param_writer(state, vf, name))
-
-    def _mdev_parent(self, parent, path):
-        state = self.state
-        self.link("class/mdev_bus/" + parent.address, path)
-        for vgpu_type in parent.model.types:
-            type_dir = "%s/mdev_supported_types/nvidia-%d" % (path, vgpu_type.type_id)
-            self.value(type_dir + "/name", vgpu_type.name)
-            self.value(type_dir + "/device_api", "vfio-pci")
-            self.value(type_dir + "/description", _description(vgpu_type))
-            self.file(type_dir + "/available_instances",
-                      read=_available_reader(state, parent, vgpu_type))
-            self.file(type_dir + "/create", write=_creator(state, parent, vgpu_type))
-            self.dir(type_dir + "/devices")
-        for mdev in parent.mdevs:
-            mdev_path = "%s/%s" % (path, mdev.uuid)
-            type_dir = "%s/mdev_supported_types/nvidia-%d" % (path, mdev.vgpu_type.type_id)
-            self.link(type_dir + "/devices/" + mdev.uuid, mdev_path)
-            self.link("bus/mdev/devices/" + mdev.uuid, mdev_path)
-            self.link(mdev_path + "/mdev_type", type_dir)
-            self.link(mdev_path + "/iommu_group", self._group(mdev.group, mdev.uuid, mdev_path))
-            self.file(mdev_path + "/remove", write=_remover(state, mdev))
-            self.value(mdev_path + "/uevent", "MDEV_TYPE=nvidia-%d" % mdev.vgpu_type.type_id)
-            self.value(mdev_path + "/vfio-dev/vfio%d/dev" % mdev.vfio, "511:%d" % mdev.vfio)
-            self._dev_nodes(mdev)
-
-    # ---- lookup ------------------------------------------------------------------------------
-    def resolve(self, relpath, follow_last=True, depth=0):
-        """Real path of `relpath` following links (like the kernel's lookup); None if missing."""
-        parts = [p for p in relpath.strip("/").split("/") if p not in ("", ".")]
+    def resolve(self, relpath, depth=0):
+        """Real path of `relpath`, following links as the kernel's lookup does; None if missing."""
         current = ""
-        for index, part in enumerate(parts):
-            candidate = posixpath.join(current, part) if current else part
+        for part in [p for p in relpath.strip("/").split("/") if p not in ("", ".")]:
             if part == "..":
-                candidate = posixpath.dirname(current)
-            node = self.nodes.get(candidate)
+                current = posixpath.dirname(current)
+                continue
+            candidate = posixpath.join(current, part) if current else part
+            node = self.lookup(candidate)
             if node is None or depth > 40:
                 return None
-            last = index == len(parts) - 1
-            if node.kind == "link" and (follow_last or not last):
-                target = posixpath.normpath(posixpath.join(posixpath.dirname(candidate), node.target))
-                candidate = self.resolve(target, True, depth + 1)
+            if node.kind == "link":
+                candidate = self.resolve(posixpath.join(current, node.target), depth + 1)
                 if candidate is None:
                     return None
             current = candidate
         return current
 
+    # ---- top level -------------------------------------------------------------------------------
+    def _root(self, path):
+        entries = {
+            GPUSIM_DIR: directory(GPUSIM_DIR, self._gpusim),
+            "bus": static_dir("bus", {
+                "pci": static_dir("bus/pci", {
+                    "devices": directory("bus/pci/devices", self._pci_links),
+                    "drivers": directory("bus/pci/drivers", self._drivers)}),
+                "mdev": static_dir("bus/mdev", {"devices": directory("bus/mdev/devices", self._mdev_links)})}),
+            "class": static_dir("class", {"mdev_bus": directory("class/mdev_bus", self._mdev_bus)}),
+            "devices": directory("devices", self._roots),
+            "kernel": static_dir("kernel", {"iommu_groups": directory("kernel/iommu_groups", self._groups)}),
+            "module": directory("module", self._modules),
+        }
+        return entries
+
+    def _gpusim(self, path):
+        ops = self.fs_ops
+        return {"ctl": file(write=ops.control, mode=WO),
+                "log": file(read=ops.log_text),
+                "state.json": file(read=lambda: json.dumps(self.state.snapshot(), indent=1) + "\n"),
+                "dev": static_dir(path + "/dev", {"vfio": directory(path + "/dev/vfio", self._vfio_nodes)})}
+
+    def _holdables(self):
+        state = self.state
+        return [dev for dev in state.devices.values() if dev.is_vf] + list(state.mdevs.values())
+
+    def _vfio_nodes(self, path):
+        entries = {}
+        cdevs = {}
+        for obj in self._holdables():
+            entries[str(obj.group)] = file(read=str, write=_ignore, mode=0o600, holds=obj)
+            if obj.vfio is not None:
+                cdevs["vfio%d" % obj.vfio] = file(read=str, write=_ignore, mode=0o600, holds=obj)
+        entries["devices"] = static_dir(path + "/devices", cdevs)
+        return entries
+
+    def _pci_links(self, path):
+        return {addr: link(path, device_dir(dev)) for addr, dev in sorted(self.state.devices.items())}
+
+    def _mdev_links(self, path):
+        return {uuid: link(path, device_dir(mdev.parent) + "/" + uuid)
+                for uuid, mdev in sorted(self.state.mdevs.items())}
+
+    def _mdev_bus(self, path):
+        return {addr: link(path, device_dir(dev))
+                for addr, dev in sorted(self.state.devices.items()) if dev.mdev_parent}
+
+    def _drivers(self, path):
+        return {name: directory(path + "/" + name, self._driver) for name in DRIVERS
+                if self.state.driver_available(name)}
+
+    def _driver(self, path):
+        state = self.state
+        name = posixpath.basename(path)
+        entries = {"bind": file(write=lambda text: state.store_bind(name, text)),
+                   "unbind": file(write=lambda text: state.store_unbind(name, text)),
+                   "new_id": file(write=lambda text: state.store_new_id(name, text))}
+        if name == "nvidia":
+            entries["module"] = link(path, "module/nvidia")
+        for addr, dev in sorted(state.devices.items()):
+            if dev.driver == name:
+                entries[addr] = link(path, device_dir(dev))
+        return entries
+
+    def _modules(self, path):
+        state = self.state
+        if not state.nvidia_loaded:
+            return {}
+        return {"nvidia": static_dir(path + "/nvidia", {"version": value(state.nvidia_version),
+                                                       "refcnt": value("0")})}
+
+    def _groups(self, path):
+        entries = {}
+        members = [(dev.group, dev.address, device_dir(dev)) for dev in self.state.devices.values()]
+        members += [(m.group, m.uuid, device_dir(m.parent) + "/" + m.uuid) for m in self.state.mdevs.values()]
+        for group, name, target in sorted(members):
+            group_path = "%s/%d" % (path, group)
+            entries[str(group)] = static_dir(group_path, {"devices": static_dir(
+                group_path + "/devices", {name: link(group_path + "/devices", target)})})
+        return entries
+
+    def _roots(self, path):
+        return {posixpath.basename(layout.root_dir(pf.address)):
+                directory(layout.root_dir(pf.address), self._root_bridge) for pf in self.state.pfs}
+
+    def _root_bridge(self, path):
+        entries = {}
+        for pf in self.state.pfs:
+            if layout.root_dir(pf.address) == path:
+                for dev in [pf] + list(pf.vfs):
+                    entries[dev.address] = directory(device_dir(dev), _device_maker(self, dev))
+        return entries
+
+    # ---- one PCI device --------------------------------------------------------------------------
+    def device(self, dev, path):
+        state = self.state
+        model = dev.model
+        device_id = model.vf_device if dev.is_vf else model.device
+        entries = {name: value(text) for name, text in [
+            ("vendor", "0x" + model.vendor), ("device", "0x" + device_id),
+            ("subsystem_vendor", "0x" + model.subsystem_vendor),
+            ("subsystem_device", "0x" + model.subsystem_device), ("class", model.pci_class)]}
+        entries["uevent"] = file(read=lambda: _uevent(dev, device_id))
+        entries["driver_override"] = file(read=lambda: (dev.driver_override or "(null)") + "\n",
+                                          write=lambda text: state.store_override(dev, text))
+        entries["iommu_group"] = link(path, "kernel/iommu_groups/%d" % dev.group)
+        if dev.driver:
+            entries["driver"] = link(path, "bus/pci/drivers/" + dev.driver)
+        if dev.is_vf:
+            entries["physfn"] = link(path, device_dir(dev.pf))
+        elif model.sriov:
+            entries.update(self._sriov(dev, path))
+        if dev.vfio is not None:
+            entries["vfio-dev"] = _vfio_dev(path, dev.vfio)
+        if dev.vendor_vfio:
+            entries["nvidia"] = static_dir(path + "/nvidia", _nvidia_entries(state, dev))
+        if dev.mdev_parent:
+            entries["mdev_supported_types"] = directory(path + "/mdev_supported_types", _types_maker(self, dev))
+            for mdev in dev.mdevs:
+                entries[mdev.uuid] = directory(path + "/" + mdev.uuid, _mdev_maker(self, mdev))
+        return entries
+
+    def _sriov(self, pf, path):
+        state = self.state
+        model = pf.model
+        entries = {name: value(text) for name, text in [
+            ("sriov_totalvfs", str(model.total_vfs)), ("sriov_offset", str(model.vf_offset)),
+            ("sriov_stride", str(model.vf_stride)), ("sriov_vf_device", model.vf_device)]}
+        entries["sriov_numvfs"] = file(read=lambda: "%d\n" % len(pf.vfs),
+                                       write=lambda text: state.store_numvfs(pf, text))
+        entries["sriov_drivers_autoprobe"] = file(read=lambda: "%d\n" % pf.autoprobe,
+                                                  write=lambda text: state.store_autoprobe(pf, text))
+        for vf in pf.vfs:
+            entries["virtfn%d" % vf.vf_index] = link(path, device_dir(vf))
+        return entries
+
+    def mdev_types(self, parent, path):
+        state = self.state
+        entries = {}
+        for vgpu_type in parent.model.types:
+            type_path = "%s/nvidia-%d" % (path, vgpu_type.type_id)
+            devices = {m.uuid: link(type_path + "/devices", device_dir(parent) + "/" + m.uuid)
+                       for m in parent.mdevs if m.vgpu_type is vgpu_type}
+            entries["nvidia-%d" % vgpu_type.type_id] = static_dir(type_path, {
+                "name": value(vgpu_type.name),
+                "device_api": value("vfio-pci"),
+                "description": value(_description(vgpu_type)),
+                "available_instances": file(read=_available_reader(state, parent, vgpu_type)),
+                "create": file(write=_creator(state, parent, vgpu_type)),
+                "devices": static_dir(type_path + "/devices", devices)})
+        return entries
+
+    def mdev(self, mdev, path):
+        state = self.state
+        return {"mdev_type": link(path, "%s/mdev_supported_types/nvidia-%d"
+                                  % (device_dir(mdev.parent), mdev.vgpu_type.type_id)),
+                "iommu_group": link(path, "kernel/iommu_groups/%d" % mdev.group),
+                "remove": file(write=lambda text: state.store_mdev_remove(mdev, text)),
+                "uevent": value("MDEV_TYPE=nvidia-%d" % mdev.vgpu_type.type_id),
+                "vfio-dev": _vfio_dev(path, mdev.vfio)}
+
+
+def _ignore(text):
+    return None
+
+
+def _vfio_dev(path, number):
+    name = "vfio%d" % number
+    return static_dir(path + "/vfio-dev", {name: static_dir(path + "/vfio-dev/" + name,
+                                                            {"dev": value("511:%d" % number)})})
+
+
+def _nvidia_entries(state, vf):
+    entries = {"creatable_vgpu_types": file(read=lambda: _creatable_text(state.creatable(vf))),
+               "current_vgpu_type": file(read=lambda: "%d\n" % vf.vgpu_type,
+                                         write=lambda text: state.store_vgpu_type(vf, text))}
+    for name in ["vgpu_params", "gpu_instance_id", "placement_id", "warm_update"]:
+        entries[name] = file(read=_param_reader(state, vf, name), write=_param_writer(state, vf, name))
+    return entries
+
 
 def _uevent(dev, device_id):
     model = dev.model
-    lines = []
-    if dev.driver:
-        lines.append("DRIVER=" + dev.driver)
+    lines = ["DRIVER=" + dev.driver] if dev.driver else []
     lines += ["PCI_CLASS=%X" % int(model.pci_class, 16),
               "PCI_ID=%s:%s" % (model.vendor.upper(), device_id.upper()),
               "PCI_SUBSYS_ID=%s:%s" % (model.subsystem_vendor.upper(), model.subsystem_device.upper()),
@@ -249,6 +329,18 @@ def _description(vgpu_type):
 
 
 # Closures built by small factories so each captures its own loop variables.
+def _device_maker(tree, dev):
+    return lambda path: tree.device(dev, path)
+
+
+def _types_maker(tree, parent):
+    return lambda path: tree.mdev_types(parent, path)
+
+
+def _mdev_maker(tree, mdev):
+    return lambda path: tree.mdev(mdev, path)
+
+
 def _param_reader(state, vf, name):
     return lambda: state.vf_param(vf, name) + "\n"
 
@@ -263,8 +355,3 @@ def _available_reader(state, parent, vgpu_type):
 
 def _creator(state, parent, vgpu_type):
     return lambda text: state.store_mdev_create(parent, vgpu_type, text)
-
-
-def _remover(state, mdev):
-    return lambda text: state.store_mdev_remove(mdev, text)
-
