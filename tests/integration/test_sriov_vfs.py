@@ -4,6 +4,7 @@ import os
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import inuse, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node_lock import lock_path, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
 
@@ -144,3 +145,32 @@ def test_pfs_are_enabled_in_parallel(gpusim_node, monkeypatch):
     elapsed = time.monotonic() - start
     assert [numvfs(node, pf) for pf in node.pfs()] == [32, 32, 64]
     assert elapsed < 2.5 * latency, "3 PFs took %.1f s with %.1f s latency each" % (elapsed, latency)
+
+
+def test_a_failed_sriov_manage_is_retried_and_enoent_suggests_sriov_manage(gpusim_node, run_playbook):
+    node = gpusim_node("l40s:2")
+    first, second = node.pfs("l40s")
+    node.ctl("fail-next", "bus/pci/devices/%s/sriov_numvfs" % first, "EIO")
+    node.ctl("fail-next", "bus/pci/devices/%s/sriov_numvfs" % second, "ENOENT")
+    run = run_playbook([
+        {"name": "retried", "accelops.vgpu.sriov_vfs": {"devices": [first], "method": "sriov_manage"}},
+        {"name": "no sriov_configure", "block": [
+            {"name": "sysfs", "accelops.vgpu.sriov_vfs": {"devices": [second], "method": "sysfs"}}],
+         "rescue": [{"name": "rescued", "ansible.builtin.debug": {"msg": "refused"}}]}], node)
+    assert run.task("retried")["changed"] and numvfs(node, first) == 32
+    numvfs_writes = [(w["result"], w.get("errno")) for w in node.log()
+                     if w["path"] == "bus/pci/devices/%s/sriov_numvfs" % first]
+    assert numvfs_writes == [("error", "EIO"), ("ok", None)]
+    assert run.task("sysfs")["msg"] == ("%s: its driver cannot set VFs through sysfs (no sriov_configure); "
+                                        "use method sriov_manage for NVIDIA GPUs" % second)
+    assert numvfs(node, second) == 0
+
+
+def test_a_second_apply_on_the_node_waits_for_the_lock_then_names_its_holder(gpusim_node, run_playbook):
+    node = gpusim_node("nic:1")
+    with node_lock(node.root, timeout=1):
+        run = run_playbook([{"name": "locked out", "accelops.vgpu.sriov_vfs": {
+            "devices": node.pfs("nic"), "num_vfs": 2, "wait_timeout": 1}}], node)
+    assert run.task("locked out")["msg"] == "another accelops-vgpu apply holds the node lock %s (pid %d)" % (
+        lock_path(node.root), os.getpid())
+    assert node.log() == []
