@@ -1,0 +1,131 @@
+"""The orchestrator against gpusim: the driver's shrinking creatable lists, EBUSY, mixed-size mode."""
+
+import pytest
+
+from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_layout import LayoutError, from_layout
+
+L40S_24Q = [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}}]
+L40S_12Q = [{"device_filter": "0x26B910DE", "profiles": {"L40S-12Q": 4}}]
+
+
+def engine_for(node, monkeypatch, tmp_path):
+    """The engine on a gpusim node, its fake sriov-manage / nvidia-smi first on PATH."""
+    for name in ("PATH", "GPUSIM_ROOT"):
+        monkeypatch.setenv(name, node.env[name])
+    return vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
+
+
+@pytest.fixture
+def l40s(gpusim_node, monkeypatch, tmp_path):
+    """Two L40S with VFs enabled."""
+    node = gpusim_node("l40s:2")
+    engine = engine_for(node, monkeypatch, tmp_path)
+    vgpu_apply.apply(engine, from_layout([{"profiles": {}}]), enable_vfs=True)
+    node.clear_log()
+    return node, engine
+
+
+def apply(engine, layout, **kwargs):
+    return vgpu_apply.apply(engine, from_layout(layout), **kwargs)
+
+
+def type_writes(node):
+    return [(w["path"].split("/")[3], w["value"]) for w in node.log() if w["path"].endswith("current_vgpu_type")]
+
+
+def test_apply_then_reapply_writes_nothing(l40s):
+    node, engine = l40s
+    first = apply(engine, L40S_24Q)
+    assert first["changed"] and len(type_writes(node)) == 4
+    node.clear_log()
+    again = apply(engine, L40S_24Q)
+    assert not again["changed"] and node.log() == []
+    assert again["resources"] == [{"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q",
+                                   "resource_name": "nvidia.com/NVIDIA_L40S-24Q", "pci_vendor_selector": "10DE:26B9",
+                                   "framework": "vendor-vfio", "count": 4}]
+    assert again["gpus"][0]["vgpus"][0] == {"address": "0000:41:00.4", "before": "L40S-24Q", "after": "L40S-24Q",
+                                            "type_id": 1155}
+
+
+def test_check_mode_reports_the_real_change_and_writes_nothing(l40s):
+    node, engine = l40s
+    check = apply(engine, L40S_24Q, check_mode=True)
+    assert node.log() == []
+    real = apply(engine, L40S_24Q)
+    assert check["changed"] == real["changed"] is True
+    assert check["diff"] == real["diff"]
+    assert real["diff"]["after"]["0000:41:00.0"] == {"0000:41:00.4": "L40S-24Q", "0000:41:00.5": "L40S-24Q"}
+
+
+def test_resizing_clears_and_refills_only_what_is_needed(l40s):
+    node, engine = l40s
+    apply(engine, L40S_24Q)
+    node.clear_log()
+    apply(engine, L40S_12Q)
+    writes = type_writes(node)
+    assert writes[:2] == [("0000:41:00.4", "0"), ("0000:41:00.5", "0")]
+    assert writes[2:6] == [("0000:41:00.%d" % f, "1153") for f in (4, 5, 6, 7)]
+    assert len(writes) == 12 and all(w["result"] == "ok" for w in node.log())
+
+
+def test_a_held_vf_stops_the_change_before_any_write(l40s):
+    node, engine = l40s
+    apply(engine, L40S_24Q)
+    node.hold("0000:42:00.5")
+    node.clear_log()
+    with pytest.raises(LayoutError) as err:
+        apply(engine, L40S_12Q)
+    assert "VF 0000:42:00.5 of GPU 0000:42:00.0 is held by a VM" in str(err.value)
+    assert node.log() == []
+    assert vgpu_apply.check(engine, from_layout(L40S_24Q)) == []
+
+
+def test_mixed_sizes_need_the_flag_and_switch_the_mode_once(l40s):
+    node, engine = l40s
+    mixed = [{"devices": ["0000:41:00.0"], "profiles": {"L40S-24Q": 1, "L40S-12Q": 2}}]
+    with pytest.raises(LayoutError) as err:
+        apply(engine, mixed)
+    assert "different framebuffer sizes" in str(err.value) and node.log() == []
+    result = apply(engine, mixed, mixed_size=True)
+    assert result["changed"] and [p["mixed_size"] for p in node.state()["pfs"]][:1] == [True]
+    assert sum(1 for c in engine.runner.calls if "-shm" in c) == 1
+    again = apply(engine, mixed, mixed_size=True)
+    assert not again["changed"] and sum(1 for c in engine.runner.calls if "-shm" in c) == 1
+
+
+def test_absent_keeps_what_a_vm_holds(l40s):
+    node, engine = l40s
+    apply(engine, L40S_24Q)
+    node.hold("0000:41:00.4")
+    result = apply(engine, [{"profiles": {}}], state="absent")
+    assert result["changed"] and any("0000:41:00.4" in w for w in result["warnings"])
+    assert vgpu_apply.export(engine) == {"0000:41:00.0": {"L40S-24Q": 1}, "0000:42:00.0": {}}
+
+
+def test_after_a_reboot_assert_differs_and_apply_restores(l40s):
+    node, engine = l40s
+    apply(engine, L40S_24Q)
+    node.ctl("reboot")
+    problems = vgpu_apply.check(engine, from_layout(L40S_24Q))
+    assert problems == ["GPU 0000:41:00.0: SR-IOV VFs are not enabled", "GPU 0000:42:00.0: SR-IOV VFs are not enabled"]
+    with pytest.raises(LayoutError):
+        apply(engine, L40S_24Q)
+    restored = apply(engine, L40S_24Q, enable_vfs=True)
+    assert restored["vfs_enabled"] == ["0000:41:00.0", "0000:42:00.0"]
+    assert vgpu_apply.check(engine, from_layout(L40S_24Q)) == []
+
+
+def test_mdev_gpus_share_the_flow(gpusim_node, monkeypatch, tmp_path):
+    node = gpusim_node("t4:1,a16:1")
+    engine = engine_for(node, monkeypatch, tmp_path)
+    layout = [{"device_filter": "10de:1eb8", "profiles": {"T4-4Q": 4}},
+              {"device_filter": "10de:25b6", "profiles": {"A16-8Q": 2}}]
+    result = apply(engine, layout, enable_vfs=True)
+    by_profile = dict((r["profile"], r) for r in result["resources"])
+    assert by_profile["T4-4Q"]["count"] == 4 and by_profile["T4-4Q"]["mdev_name_selector"] == "GRID T4-4Q"
+    assert by_profile["A16-8Q"]["count"] == 8 and by_profile["A16-8Q"]["framework"] == "mdev"
+    node.clear_log()
+    assert not apply(engine, layout)["changed"] and node.log() == []
