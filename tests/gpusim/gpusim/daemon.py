@@ -115,9 +115,12 @@ def up(root, spec, latency_ms=0, driver_version=DEFAULT_DRIVER_VERSION):
     """Start a background server for ROOT and return once the tree is mounted and answering."""
     layout.pf_slots(spec)            # a bad SPEC fails here, before anything is started
     root = os.path.realpath(root)
-    os.makedirs(root, exist_ok=True)
     if is_mounted(root):
-        raise GpuSimError("%s is already mounted; run: gpusim down %s" % (root, root))
+        server = _read_pid(os.path.join(runtime_dir(root, create=False), "server.pid"))
+        if server and _alive(server):
+            raise GpuSimError("%s is already served by gpusim (pid %d); run: gpusim down %s" % (root, server, root))
+        down(root)                   # a stale mount left by a killed server
+    os.makedirs(root, exist_ok=True)
     run = runtime_dir(root)
     log_path = os.path.join(run, "server.log")
     argv = [sys.executable, "-m", "gpusim.cli", "up", root, "--gpus", spec, "--foreground",

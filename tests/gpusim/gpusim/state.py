@@ -348,8 +348,10 @@ class State:
             vf.params[name] = text.rstrip("\n")
 
     def vf_param(self, vf, name):
+        """Empty until a type is set, then placement_id/gpu_instance_id 0 (cubecos#312, ASSUMPTION
+        for time-sliced types); warm_update reads 0 (cubecos#312)."""
         with self.lock:
-            return vf.params.get(name, "")
+            return vf.params.get(name, "0" if name == "warm_update" else "")
 
     # ---- stores: mdev (kernel drivers/vfio/mdev) ---------------------------------------------
     def store_mdev_create(self, parent, vgpu_type, text):

@@ -59,6 +59,19 @@ def test_down_cleans_up_after_the_server_was_killed(tmp_path):
     assert not os.path.exists("/proc/%d" % holder) and not os.path.exists("/proc/%d" % pid)
 
 
+def test_up_replaces_a_stale_mount_but_not_a_live_one(tmp_path):
+    root = str(tmp_path / "sys")
+    try:
+        os.kill(daemon.up(root, "nic:1"), signal.SIGKILL)
+        time.sleep(0.1)
+        daemon.up(root, "l40s:1")                        # stale mount of a dead server: replaced
+        assert os.listdir(os.path.join(root, "bus/pci/devices")) == ["0000:41:00.0"]
+        with pytest.raises(daemon.GpuSimError, match="already served"):
+            daemon.up(root, "t4:1")
+    finally:
+        daemon.down(root)
+
+
 def test_bad_spec_fails_before_mounting(tmp_path):
     result = _gpusim("up", str(tmp_path / "sys"), "--gpus", "l40s:2,rtx9000:1")
     assert result.returncode == 1 and "unknown model 'rtx9000'" in result.stderr
