@@ -100,6 +100,8 @@ def kubeconfig_secrets(kubeconfig):
 
 
 def _describe_kubeconfig(kubeconfig):
+    if kubeconfig is None:
+        return "default kubeconfig (no kubeconfig, host or in-cluster service account given)"
     return "kubeconfig (dict)" if isinstance(kubeconfig, dict) else "kubeconfig %s" % kubeconfig
 
 

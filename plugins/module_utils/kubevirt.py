@@ -309,3 +309,64 @@ def run_hostdevices(api, params, check_mode):
     return {"changed": result.changed, "changes": result.changes, "attempts": attempts,
             "kubevirt": {"name": meta["name"], "namespace": meta.get("namespace"), "version": deployed_version(cr)},
             "diff": {"before": result.before, "after": result.after}, "warnings": sorted(set(warnings))}
+
+
+# --- from per-node vgpu_profile results to cluster entries (roles/kubevirt_vgpu) -------------
+
+def model_resource_name(type_name):
+    """`NVIDIA L40S-24Q` -> `nvidia.com/NVIDIA_L40S` (the design's Harvester-style spelling)."""
+    model = re.sub(r"-(\d+-)?\d+[A-Za-z]+$", "", type_name.strip())
+    return "nvidia.com/" + re.sub(r"[\s/.]", "_", model)
+
+
+def plan_cluster_resources(nodes, naming="profile", mdev_external_provider=True):
+    """Cluster entries and node profiles from the nodes' `vgpu_profiles_resources`.
+
+    nodes: [{"name": node, "resources": [vgpu_profile resource dicts] or None}].
+    Vendor-VFIO VFs of one GPU model share one PCI ID, so KubeVirt advertises them under one
+    resourceName: a node may carry one profile per PCI ID, and with naming=profile the whole
+    cluster may (with naming=model the resource is per model and VMs pick the profile by node
+    label). mdev types are told apart by mdevNameSelector, so they have no such limit.
+    Returns {"errors", "pci_host_devices", "mediated_devices", "nodes", "vendor_vfio"}.
+    """
+    errors, pci, mdev, out_nodes = [], {}, {}, []
+    by_pci_id = {}  # pci id -> {profile: [nodes]}
+    for node in nodes:
+        name, resources = node["name"], node.get("resources")
+        if resources is None:
+            errors.append("node %s: no vgpu_profiles_resources (run the vgpu_profiles role on it first)" % name)
+            continue
+        vfio = [r for r in resources if r.get("framework") != "mdev"]
+        per_id = {}
+        for res in vfio:
+            per_id.setdefault(res["pci_vendor_selector"].upper(), []).append(res["profile"])
+        for pci_id, profiles in sorted(per_id.items()):
+            if len(set(profiles)) > 1:
+                errors.append("node %s: GPU model %s carries %d profiles (%s); KubeVirt cannot tell vGPU profiles "
+                              "of one PCI ID apart: use one profile per GPU model on a node"
+                              % (name, pci_id, len(set(profiles)), ", ".join(sorted(set(profiles)))))
+            for profile in set(profiles):
+                by_pci_id.setdefault(pci_id, {}).setdefault(profile, []).append(name)
+        for res in vfio:
+            resource = model_resource_name(res["type_name"]) if naming == "model" else res["resource_name"]
+            pci.setdefault(resource, {"pci_vendor_selector": res["pci_vendor_selector"].upper(),
+                                      "resource_name": resource, "vendor_vfio": True})
+        for res in resources:
+            if res.get("framework") == "mdev":
+                mdev.setdefault(res["resource_name"], {"mdev_name_selector": res["mdev_name_selector"],
+                                                       "resource_name": res["resource_name"],
+                                                       "external_resource_provider": bool(mdev_external_provider)})
+        profiles = {}
+        for res in resources:
+            profiles[res["profile"]] = profiles.get(res["profile"], 0) + int(res.get("count") or 0)
+        out_nodes.append({"name": name, "profiles": profiles,
+                          "vendor_vfio": bool(vfio) and len(vfio) == len(resources)})
+    if naming == "profile":
+        for pci_id, profiles in sorted(by_pci_id.items()):
+            if len(profiles) > 1:
+                where = ", ".join("%s: %s" % (",".join(sorted(set(n))), p) for p, n in sorted(profiles.items()))
+                errors.append("GPU model %s has several profiles across nodes (%s); KubeVirt permits one resource "
+                              "per PCI ID: use one profile per model cluster-wide or resource naming 'model'"
+                              % (pci_id, where))
+    return {"errors": errors, "pci_host_devices": list(pci.values()), "mediated_devices": list(mdev.values()),
+            "nodes": out_nodes, "vendor_vfio": bool(pci)}

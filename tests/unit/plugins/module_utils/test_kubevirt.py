@@ -181,3 +181,60 @@ def test_merge_never_loses_duplicates_or_reorders_foreign_entries(current, desir
     assert after["spec"]["configuration"]["evictionStrategy"] == "LiveMigrate"
     again = kv.plan_host_devices(after, pci=desired, state=state, exclusive_pci_vendors=exclusive)
     assert not again.changed, again.changes
+
+
+# --- cluster entries from the nodes' vgpu_profile results --------------------------------------
+
+def res(profile, pci_id="10DE:26B9", count=2, framework="vendor-vfio"):
+    out = {"profile": profile, "type_name": "NVIDIA " + profile, "pci_vendor_selector": pci_id, "count": count,
+           "resource_name": "nvidia.com/NVIDIA_" + profile, "framework": framework}
+    if framework == "mdev":
+        out["mdev_name_selector"] = "NVIDIA " + profile
+    return out
+
+
+def test_cluster_plan_dedupes_entries_and_sums_node_profiles():
+    plan = kv.plan_cluster_resources([
+        {"name": "gpu-a", "resources": [res("L40S-24Q"), res("H100-40C", "10de:2331", 1)]},
+        {"name": "gpu-b", "resources": [res("L40S-24Q", count=2)]},
+        {"name": "gpu-c", "resources": [res("A10-4Q", "10DE:2236", 6, "mdev"), res("A10-8Q", "10DE:2236", 3, "mdev")]},
+    ])
+    assert plan["errors"] == []
+    assert plan["pci_host_devices"] == [
+        {"pci_vendor_selector": "10DE:26B9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q", "vendor_vfio": True},
+        {"pci_vendor_selector": "10DE:2331", "resource_name": "nvidia.com/NVIDIA_H100-40C", "vendor_vfio": True}]
+    assert [m["mdev_name_selector"] for m in plan["mediated_devices"]] == ["NVIDIA A10-4Q", "NVIDIA A10-8Q"]
+    assert plan["nodes"][0] == {"name": "gpu-a", "profiles": {"L40S-24Q": 2, "H100-40C": 1}, "vendor_vfio": True}
+    assert plan["nodes"][2]["vendor_vfio"] is False
+
+
+def test_two_profiles_on_one_model_of_a_node_is_an_error_naming_everything():
+    plan = kv.plan_cluster_resources([{"name": "gpu-a", "resources": [res("L40S-24Q", count=1), res("L40S-48Q", count=1)]}],
+                                     naming="model")
+    assert plan["errors"] == ["node gpu-a: GPU model 10DE:26B9 carries 2 profiles (L40S-24Q, L40S-48Q); KubeVirt "
+                              "cannot tell vGPU profiles of one PCI ID apart: use one profile per GPU model on a node"]
+
+
+def test_different_profiles_per_node_need_model_naming():
+    nodes = [{"name": "gpu-a", "resources": [res("L40S-24Q")]}, {"name": "gpu-b", "resources": [res("L40S-48Q", count=1)]}]
+    by_profile = kv.plan_cluster_resources(nodes)
+    assert by_profile["errors"] == ["GPU model 10DE:26B9 has several profiles across nodes (gpu-a: L40S-24Q, gpu-b: "
+                                    "L40S-48Q); KubeVirt permits one resource per PCI ID: use one profile per model "
+                                    "cluster-wide or resource naming 'model'"]
+    by_model = kv.plan_cluster_resources(nodes, naming="model")
+    assert by_model["errors"] == []
+    assert by_model["pci_host_devices"] == [{"pci_vendor_selector": "10DE:26B9", "resource_name": "nvidia.com/NVIDIA_L40S",
+                                             "vendor_vfio": True}]
+
+
+def test_host_without_results_is_an_error():
+    assert kv.plan_cluster_resources([{"name": "gpu-z", "resources": None}])["errors"] == [
+        "node gpu-z: no vgpu_profiles_resources (run the vgpu_profiles role on it first)"]
+
+
+@pytest.mark.parametrize("type_name, resource", [("NVIDIA L40S-24Q", "nvidia.com/NVIDIA_L40S"),
+                                                 ("NVIDIA H100-1-10C", "nvidia.com/NVIDIA_H100"),
+                                                 ("NVIDIA RTX PRO 6000 Blackwell DC-48Q",
+                                                  "nvidia.com/NVIDIA_RTX_PRO_6000_Blackwell_DC")])
+def test_model_resource_name(type_name, resource):
+    assert kv.model_resource_name(type_name) == resource

@@ -1,0 +1,75 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: vgpu_cluster_plan
+short_description: KubeVirt entries, node profiles and validation errors from the nodes' vGPU results
+version_added: 0.1.0
+description:
+  - Reads C(vgpu_profiles_resources) (published by the C(vgpu_profiles) role) of each host and returns
+    the C(pciHostDevices) and C(mediatedDevices) entries for M(accelops.vgpu.kubevirt_hostdevices), the
+    profiles per node for M(accelops.vgpu.node_labels), and a list of errors.
+  - An error is reported for a node whose GPU model (PCI vendor selector) carries more than one vendor-VFIO
+    profile (KubeVirt cannot tell them apart), for a host without results, and, with O(naming=profile), for a
+    GPU model that carries different profiles on different nodes.
+  - The node name is the host's C(kubevirt_vgpu_node_name), else its inventory name.
+options:
+  _input:
+    description: Inventory host names.
+    type: list
+    elements: str
+    required: true
+  hostvars:
+    description: The C(hostvars) mapping.
+    type: dict
+    required: true
+  naming:
+    description:
+      - V(profile) uses each profile's resource name (one profile per GPU model cluster-wide);
+        V(model) one resource per GPU model (C(nvidia.com/NVIDIA_L40S)), VMs pick profiles by node label.
+    type: str
+    default: profile
+    choices: [profile, model]
+  mdev_external_provider:
+    description: Mark mediated devices as served by an external device plugin (the NVIDIA sandbox device plugin).
+    type: bool
+    default: true
+"""
+
+EXAMPLES = r"""
+- name: Plan the cluster side
+  ansible.builtin.set_fact:
+    plan: "{{ groups['vgpu_nodes'] | accelops.vgpu.vgpu_cluster_plan(hostvars) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: C(errors), C(pci_host_devices), C(mediated_devices), C(nodes) (name, profiles, vendor_vfio), C(vendor_vfio).
+  type: dict
+"""
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubevirt import plan_cluster_resources
+
+
+def vgpu_cluster_plan(hosts, hostvars, naming="profile", mdev_external_provider=True):
+    if naming not in ("profile", "model"):
+        raise AnsibleFilterError("vgpu_cluster_plan: naming must be profile or model, not %r" % naming)
+    nodes = []
+    for host in hosts:
+        facts = hostvars[host]
+        nodes.append({"name": facts.get("kubevirt_vgpu_node_name") or host,
+                      "resources": facts.get("vgpu_profiles_resources")})
+    try:
+        return plan_cluster_resources(nodes, naming, mdev_external_provider)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise AnsibleFilterError("vgpu_cluster_plan: malformed vgpu_profiles_resources: %s" % exc) from None
+
+
+class FilterModule:
+    def filters(self):
+        return {"vgpu_cluster_plan": vgpu_cluster_plan}

@@ -1,0 +1,73 @@
+"""The kubevirt_vgpu role with ansible-playbook against the API server double; fake GPU node hosts
+carry `vgpu_profiles_resources` as host vars (the shape the vgpu_profiles role publishes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import COLLECTIONS, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, ROOT
+
+
+def resource(profile, pci_id="10DE:26B9", count=2):
+    return {"profile": profile, "type_name": "NVIDIA " + profile, "resource_name": "nvidia.com/NVIDIA_" + profile,
+            "pci_vendor_selector": pci_id, "framework": "vendor-vfio", "count": count}
+
+
+def run_role(tmp_path, kubeconfig, nodes, role_vars=None, check=False, via_role_var=False):
+    inventory = {"all": {"children": {
+        "vgpu_nodes": {"hosts": {name: {"ansible_connection": "local", "vgpu_profiles_resources": res}
+                                 for name, res in nodes.items()}},
+        "vgpu_cluster": {"hosts": {"localhost": {"ansible_connection": "local",
+                                                 "ansible_python_interpreter": sys.executable}}}}}}
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    # the connection comes from play-level module_defaults or from the role variable
+    role_vars = dict(role_vars or {}, **({"kubevirt_vgpu_kubeconfig": kubeconfig} if via_role_var else {}))
+    defaults = {} if via_role_var else {"group/accelops.vgpu.cluster": {"kubeconfig": kubeconfig}}
+    play = [{"name": "Publish the vGPU devices", "hosts": "vgpu_cluster[0]", "gather_facts": False,
+             "module_defaults": defaults, "roles": [{"role": "accelops.vgpu.kubevirt_vgpu", **role_vars}]}]
+    (tmp_path / "play.json").write_text(json.dumps(play))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS),
+               ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default")
+    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "inventory.json"),
+            str(tmp_path / "play.json")] + (["--check"] if check else [])
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+
+
+def test_role_publishes_entries_and_labels_then_is_idempotent(cluster, kubeconfig, tmp_path):
+    nodes = {"gpu-a": [resource("L40S-24Q"), resource("H100-40C", "10DE:2331", 1)], "gpu-b": [resource("L40S-24Q")]}
+    proc = run_role(tmp_path, kubeconfig, nodes, {"kubevirt_vgpu_exclusive": True})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pci = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    assert pci == [FOREIGN_NIC, {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q"},
+                   {"pciVendorSelector": "10DE:2331", "resourceName": "nvidia.com/NVIDIA_H100-40C"}]
+    assert FOREIGN_T4 not in pci  # exclusive NVIDIA mode
+    labels = cluster.get(NODES, "gpu-a")["metadata"]["labels"]
+    assert labels["accelops.io/vgpu.profile.L40S-24Q"] == "2" and labels["accelops.io/vgpu.profile.H100-40C"] == "1"
+    assert labels["nvidia.com/gpu.workload.config"] == "vm-vgpu" and labels["team"] == "ml"
+    assert labels["nvidia.com/gpu.deploy.sandbox-validator"] == "false"
+
+    cluster.clear_log()
+    again = run_role(tmp_path, kubeconfig, nodes, {"kubevirt_vgpu_exclusive": True})
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout
+    assert cluster.writes() == []
+
+
+def test_two_profiles_of_one_model_on_a_node_fail_before_any_request(cluster, kubeconfig, tmp_path):
+    nodes = {"gpu-a": [resource("L40S-24Q", count=1), resource("L40S-48Q", count=1)], "gpu-b": [resource("L40S-24Q")]}
+    proc = run_role(tmp_path, kubeconfig, nodes)
+    assert proc.returncode != 0
+    assert ("node gpu-a: GPU model 10DE:26B9 carries 2 profiles (L40S-24Q, L40S-48Q); KubeVirt cannot tell vGPU "
+            "profiles of one PCI ID apart") in proc.stdout, proc.stdout
+    assert cluster.log() == []
+
+
+def test_role_check_mode_writes_nothing(cluster, kubeconfig, tmp_path):
+    before = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
+    proc = run_role(tmp_path, kubeconfig, {"gpu-a": [resource("L40S-24Q")]}, check=True, via_role_var=True)
+    assert proc.returncode == 0 and "changed=2" in proc.stdout, proc.stdout
+    assert cluster.get(KUBEVIRT, "kubevirt", "kubevirt") == before
+    assert all(w["dryRun"] == "All" for w in cluster.writes())
