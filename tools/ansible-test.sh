@@ -28,12 +28,15 @@ args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
 sys.argv = ["pip", "install", "--find-links", WHEELS] + args
 runpy.run_module("pip", run_name="__main__", alter_sys=True)
 PY
-dest=$top/.build/ansible-test/ansible_collections/accelops/vgpu
-rm -rf "$dest"; mkdir -p "$dest"
+# a private mirror per run, so concurrent runs (several engineers, CI stages) never clobber each other
+run_dir=$(mkdir -p "$top/.build/ansible-test" && mktemp -d "$top/.build/ansible-test/run.XXXXXX")
+trap 'rm -rf "$run_dir"' EXIT
+dest=$run_dir/ansible_collections/accelops/vgpu
+mkdir -p "$dest"
 git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
   [ -e "$f" ] || continue
   mkdir -p "$dest/$(dirname "$f")"; cp -a "$f" "$dest/$f"
 done
 cd "$dest"
 git init -q . && git add -A >/dev/null
-exec "$top/.venv/bin/ansible-test" "$@" --python "$pyver" --local --color no
+"$top/.venv/bin/ansible-test" "$@" --python "$pyver" --local --color no
