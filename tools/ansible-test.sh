@@ -33,10 +33,8 @@ run_dir=$(mkdir -p "$top/.build/ansible-test" && mktemp -d "$top/.build/ansible-
 trap 'rm -rf "$run_dir"' EXIT
 dest=$run_dir/ansible_collections/accelops/vgpu
 mkdir -p "$dest"
-git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
-  [ -e "$f" ] || continue
-  mkdir -p "$dest/$(dirname "$f")"; cp -a "$f" "$dest/$f"
-done
+git ls-files -z --cached --others --exclude-standard \
+  | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -C "$dest" -xf -
 cd "$dest"
 git init -q . && git add -A >/dev/null
 "$top/.venv/bin/ansible-test" "$@" --python "$pyver" --local --color no
