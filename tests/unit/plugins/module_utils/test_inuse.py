@@ -83,3 +83,20 @@ def test_a_missing_proc_root_is_an_error_not_nothing_held(node, tmp_path):
     with pytest.raises(inuse.InUseError) as err:
         inuse.held_devices(Sysfs(str(node.sys)), str(node.dev), str(tmp_path / "nope"))
     assert str(tmp_path / "nope") in str(err.value)
+
+
+def test_the_process_table_is_read_once_whatever_the_number_of_vfs(tmp_path, monkeypatch):
+    node = FakeNode(tmp_path)
+    node.pf(PF, total=16)
+    node.set_numvfs(PF, 16)
+    for pid in range(10000, 10100):
+        fd_dir = node.proc / str(pid) / "fd"
+        fd_dir.mkdir(parents=True)
+        for fd in range(2):
+            os.symlink("/dev/null", fd_dir / str(fd))
+    pid = node.hold("devices/vfio2")
+    listed = []
+    real_entries = inuse._entries
+    monkeypatch.setattr(inuse, "_entries", lambda path: listed.append(path) or real_entries(path))
+    assert held(node) == {"0000:41:00.5": [pid]}
+    assert len(listed) == 1 + 101 and len(set(listed)) == len(listed)   # /proc, then each fd dir once
