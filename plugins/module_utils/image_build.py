@@ -86,13 +86,20 @@ class RegistryClient:
         token = base64.b64encode(("%s:%s" % (self.username, self.password)).encode()).decode()
         return "Basic " + token
 
+    def _opener(self):
+        # Standard library on purpose: the module runs on the build host, without Ansible's module_utils.urls.
+        context = ssl.create_default_context()
+        if not self.tls_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+
     def _open(self, url, headers):
         request = urllib.request.Request(url, headers=headers)
         if self._auth_header:
             # unredirected: blob downloads may redirect to storage that rejects our credentials
             request.add_unredirected_header("Authorization", self._auth_header)
-        context = None if self.tls_verify else ssl._create_unverified_context()  # pylint: disable=protected-access
-        return urllib.request.urlopen(request, timeout=self.timeout, context=context)  # nosec: fixed host
+        return self._opener().open(request, timeout=self.timeout)
 
     def _authenticate(self, challenge):
         scheme, _sep, params = challenge.partition(" ")
@@ -105,8 +112,8 @@ class RegistryClient:
         query = urllib.parse.urlencode({k: v for k, v in fields.items() if k in ("service", "scope")})
         headers = {"Authorization": self._basic()} if self.username else {}
         try:
-            with urllib.request.urlopen(urllib.request.Request(fields["realm"] + "?" + query, headers=headers),
-                                        timeout=self.timeout) as response:
+            with self._opener().open(urllib.request.Request(fields["realm"] + "?" + query, headers=headers),
+                                     timeout=self.timeout) as response:
                 answer = json.load(response)
         except (KeyError, OSError, ValueError) as exc:
             raise ImageError("registry %s: token request failed: %s" % (self.host, exc)) from exc

@@ -22,7 +22,7 @@ description:
     modules again and enables and starts the services. Modules VMs still use cannot be unloaded; stop the VMs first.
   - Without a version change it only repairs the nouveau blacklist, loads missing modules and starts stopped services.
 author:
-  - accelops.vgpu contributors
+  - accelops.vgpu contributors (@accelops)
 options:
   state:
     description:
@@ -101,8 +101,10 @@ notes:
 attributes:
   check_mode:
     support: full
+    description: Runs only read-only commands and reports the same RV(ignore:changed) and RV(actions) as a real run.
   diff_mode:
     support: full
+    description: Shows version, flavour, loaded modules and service states before and after, plus the planned actions.
 """
 
 EXAMPLES = r"""

@@ -23,7 +23,7 @@ description:
     possible. The Containerfile gets the build args C(DRIVER_VERSION), C(DRIVER_ARCH) and C(RUNFILE) (the runfile's
     file name in the context) on top of O(build_args).
 author:
-  - accelops.vgpu contributors
+  - accelops.vgpu contributors (@accelops)
 options:
   name:
     description:
@@ -120,8 +120,10 @@ notes:
 attributes:
   check_mode:
     support: full
+    description: Reads the registry and the local image only; reports the same RV(ignore:changed) and RV(actions) as a real run.
   diff_mode:
     support: full
+    description: Shows the image reference and the local and registry input hashes before and after, plus the planned actions.
 """
 
 EXAMPLES = r"""

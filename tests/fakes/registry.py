@@ -48,9 +48,9 @@ class LocalRegistry:
     def start(self, timeout=15):
         os.makedirs(os.path.join(self.directory, "storage"), exist_ok=True)
         htpasswd = os.path.join(self.directory, "htpasswd")
+        hashed = bcrypt.hashpw(self.password.encode(), bcrypt.gensalt(rounds=5)).decode()
         with open(htpasswd, "w", encoding="utf-8") as handle:  # bcrypt: the only hash distribution accepts
-            handle.write("%s:%s\n" % (self.username, bcrypt.hashpw(self.password.encode(),
-                                                                  bcrypt.gensalt(rounds=5)).decode()))
+            handle.write("%s:%s\n" % (self.username, hashed))
         config = os.path.join(self.directory, "config.yml")
         with open(config, "w", encoding="utf-8") as handle:
             handle.write(CONFIG.format(storage=os.path.join(self.directory, "storage"), port=self.port,
