@@ -7,13 +7,14 @@ Works on a live /sys, on gpusim, and on a plain copy of a host's sysfs (relative
 missing or unreadable): every attribute is read on its own and what cannot be read is reported as
 null, never as an error.
 
-    gather(sysfs, held) -> {"gpus": [...], "vfs": [...], "mdevs": [...]}
+    gather(sysfs, held, type_names=None) -> {"gpus": [...], "vfs": [...], "mdevs": [...]}
 
 - gpus: every PCI base class 0x03 function that is not a VF. `framework` is `vendor-vfio` when its
   VFs have `nvidia/` (vGPU 17+ on Ada/Hopper/Blackwell), `mdev` when it or its VFs are mdev parents
   (`class/mdev_bus` entry or `mdev_supported_types`), else `none` (also: SR-IOV not enabled yet).
 - vfs: every VF of those GPUs with its vGPU state; `vgpu_type` names the current type when one of
-  the GPU's creatable lists still shows it (the driver keeps only the ID of a set type).
+  the GPU's creatable lists still shows it (the driver keeps only the ID of a set type), else when
+  `type_names(pf)` (e.g. vgpu_apply.TypeNames: the node's cache, nvidia-smi) knows it.
 - mdevs: every `bus/mdev/devices/<uuid>` with parent, type and whether a VM holds it.
 `held` is the mapping of inuse.held_devices().
 """
@@ -63,11 +64,14 @@ def _vf_facts(sysfs, address, pf, held, parents, bus_parents):
     }
 
 
-def _name_types(vfs):
-    """Fill vgpu_type from the names any sibling's creatable list still shows."""
+def _name_types(vfs, pf, type_names):
+    """Fill vgpu_type from the names any sibling's creatable list still shows, else from type_names."""
     names = {}
     for vf in vfs:
         names.update((t["id"], t["name"]) for t in vf["creatable_types"])
+    if type_names and any(vf["vgpu_type_id"] and vf["vgpu_type_id"] not in names for vf in vfs):
+        for known in _attempt(lambda: type_names(pf), []):
+            names.setdefault(known.type_id, known.name)
     for vf in vfs:
         vf["vgpu_type"] = names.get(vf["vgpu_type_id"]) if vf["vgpu_type_id"] else None
 
@@ -81,11 +85,11 @@ def _framework(vfs, pf_is_mdev_parent):
     return "none"
 
 
-def _gpu_facts(sysfs, dev, held, parents, bus_parents):
+def _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names):
     vendor, device = _attempt(lambda: dev.vendor), _attempt(lambda: dev.device)
     vf_addresses = _attempt(dev.virtfns, [])
     vfs = [_vf_facts(sysfs, vf, dev.address, held, parents, bus_parents) for vf in vf_addresses]
-    _name_types(vfs)
+    _name_types(vfs, dev.address, type_names)
     pf_parent = _is_mdev_parent(sysfs, dev.address, bus_parents)
     gpu = {
         "address": dev.address,
@@ -121,7 +125,7 @@ def _is_gpu_pf(dev):
     return _attempt(lambda: dev.is_display and not dev.is_vf, False)
 
 
-def gather(sysfs, held):
+def gather(sysfs, held, type_names=None):
     """{"gpus", "vfs", "mdevs"} of the node; `held` = inuse.held_devices(...)."""
     parents = _attempt(lambda: inuse.mdev_parents(sysfs), {})
     bus_parents = set(_attempt(lambda: vgpu_types.mdev_parents(sysfs), []))
@@ -129,7 +133,7 @@ def gather(sysfs, held):
     for address in _attempt(lambda: pci.list_addresses(sysfs), []):
         dev = pci.PciDevice(sysfs, address)
         if _is_gpu_pf(dev):
-            gpu, gpu_vfs = _gpu_facts(sysfs, dev, held, parents, bus_parents)
+            gpu, gpu_vfs = _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names)
             gpus.append(gpu)
             vfs.extend(gpu_vfs)
     mdevs = [_mdev_facts(sysfs, uuid, parent, held) for uuid, parent in sorted(parents.items())]

@@ -32,7 +32,8 @@ attributes:
 options: {}
 notes:
   - The driver keeps only the numeric ID of the vGPU type set on a VF; RV(ansible_facts.vgpu.vfs[].vgpu_type)
-    names it only when a creatable list of the same GPU still shows that ID.
+    names it when a creatable list of the same GPU still shows that ID, when M(accelops.vgpu.vgpu_profile)
+    recorded the name on this node, or when C(nvidia-smi vgpu -s -v) lists it.
 seealso:
   - module: accelops.vgpu.sriov_vfs
 """
@@ -144,14 +145,14 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.accelops.vgpu.plugins.module_utils import facts, module_glue
+from ansible_collections.accelops.vgpu.plugins.module_utils import facts, module_glue, vgpu_apply
 
 
 def main():
     module = AnsibleModule(argument_spec=module_glue.node_argspec(), supports_check_mode=True)
     node = module_glue.NodeContext(module)
     with module_glue.engine_errors(module):
-        found = facts.gather(node.sysfs, node.held())
+        found = facts.gather(node.sysfs, node.held(), vgpu_apply.TypeNames(node.sysfs, node.runner))
     module.exit_json(changed=False, ansible_facts={"vgpu": found})
 
 

@@ -5,6 +5,7 @@ from fake_node import FakeNode
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import facts, inuse
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_types import VgpuType
 
 L40S, A16, T4, NIC = "0000:41:00.0", "0000:51:00.0", "0000:81:00.0", "0000:61:00.0"
 UUID = "5c8f3b52-0c1c-4a4b-9f5e-0000000000aa"
@@ -102,3 +103,20 @@ def test_a_copied_tree_with_broken_and_missing_attributes_still_reports(tmp_path
 def test_an_empty_tree_has_no_gpus(tmp_path):
     (tmp_path / "proc").mkdir()
     assert facts.gather(Sysfs(str(tmp_path / "nothing")), {}) == {"gpus": [], "vfs": [], "mdevs": []}
+
+
+def test_a_type_no_list_shows_any_more_is_named_by_type_names(tmp_path):
+    node = FakeNode(tmp_path)
+    node.pf(L40S, total=32)
+    node.set_numvfs(L40S, 2)
+    for vf in ("0000:41:00.4", "0000:41:00.5"):
+        node.set_type(vf, 1153)       # 12Q: not in the fake creatable list
+    asked = []
+
+    def type_names(pf):
+        asked.append(pf)
+        return [VgpuType(1153, "NVIDIA L40S-12Q")]
+    sysfs = Sysfs(str(node.sys))
+    vfs = facts.gather(sysfs, {}, type_names)["vfs"]
+    assert [vf["vgpu_type"] for vf in vfs] == ["NVIDIA L40S-12Q"] * 2 and asked == [L40S]
+    assert [vf["vgpu_type"] for vf in facts.gather(sysfs, {})["vfs"]] == [None, None]
