@@ -1,0 +1,122 @@
+"""accelops.vgpu.vgpu_profile in playbooks against gpusim nodes (vendor-VFIO L40S, mdev T4 and A16)."""
+
+import os
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+CONFIGS = os.path.join(DATA, "vgpu-configs.yaml")
+
+
+def vdm(selected, **options):
+    """A vgpu_profile task applying one config of the VDM file, read on the controller."""
+    args = {"config": "{{ lookup('ansible.builtin.file', '%s') | from_yaml }}" % CONFIGS, "selected": selected}
+    args.update(options)
+    return args
+
+
+def enable_and_apply(profile_args):
+    return [{"name": "vfs", "accelops.vgpu.sriov_vfs": {"devices": "all"}},
+            {"name": "profiles", "accelops.vgpu.vgpu_profile": profile_args}]
+
+
+def type_writes(node):
+    """Write attempts on current_vgpu_type / mdev create+remove, as (VF or parent, value, result)."""
+    found = []
+    for entry in node.log():
+        parts = entry["path"].split("/")
+        if parts[-1] in ("current_vgpu_type", "create", "remove"):
+            found.append((parts[3], entry["value"], entry["result"]))
+    return found
+
+
+def vgpus(result, gpu):
+    return [(v["address"], v["before"], v["after"]) for g in result["gpus"] if g["address"] == gpu
+            for v in g["vgpus"] if v["before"] or v["after"]]
+
+
+def test_l40s_profiles_are_applied_once_and_then_left_alone(gpusim_node, run_playbook):
+    node = gpusim_node("l40s:2")
+    first = run_playbook(enable_and_apply(vdm("default")), node)
+    assert first.rc == 0, first
+    result = first.task("profiles")
+    assert result["changed"]
+    assert vgpus(result, "0000:41:00.0") == [("0000:41:00.4", None, "L40S-24Q"), ("0000:41:00.5", None, "L40S-24Q")]
+    assert result["resources"] == [{"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q",
+                                    "resource_name": "nvidia.com/NVIDIA_L40S-24Q",
+                                    "pci_vendor_selector": "10DE:26B9", "framework": "vendor-vfio", "count": 4}]
+    assert [node.read("bus/pci/devices/0000:42:00.%d/nvidia/current_vgpu_type" % f) for f in (4, 5, 6)] == \
+        ["1155", "1155", "0"]
+
+    node.clear_log()
+    again = run_playbook(enable_and_apply(vdm("default")), node)
+    assert again.rc == 0, again
+    assert [again.task(t)["changed"] for t in ("vfs", "profiles")] == [False, False]
+    assert node.log() == []
+
+
+def test_resize_writes_only_what_changes_and_a_held_vf_blocks_it(gpusim_node, run_playbook):
+    node = gpusim_node("l40s:2")
+    assert run_playbook(enable_and_apply(vdm("default")), node).rc == 0
+    node.hold("0000:42:00.4")
+    node.clear_log()
+    blocked = run_playbook([{"name": "resize", "accelops.vgpu.vgpu_profile": vdm("L40S-12Q")}], node)
+    assert blocked.rc != 0 and blocked.task("resize")["failed"]
+    assert "VF 0000:42:00.4 of GPU 0000:42:00.0 is held by a VM" in blocked.task("resize")["msg"]
+    assert node.log() == []
+
+    node.release("0000:42:00.4")
+    resized = run_playbook([{"name": "resize", "accelops.vgpu.vgpu_profile": vdm("L40S-12Q")}], node)
+    assert resized.rc == 0, resized
+    assert vgpus(resized.task("resize"), "0000:41:00.0") == [
+        ("0000:41:00.4", "L40S-24Q", "L40S-12Q"), ("0000:41:00.5", "L40S-24Q", "L40S-12Q"),
+        ("0000:41:00.6", None, "L40S-12Q"), ("0000:41:00.7", None, "L40S-12Q")]
+    writes = type_writes(node)
+    for gpu in ("41", "42"):
+        mine = [(vf, value) for vf, value, result in writes if vf.startswith("0000:%s:" % gpu) and result == "ok"]
+        assert mine == [("0000:%s:00.4" % gpu, "0"), ("0000:%s:00.5" % gpu, "0")] + [
+            ("0000:%s:00.%d" % (gpu, f), "1153") for f in (4, 5, 6, 7)]
+    assert len(writes) == 12
+
+
+def test_mixed_sizes_fail_without_mixed_size_and_work_with_it(gpusim_node, run_playbook):
+    node = gpusim_node("l40s:1")
+    assert run_playbook([{"name": "vfs", "accelops.vgpu.sriov_vfs": {"devices": "all"}}], node).rc == 0
+    node.clear_log()
+    refused = run_playbook([{"name": "mixed", "accelops.vgpu.vgpu_profile": vdm("first-gpu-mixed")}], node)
+    assert refused.rc != 0
+    assert refused.task("mixed")["msg"] == ("GPU 0000:41:00.0: profiles L40S-12Q and L40S-24Q have different "
+                                            "framebuffer sizes; set mixed_size to allow that")
+    assert node.log() == []
+    mixed = run_playbook([{"name": "mixed", "accelops.vgpu.vgpu_profile": vdm("first-gpu-mixed", mixed_size=True)}],
+                         node)
+    assert mixed.rc == 0, mixed
+    assert node.state()["pfs"][0]["mixed_size"] is True
+    assert sorted(v["after"] for v in mixed.task("mixed")["gpus"][0]["vgpus"] if v["after"]) == \
+        ["L40S-12Q", "L40S-12Q", "L40S-24Q"]
+
+
+def test_t4_and_a16_through_the_same_module_with_check_and_diff(gpusim_node, run_playbook):
+    node = gpusim_node("t4:1,a16:1")
+    assert run_playbook([{"name": "vfs", "accelops.vgpu.sriov_vfs": {"devices": "all"}}], node).rc == 0
+    node.clear_log()
+    tasks = [{"name": "profiles", "accelops.vgpu.vgpu_profile": vdm("default")}]
+    check = run_playbook(tasks, node, check=True, diff=True)
+    assert check.rc == 0, check
+    assert node.log() == []
+    real = run_playbook(tasks, node, diff=True)
+    assert real.rc == 0, real
+    assert check.task("profiles")["changed"] is real.task("profiles")["changed"] is True
+    assert check.task("profiles")["diff"] == real.task("profiles")["diff"]
+    after = real.task("profiles")["diff"]["after"]
+    t4, a16 = node.pfs("t4")[0], node.pfs("a16")[0]
+    assert list(after[t4].values()) == ["T4-8Q", "T4-8Q"]
+    assert all(key.startswith(t4 + "/") for key in after[t4])
+    assert sorted(after[a16].values()) == ["A16-8Q", "A16-8Q"]
+    assert sorted(key.split("/")[0] for key in after[a16]) == node.vfs(a16)[:2]
+    resources = dict((r["profile"], r) for r in real.task("profiles")["resources"])
+    assert resources["T4-8Q"]["count"] == 2 and resources["T4-8Q"]["framework"] == "mdev"
+    assert resources["A16-8Q"]["count"] == 8 and resources["A16-8Q"]["pci_vendor_selector"] == "10DE:25B6"
+    assert len(os.listdir(node.path("bus/mdev/devices"))) == 10
+
+    node.clear_log()
+    again = run_playbook(tasks, node, check=True)
+    assert again.rc == 0 and not again.task("profiles")["changed"] and node.log() == []
