@@ -1,0 +1,119 @@
+"""python -m tests.bench [--quick] [--parts p1,p2,p3,p4] [--out bench-results] [--runs-p1 N ...]
+
+Every option also reads an environment variable (BENCH_QUICK=1, BENCH_PARTS, BENCH_RUNS_P1, ...,
+BENCH_GPUS, BENCH_LATENCY_MS, BENCH_FLEET=4,16,32, BENCH_FORKS_RATIO, BENCH_OUT). Writes
+<out>/bench.json and <out>/bench.md and prints the table. Exit status 1 when a measurement could
+not be taken or did not do what it claims (a wrong layout, unexpected writes); missed targets are
+reported in the table, not as a failure: they are goals, not timed tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+import time
+
+from tests.bench import REPO, report
+
+PARTS = ("p1", "p2", "p3", "p4")
+FULL = {"runs": {"p1": 5, "p2": 3, "p3": 5, "p4": 3}, "gpus": 8, "gpus_p3": 8, "gpus_p4": 1,
+        "latency_ms": 1000, "fleet": "4,16,32", "forks_ratio": 4}
+QUICK = {"runs": {"p1": 1, "p2": 1, "p3": 1, "p4": 1}, "gpus": 2, "gpus_p3": 2, "gpus_p4": 1,
+         "latency_ms": 300, "fleet": "1,2", "forks_ratio": 1}
+
+
+def _env(name, default=None):
+    return os.environ.get("BENCH_" + name.upper(), default)
+
+
+def _int_list(text):
+    values = [int(v) for v in str(text).split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of positive integers, not %r" % text)
+    return values
+
+
+def _parts(text):
+    chosen = [p.strip().lower() for p in str(text).split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError("parts must be a comma-separated subset of %s" % ",".join(PARTS))
+    return [p for p in PARTS if p in chosen]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", default=_env("quick", "") not in ("", "0"),
+                        help="smoke run: tiny cases, one run each (defaults below are for the full run)")
+    parser.add_argument("--parts", type=_parts, default=_parts(_env("parts", ",".join(PARTS))),
+                        help="which parts to run (default all: p1,p2,p3,p4)")
+    parser.add_argument("--out", default=_env("out", os.path.join(REPO, "bench-results")),
+                        help="output directory (default bench-results/)")
+    for part in PARTS:
+        parser.add_argument("--runs-" + part, type=int, default=_env("runs_" + part),
+                            help="runs of %s (full: %d)" % (part.upper(), FULL["runs"][part]))
+    parser.add_argument("--gpus", type=int, default=_env("gpus"), help="L40S GPUs for P1/P2 (full: 8)")
+    parser.add_argument("--gpus-p3", type=int, default=_env("gpus_p3"), help="L40S GPUs for P3 (full: 8)")
+    parser.add_argument("--gpus-p4", type=int, default=_env("gpus_p4"), help="L40S GPUs per P4 host (full: 1)")
+    parser.add_argument("--latency-ms", type=int, default=_env("latency_ms"),
+                        help="P3 VF-enable latency per PF (full: 1000)")
+    parser.add_argument("--fleet", type=_int_list, default=_env("fleet"), help="P4 fleet sizes (full: 4,16,32)")
+    parser.add_argument("--forks-ratio", type=int, default=_env("forks_ratio"),
+                        help="P4 hosts per fork (full: 4)")
+    args = parser.parse_args(argv)
+    defaults = QUICK if args.quick else FULL
+    args.runs = dict((p, int(getattr(args, "runs_" + p) or defaults["runs"][p])) for p in PARTS)
+    for name in ("gpus", "gpus_p3", "gpus_p4", "latency_ms", "forks_ratio"):
+        setattr(args, name, int(getattr(args, name) or defaults[name]))
+    args.fleet = sorted(_int_list(args.fleet or defaults["fleet"]))
+    return args
+
+
+def settings_dict(args):
+    return {"quick": args.quick, "parts": args.parts, "runs": args.runs, "gpus": args.gpus,
+            "gpus_p3": args.gpus_p3, "gpus_p4": args.gpus_p4, "latency_ms": args.latency_ms,
+            "fleet": args.fleet, "forks_ratio": args.forks_ratio}
+
+
+def _stop(signum, dummy_frame):
+    # SIGTERM/SIGHUP unwind like Ctrl-C, so every gpusim mount is taken down on the way out.
+    raise KeyboardInterrupt("signal %d" % signum)
+
+
+def run_part(part, args):
+    # Imported late: a part's imports (the engine, gpusim) fail with a clear traceback only when used.
+    if part == "p1":
+        from tests.bench import converge
+        return converge.run(args)
+    if part == "p3":
+        from tests.bench import vf_enable
+        return vf_enable.run(args)
+    from tests.bench import playbooks
+    return playbooks.run(args, part)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    started = time.monotonic()
+    result = {"machine": report.machine(), "settings": settings_dict(args),
+              "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "results": {}, "durations_s": {}}
+    for part in args.parts:
+        print("bench: %s ..." % part.upper(), file=sys.stderr, flush=True)
+        part_start = time.monotonic()
+        result["results"][part] = run_part(part, args)
+        result["durations_s"][part] = round(time.monotonic() - part_start, 1)
+        print("bench: %s done in %.0f s" % (part.upper(), result["durations_s"][part]), file=sys.stderr, flush=True)
+    result["duration_s"] = round(time.monotonic() - started, 1)
+    print(report.write(result, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

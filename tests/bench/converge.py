@@ -1,0 +1,134 @@
+"""P1: cold converge of a vGPU layout through the engine vs the floor, VFs already enabled.
+
+Engine: `vgpu_apply.apply()` as the module and the node CLI call it (node lock, held-VF scan, plan,
+validate, write, verify), with the fake nvidia-smi on PATH as on a real host. Floor: open, write,
+close of `current_vgpu_type` per VF that needs a type, nothing else (IDs and paths prepared untimed).
+Runs alternate engine / floor so both see the same machine noise; every run is checked by reading
+every VF back and by the gpusim write log (exactly the minimum number of writes).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+from ansible_collections.accelops.vgpu.plugins.module_utils import sriov, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
+from tests.bench import simnodes, stats
+
+MODEL = "l40s"
+
+
+def cases(gpus):
+    """{case: [(GPU indices, {profile: count})]}: one profile everywhere, and two profile sizes."""
+    everything = list(range(gpus))
+    half = max(1, gpus // 2)
+    mixed = [(everything[:half], {"L40S-24Q": 2})]
+    if everything[half:]:
+        mixed.append((everything[half:], {"L40S-4Q": 12}))
+    return {"uniform": [(everything, {"L40S-1Q": 32})], "mixed": mixed}
+
+
+def layout_entries(case):
+    return vgpu_layout.from_layout([{"devices": list(indices), "profiles": dict(profiles)}
+                                    for indices, profiles in case])
+
+
+def expected_types(node, case):
+    """{PF: {type ID: count}} the case asks for (PFs in GPU index order)."""
+    pfs = node.pfs()
+    expected = {}
+    for indices, profiles in case:
+        for index in indices:
+            expected[pfs[index]] = dict((simnodes.type_id(MODEL, p), n) for p, n in profiles.items())
+    return expected
+
+
+def floor_writes(node, expected):
+    """[(absolute path, bytes)]: the writes a minimal script does, VFs filled in order."""
+    writes = []
+    for pf, types in expected.items():
+        free = iter(node.vfs(pf))
+        for type_id, count in types.items():
+            for dummy in range(count):
+                writes.append((node.device_path(next(free), simnodes.TYPE_FILE), str(type_id).encode()))
+    return writes
+
+
+def run_floor(writes):
+    start = time.perf_counter()
+    for path, data in writes:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    return time.perf_counter() - start
+
+
+def run_engine(node, entries, cache_dir):
+    """Seconds for one engine apply, and the engine's own write count."""
+    engine_node = vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=cache_dir)
+    with simnodes.node_environment(node):
+        start = time.perf_counter()
+        result = vgpu_apply.apply(engine_node, entries)
+        elapsed = time.perf_counter() - start
+    if not result["changed"]:
+        raise simnodes.BenchError("P1: the engine reported no change on a node without vGPUs")
+    return elapsed, engine_node.sysfs.writes
+
+
+def enable_vfs(node):
+    """Untimed setup: every GPU gets its VFs through the sriov engine (sriov-manage)."""
+    sysfs, runner = Sysfs(node.root), CommandRunner()
+    with simnodes.node_environment(node):
+        sriov.apply_vfs(sysfs, runner, sriov.plan_vfs(sysfs, runner, devices="all", num_vfs="max", held={}))
+    node.clear_log()
+
+
+def checked_writes(node, expected, minimum, label, engine_writes=None):
+    """Assert the layout and the write count; returns the count from the gpusim log."""
+    simnodes.assert_layout(node, expected, label)
+    counts = simnodes.write_counts(node)
+    if counts["total"] != minimum or counts["by_name"] != {"current_vgpu_type": minimum}:
+        raise simnodes.BenchError("%s: %s sysfs writes, the minimum is %d current_vgpu_type writes"
+                                  % (label, counts["by_name"], minimum))
+    if engine_writes is not None and engine_writes != counts["total"]:
+        raise simnodes.BenchError("%s: the engine counted %d writes, gpusim logged %d"
+                                  % (label, engine_writes, counts["total"]))
+    return counts["total"]
+
+
+def measure_case(node, name, case, runs, cache_dir):
+    entries = layout_entries(case)
+    expected = expected_types(node, case)
+    minimum = sum(sum(types.values()) for types in expected.values())
+    writes = floor_writes(node, expected)
+    engine_s, floor_s, engine_writes = [], [], []
+    for dummy in range(runs):
+        simnodes.clear_types(node)
+        seconds, counted = run_engine(node, entries, cache_dir)
+        engine_s.append(seconds)
+        engine_writes.append(checked_writes(node, expected, minimum, "P1 %s engine" % name, counted))
+        simnodes.clear_types(node)
+        floor_s.append(run_floor(writes))
+        checked_writes(node, expected, minimum, "P1 %s floor" % name)
+    ratio = stats.ratio_summary(engine_s, floor_s)
+    return {"layout": [{"gpus": list(indices), "profiles": profiles} for indices, profiles in case],
+            "engine_s": stats.summary(engine_s), "floor_s": stats.summary(floor_s), "ratio": ratio,
+            "writes": max(engine_writes), "writes_min": minimum, "target_ratio": 1.3,
+            "met": stats.within(ratio["median"], 1.3) and max(engine_writes) == minimum}
+
+
+def run(settings):
+    """P1 for every case on one node of `settings.gpus` L40S GPUs (32 VFs each)."""
+    results = {"gpus": settings.gpus, "vfs_per_gpu": 32, "model": MODEL, "runs": settings.runs["p1"]}
+    with simnodes.mounted(["%s:%d" % (MODEL, settings.gpus)]) as nodes, \
+            tempfile.TemporaryDirectory(prefix="bench-p1-") as cache_dir:
+        node = nodes[0]
+        enable_vfs(node)
+        for name, case in cases(settings.gpus).items():
+            results[name] = measure_case(node, name, case, settings.runs["p1"], cache_dir)
+    return results

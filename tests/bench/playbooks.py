@@ -1,0 +1,184 @@
+"""P2 and P4: the node playbook (playbooks/nodes.yml) run by ansible-playbook against gpusim hosts.
+
+Every simulated host is an inventory host with `ansible_connection: local` and its own gpusim root
+(role variables point the roots there; the boot files go below a per-host install root, systemd is
+left alone). The fake sriov-manage / nvidia-smi act on $GPUSIM_ROOT, so each host's
+`ansible_python_interpreter` is a small wrapper that sets GPUSIM_ROOT and PATH for that host and
+execs the node Python (Debian's python3, as the integration tests use).
+
+P2: a converged node, nodes.yml again (no change, no sysfs write) vs a one-task ping playbook.
+P4: cold converge (VFs off, no vGPUs, no boot files) of 4, 16, 32 hosts, forks = hosts / ratio.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import subprocess
+import tempfile
+import time
+
+import yaml
+
+from tests.bench import REPO, COLLECTIONS, simnodes, stats
+
+ANSIBLE_PLAYBOOK = os.path.join(REPO, ".venv", "bin", "ansible-playbook")
+NODES_PLAYBOOK = os.path.join(REPO, "playbooks", "nodes.yml")
+NODE_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else os.path.join(
+    REPO, ".venv", "bin", "python")
+MODEL = "l40s"
+PLAY_TIMEOUT = 1800
+RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+PING_PLAY = [{"name": "One task", "hosts": "vgpu_nodes", "gather_facts": False,
+              "tasks": [{"name": "Ping", "ansible.builtin.ping": {}}]}]
+
+
+class Fleet:
+    """An inventory of mounted gpusim nodes in `workdir`; `run(playbook, forks)` -> seconds."""
+
+    def __init__(self, nodes, profiles, workdir):
+        self.nodes, self.workdir = nodes, workdir
+        self.hosts = ["node-%03d" % (i + 1) for i in range(len(nodes))]
+        self.profiles = profiles
+        self.inventory = os.path.join(workdir, "hosts.yml")
+        self.ping = os.path.join(workdir, "ping.yml")
+        with open(self.ping, "w") as handle:
+            yaml.safe_dump(PING_PLAY, handle, sort_keys=False)
+        host_vars = dict((host, self._host_vars(host, node)) for host, node in zip(self.hosts, nodes))
+        group_vars = {"ansible_connection": "local", "sriov_devices": ["all"],
+                      "vgpu_profiles_selected": "bench",
+                      "vgpu_profiles_configs": {"bench": [{"devices": "all", "profiles": profiles}]},
+                      "vgpu_profiles_manage_service": False,
+                      "vgpu_profiles_cli_cache_dir": os.path.join(os.path.dirname(workdir), "cli-cache")}
+        with open(self.inventory, "w") as handle:
+            yaml.safe_dump({"all": {"children": {"vgpu_nodes": {"hosts": host_vars, "vars": group_vars}}}},
+                           handle, sort_keys=False)
+
+    def _host_vars(self, host, node):
+        wrapper = os.path.join(self.workdir, "python-%s" % host)
+        with open(wrapper, "w") as handle:
+            handle.write("#!/bin/sh\nGPUSIM_ROOT='%s' PATH='%s':\"$PATH\" exec '%s' \"$@\"\n"
+                         % (node.root, node.tools_dir, NODE_PYTHON))
+        os.chmod(wrapper, 0o755)
+        return {"ansible_python_interpreter": wrapper,
+                "sriov_sysfs_root": node.root, "sriov_dev_root": node.dev_root,
+                "vgpu_profiles_sysfs_root": node.root, "vgpu_profiles_dev_root": node.dev_root,
+                "vgpu_profiles_install_root": self.install_root(host)}
+
+    def install_root(self, host):
+        return os.path.join(self.workdir, "root-%s" % host)
+
+    def run(self, playbook, forks):
+        """(wall seconds, CPU seconds of ansible and its children, {host: recap}); fails unless all ok."""
+        tmp = os.path.join(self.workdir, "ansible-tmp")
+        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
+                   ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_LOCAL_TEMP=tmp, ANSIBLE_REMOTE_TEMP=tmp,
+                   ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+        argv = [ANSIBLE_PLAYBOOK, "-i", self.inventory, "-f", str(forks), playbook]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=self.workdir,
+                              timeout=PLAY_TIMEOUT, check=False)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        recap = dict((m.group(1), {"ok": int(m.group(2)), "changed": int(m.group(3)),
+                                   "unreachable": int(m.group(4)), "failed": int(m.group(5))})
+                     for m in RECAP.finditer(proc.stdout))
+        bad = [h for h in self.hosts if h not in recap or recap[h]["failed"] or recap[h]["unreachable"]]
+        if proc.returncode != 0 or bad:
+            raise simnodes.BenchError("%s failed (rc %d) on %s: %s" % (
+                os.path.basename(playbook), proc.returncode, ", ".join(bad) or "-",
+                (proc.stdout[-1500:] + proc.stderr[-500:]).strip()))
+        return wall, cpu, recap
+
+    def reset(self):
+        """Cold nodes: simulated reboot (no VFs, no vGPUs), empty logs, no boot files."""
+        for host, node in zip(self.hosts, self.nodes):
+            node.ctl("reboot")
+            node.clear_log()
+            shutil.rmtree(self.install_root(host), ignore_errors=True)
+
+    def expected(self, node):
+        types = dict((simnodes.type_id(MODEL, p), n) for p, n in self.profiles.items())
+        return dict((pf, types) for pf in node.pfs())
+
+    def check_converged(self, label):
+        """Every host has the layout, one enable per PF and exactly the minimum type writes."""
+        for node in self.nodes:
+            simnodes.assert_layout(node, self.expected(node), label)
+            by_name = simnodes.write_counts(node)["by_name"]
+            pfs = len(node.pfs())
+            wanted = pfs * sum(self.profiles.values())
+            if by_name.get("current_vgpu_type", 0) != wanted or by_name.get("sriov_numvfs", 0) != pfs:
+                raise simnodes.BenchError("%s: %s wrote %s; expected %d current_vgpu_type and %d sriov_numvfs"
+                                          % (label, node.root, by_name, wanted, pfs))
+
+
+def _workdir(parent, name):
+    path = os.path.join(parent, name)
+    os.makedirs(path)
+    return path
+
+
+def run_p2(settings, tmp):
+    """Converge once (untimed), then alternate: nodes.yml (no-op) and the ping playbook."""
+    profiles = {"L40S-1Q": 32}
+    with simnodes.mounted(["%s:%d" % (MODEL, settings.gpus)]) as nodes:
+        fleet = Fleet(nodes, profiles, _workdir(tmp, "p2"))
+        fleet.reset()
+        fleet.run(NODES_PLAYBOOK, 1)
+        fleet.check_converged("P2 converge")
+        node_s, ping_s, writes, changed = [], [], [], []
+        for dummy in range(settings.runs["p2"]):
+            nodes[0].clear_log()
+            seconds, dummy_cpu, recap = fleet.run(NODES_PLAYBOOK, 1)
+            node_s.append(seconds)
+            changed.append(recap[fleet.hosts[0]]["changed"])
+            writes.append(simnodes.write_counts(nodes[0])["total"])
+            simnodes.assert_layout(nodes[0], fleet.expected(nodes[0]), "P2 re-run")
+            ping_s.append(fleet.run(fleet.ping, 1)[0])
+    ratio = stats.ratio_summary(node_s, ping_s)
+    return {"gpus": settings.gpus, "profiles": profiles, "runs": settings.runs["p2"],
+            "node_playbook_s": stats.summary(node_s), "ping_playbook_s": stats.summary(ping_s),
+            "ratio": ratio, "writes": max(writes), "tasks_changed": max(changed), "target_ratio": 2.0,
+            "met": stats.within(ratio["median"], 2.0) and max(writes) == 0}
+
+
+def run_p4(settings, tmp):
+    """Per fleet size: an untimed warm-up on the smallest, then cold converges."""
+    profiles = {"L40S-24Q": 2}
+    sizes = {}
+    for position, hosts in enumerate(settings.fleet):
+        forks = max(1, hosts // settings.forks_ratio)
+        with simnodes.mounted(["%s:%d" % (MODEL, settings.gpus_p4)] * hosts) as nodes:
+            fleet = Fleet(nodes, profiles, _workdir(tmp, "p4-%d" % hosts))
+            if position == 0:
+                fleet.reset()
+                fleet.run(NODES_PLAYBOOK, forks)   # warm-up: builds the node CLI zipapp once
+            wall, cpu = [], []
+            for dummy in range(settings.runs["p4"]):
+                fleet.reset()
+                seconds, cpu_seconds, dummy_recap = fleet.run(NODES_PLAYBOOK, forks)
+                fleet.check_converged("P4 %d hosts" % hosts)
+                wall.append(seconds)
+                cpu.append(cpu_seconds)
+        sizes[str(hosts)] = {"hosts": hosts, "forks": forks, "wall_s": stats.summary(wall),
+                             "per_host_s": stats.summary([w / hosts for w in wall]),
+                             "per_host_per_fork_s": stats.summary([w * forks / hosts for w in wall]),
+                             "cpu_per_host_s": stats.summary([c / hosts for c in cpu])}
+    first, last = sizes[str(settings.fleet[0])], sizes[str(settings.fleet[-1])]
+    growth = stats.ratio_of_medians(last["per_host_s"], first["per_host_s"])
+    return {"gpus_per_host": settings.gpus_p4, "profiles": profiles, "forks_ratio": settings.forks_ratio,
+            "runs": settings.runs["p4"], "sizes": sizes, "per_host_growth": growth,
+            "per_host_per_fork_growth": stats.ratio_of_medians(last["per_host_per_fork_s"],
+                                                               first["per_host_per_fork_s"]),
+            "cpu_per_host_growth": stats.ratio_of_medians(last["cpu_per_host_s"], first["cpu_per_host_s"]),
+            "target_growth": 1.2, "met": stats.within(growth, 1.2)}
+
+
+def run(settings, part):
+    with tempfile.TemporaryDirectory(prefix="bench-%s-" % part) as tmp:
+        return (run_p2 if part == "p2" else run_p4)(settings, tmp)

@@ -1,0 +1,104 @@
+"""bench.json (everything, machine included) and bench.md (one table row per measured comparison)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+from tests.bench import REPO
+
+
+def machine():
+    """Cores, Python, ansible-core, kernel and load: what a reader needs to compare two runs."""
+    try:
+        ansible = subprocess.run([os.path.join(REPO, ".venv", "bin", "ansible"), "--version"], capture_output=True,
+                                 text=True, check=False, timeout=60).stdout.splitlines()[0]
+        ansible_core = ansible.split("[core", 1)[1].strip(" ]") if "[core" in ansible else ansible
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        ansible_core = None
+    return {"cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(), "python_executable": sys.executable,
+            "ansible_core": ansible_core, "kernel": platform.release(), "machine": platform.machine(),
+            "load_average_at_start": [round(v, 2) for v in os.getloadavg()]}
+
+
+def _spread(summary, unit="s"):
+    return "%.3g %s (%.3g–%.3g)" % (summary["median"], unit, summary["min"], summary["max"])
+
+
+def _ratio(summary):
+    return "%.2f× (%.2f–%.2f)" % (summary["median"], summary["min"], summary["max"])
+
+
+def _met(flag):
+    return "yes" if flag else "**no**"
+
+
+def rows(results):
+    """[(part, measure, value, baseline, ratio, target, met)] for the parts that ran."""
+    table = []
+    p1 = results.get("p1")
+    for case in ("uniform", "mixed"):
+        if p1 and case in p1:
+            data = p1[case]
+            layout = "; ".join("%d GPUs: %s" % (len(entry["gpus"]), " + ".join(
+                "%d×%s" % (n, p) for p, n in entry["profiles"].items())) for entry in data["layout"])
+            table.append(("P1 cold converge, %s" % case,
+                          "%d GPUs × 32 VFs (%s per GPU); writes %d (min %d)" % (p1["gpus"], layout, data["writes"],
+                                                                               data["writes_min"]),
+                          "engine " + _spread(data["engine_s"]), "floor " + _spread(data["floor_s"]),
+                          _ratio(data["ratio"]), "≤ 1.3×, writes = min", _met(data["met"])))
+    p2 = results.get("p2")
+    if p2:
+        table.append(("P2 no-op re-run", "nodes.yml on a converged node (%d GPUs); sysfs writes %d, tasks changed %d"
+                      % (p2["gpus"], p2["writes"], p2["tasks_changed"]),
+                      "nodes.yml " + _spread(p2["node_playbook_s"]), "ping " + _spread(p2["ping_playbook_s"]),
+                      _ratio(p2["ratio"]), "≤ 2×, 0 writes", _met(p2["met"])))
+    p3 = results.get("p3")
+    if p3:
+        table.append(("P3 VF enable", "%d GPUs, L = %g s per PF" % (p3["gpus"], p3["latency_s"]),
+                      "parallel " + _spread(p3["parallel_s"]), "sequential " + _spread(p3["sequential_s"]),
+                      "%s of L; %s faster than sequential" % (_ratio(p3["parallel_over_latency"]),
+                                                              _ratio(p3["speedup_vs_sequential"])),
+                      "≤ 1.5·L", _met(p3["met"])))
+    p4 = results.get("p4")
+    if p4:
+        sizes = list(p4["sizes"].values())
+        per_host = ", ".join("%d hosts/%d forks: %s" % (s["hosts"], s["forks"], _spread(s["per_host_s"]))
+                             for s in sizes)
+        cpu = ", ".join("%d: %s" % (s["hosts"], _spread(s["cpu_per_host_s"])) for s in sizes)
+        table.append(("P4 fleet, cold converge", "%d GPUs/host, forks = hosts/%d" % (p4["gpus_per_host"],
+                                                                                       p4["forks_ratio"]),
+                      "wall/host " + per_host, "CPU/host " + cpu,
+                      "%.2f× wall/host, %.2f× CPU/host (%d vs %d hosts)" % (
+                          p4["per_host_growth"], p4["cpu_per_host_growth"], sizes[-1]["hosts"], sizes[0]["hosts"]),
+                      "≤ 1.2×", _met(p4["met"])))
+    return table
+
+
+def markdown(report):
+    head = ("Part", "What", "Measured (median, min–max)", "Baseline", "Ratio", "Target", "Met")
+    lines = ["# accelops.vgpu benchmark (%s)" % ("quick smoke run" if report["settings"]["quick"] else "full run"),
+             "", "Machine: %(cores)s cores, Python %(python)s, ansible-core %(ansible_core)s, load at start "
+             "%(load_average_at_start)s." % report["machine"],
+             "Runs per measurement: %s. Took %.0f s." % (
+                 ", ".join("%s %d" % (p.upper(), report["settings"]["runs"][p]) for p in report["settings"]["parts"]),
+                 report["duration_s"]), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows(report["results"]):
+        lines.append("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write(report, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "bench.json"), "w") as handle:
+        json.dump(report, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    text = markdown(report)
+    with open(os.path.join(out_dir, "bench.md"), "w") as handle:
+        handle.write(text)
+    return text
