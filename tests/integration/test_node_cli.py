@@ -1,0 +1,60 @@
+"""The built node CLI zipapp (what the boot unit and the vGPU manager image run) on a gpusim node."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(REPO, "tests", "integration", "data", "vgpu-configs.yaml")
+# The node's Python (Debian's 3.11 in the containers), not the controller's venv.
+NODE_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else os.path.join(REPO, ".venv", "bin", "python")
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("cli") / "accelops-vgpu.pyz")
+    subprocess.run([NODE_PYTHON, os.path.join(REPO, "tools", "build-node-cli.py"), out], check=True,
+                   capture_output=True)
+    return out
+
+
+def cli(pyz, node, *args, stdin=None):
+    argv = [NODE_PYTHON, pyz] + list(args) + ["--sysfs-root", node.root, "--dev-root", node.dev_root]
+    return subprocess.run(argv, env=node.env, capture_output=True, text=True, input=stdin, timeout=300, check=False)
+
+
+def test_assert_fails_after_a_reboot_and_apply_restores_the_layout(gpusim_node, pyz):
+    node = gpusim_node("l40s:2")
+    config = ["--config", CONFIGS, "--selected", "default"]
+    before = cli(pyz, node, "assert", *config)
+    assert before.returncode == 1 and "SR-IOV VFs are not enabled" in before.stdout
+
+    applied = cli(pyz, node, "apply", *config)
+    assert applied.returncode == 0, applied.stderr
+    assert "0000:41:00.0: enabled SR-IOV VFs" in applied.stdout
+    assert cli(pyz, node, "assert", *config).returncode == 0
+
+    node.ctl("reboot")
+    after_reboot = cli(pyz, node, "assert", *config)
+    assert after_reboot.returncode == 1
+    assert after_reboot.stdout.splitlines() == ["GPU 0000:41:00.0: SR-IOV VFs are not enabled",
+                                                "GPU 0000:42:00.0: SR-IOV VFs are not enabled"]
+    restored = cli(pyz, node, "apply", "--json", *config)
+    assert restored.returncode == 0, restored.stderr
+    assert json.loads(restored.stdout)["vfs_enabled"] == ["0000:41:00.0", "0000:42:00.0"]
+    assert cli(pyz, node, "assert", *config).returncode == 0
+    assert node.read("bus/pci/devices/0000:42:00.5/nvidia/current_vgpu_type") == "1155"
+
+
+def test_export_feeds_back_into_apply_through_stdin(gpusim_node, pyz):
+    node = gpusim_node("l40s:1")
+    assert cli(pyz, node, "apply", "--config", "-", stdin=json.dumps(
+        [{"profiles": {"L40S-12Q": 3}}])).returncode == 0
+    exported = cli(pyz, node, "export")
+    assert json.loads(exported.stdout) == {"layout": [{"devices": ["0000:41:00.0"], "profiles": {"L40S-12Q": 3}}]}
+    node.clear_log()
+    again = cli(pyz, node, "apply", "--json", "--config", "-", stdin=exported.stdout)
+    assert again.returncode == 0 and not json.loads(again.stdout)["changed"]
+    assert node.log() == []

@@ -1,0 +1,81 @@
+"""The node CLI's arguments, output and exit codes on a plain-file L40S tree (no writes needed)."""
+
+import json
+
+import pytest
+
+from fake_node import FakeNode
+
+from ansible_collections.accelops.vgpu.plugins.module_utils import cli
+
+PF = "0000:41:00.0"
+CREATABLE = "ID    : vGPU Name\n1153  : NVIDIA L40S-12Q\n1155  : NVIDIA L40S-24Q\n1156  : NVIDIA L40S-48Q\n"
+
+
+@pytest.fixture
+def node(tmp_path):
+    fake = FakeNode(tmp_path / "node")
+    fake.pf(PF)
+    for vf in fake.set_numvfs(PF, 4):
+        (fake.dir(vf) / "nvidia/creatable_vgpu_types").write_text(CREATABLE)
+    layout = tmp_path / "layout.json"
+    layout.write_text(json.dumps({"layout": [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}}]}))
+    return fake, str(layout)
+
+
+def run(capsys, fake, *argv):
+    roots = ["--sysfs-root", str(fake.sys), "--dev-root", str(fake.dev), "--proc-root", str(fake.proc)]
+    code = cli.main(list(argv) + roots)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_assert_exits_1_and_says_what_differs(node, capsys):
+    fake, layout = node
+    code, out, dummy = run(capsys, fake, "assert", "--config", layout)
+    assert code == 1 and out == "GPU %s: has no vGPUs, layout wants 2 x L40S-24Q\n" % PF
+
+
+def test_apply_check_json_plans_without_writing(node, capsys):
+    fake, layout = node
+    code, out, dummy = run(capsys, fake, "apply", "--check", "--json", "--config", layout)
+    result = json.loads(out)
+    assert code == 0 and result["changed"] and result["vfs_enabled"] == []
+    assert [v["after"] for v in result["gpus"][0]["vgpus"]] == ["L40S-24Q", "L40S-24Q", None, None]
+    assert (fake.dir("0000:41:00.4") / "nvidia/current_vgpu_type").read_text() == "0\n"
+
+
+def test_apply_text_output_lists_each_slot(node, capsys):
+    fake, layout = node
+    code, out, dummy = run(capsys, fake, "apply", "--check", "--config", layout)
+    assert code == 0
+    assert out.splitlines() == ["%s (L40S, vendor-vfio): would change 2 vGPU slot(s)" % PF,
+                                "  0000:41:00.4: - -> L40S-24Q", "  0000:41:00.5: - -> L40S-24Q"]
+
+
+def test_config_comes_from_the_environment(node, capsys, monkeypatch):
+    fake, layout = node
+    monkeypatch.setenv("ACCELOPS_VGPU_CONFIG", layout)
+    code, out, dummy = run(capsys, fake, "assert")
+    assert code == 1 and "layout wants 2 x L40S-24Q" in out
+
+
+@pytest.mark.parametrize("fmt,expected", [
+    ("layout", {"layout": [{"devices": [PF], "profiles": {}}]}),
+    ("vdm", {"version": "v1", "vgpu-configs": {"exported": [{"devices": [0], "vgpu-devices": {}}]}}),
+])
+def test_export_formats(node, capsys, fmt, expected):
+    fake, dummy = node
+    code, out, dummy2 = run(capsys, fake, "export", "--format", fmt)
+    assert code == 0 and json.loads(out) == expected
+
+
+def test_errors_are_one_line_on_stderr_with_exit_2(node, capsys, tmp_path):
+    fake, dummy = node
+    code, out, err = run(capsys, fake, "assert")
+    assert code == 2 and out == "" and err == "accelops-vgpu assert: --config FILE is required (or ACCELOPS_VGPU_CONFIG)\n"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": "v1", "vgpu-configs": {"a": [{"devices": "all", "vgpu-devices": {},
+                                                                        "mig-devices": {}}]}}))
+    code, out, err = run(capsys, fake, "apply", "--config", str(bad))
+    assert code == 2 and err.count("\n") == 1 and "vgpu-configs.a[0]: unknown field(s) mig-devices" in err
