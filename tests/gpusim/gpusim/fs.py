@@ -152,6 +152,8 @@ class SimFS(mfusepy.Operations):
         command = " ".join(args[:2]) if args[:1] == ["driver"] else (args[0] if args else "")
         if command == "reboot" and len(args) == 1:
             state.reboot()
+        elif command == "reset" and len(args) == 1:
+            state.reset()
         elif command == "clear-log" and len(args) == 1:
             with state.lock:
                 state.log.clear()

@@ -136,6 +136,7 @@ class State:
     def __init__(self, spec, latency_ms=0, driver_version=DEFAULT_DRIVER_VERSION):
         self.lock = threading.RLock()
         self.spec = spec
+        self.initial = (latency_ms, driver_version)
         self.latency_ms = latency_ms
         self.version = 0
         self.nvidia_loaded = True
@@ -452,6 +453,19 @@ class State:
             for pf in self.pfs:
                 self._probe(pf)
             self._changed()
+
+    def reset(self):
+        """Back to the state right after `gpusim up` (log, injected failures, driver version too);
+        lets a test harness reuse one mount for many tests."""
+        fresh = State(self.spec, latency_ms=self.initial[0], driver_version=self.initial[1])
+        with self.lock:
+            version = self.version
+            for old in list(self.devices.values()) + list(self.mdevs.values()):
+                old.alive = False       # a store still sleeping on an old PF must not revive it
+            for name, item in vars(fresh).items():
+                if name != "lock":
+                    setattr(self, name, item)
+            self.version = version + 1
 
     def unload_nvidia(self):
         with self.lock:

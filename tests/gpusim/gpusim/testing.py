@@ -109,6 +109,18 @@ class GpuSimNode:
             daemon.kill_holders(self.root)
         daemon.control(self.root, " ".join(str(arg) for arg in args))
 
+    def reset(self):
+        """Kill holders and return to the state right after start (log and injected failures too)."""
+        daemon.kill_holders(self.root)
+        daemon.control(self.root, "reset")
+
+    def healthy(self):
+        """Mounted and answering (a test may have killed or unmounted it)."""
+        try:
+            return self.mounted and daemon.is_mounted(self.root) and bool(self.state()["pfs"])
+        except (OSError, ValueError, KeyError):
+            return False
+
     def hold(self, address):
         """A VM opens the VF's / mdev's VFIO node; returns the holder's pid."""
         return daemon.hold(self.root, address)

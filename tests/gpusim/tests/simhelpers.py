@@ -35,9 +35,26 @@ def sriov_manage(node, *args, check=True):
 
 
 def enable_vfs(node, pf):
-    """Enable all VFs the way NVIDIA's script does and return the VF addresses."""
-    sriov_manage(node, "-e", pf)
+    """Enable all VFs with the writes NVIDIA's sriov-manage makes (in-process: no interpreter start
+    per call; test_tools.py runs the fake script itself) and return the VF addresses."""
+    rebind(node, pf, "nvidia", "pci-pf-stub")
+    write(node.device_path(pf, "sriov_numvfs"), read(node.device_path(pf, "sriov_totalvfs")))
+    rebind(node, pf, "pci-pf-stub", "nvidia")
     return node.vfs(pf)
+
+
+def rebind(node, address, old, new):
+    write(node.path("bus/pci/drivers", old, "unbind"), address)
+    write(node.device_path(address, "driver_override"), new if new == "pci-pf-stub" else "\n")
+    write(node.path("bus/pci/drivers", new, "bind"), address)
+
+
+def typed_vf(node, index, type_id):
+    """Enable the first PF's VFs, give VF `index` a type; returns (VF address, current_vgpu_type path)."""
+    vf = enable_vfs(node, node.pfs()[0])[index]
+    path = node.device_path(vf, "nvidia/current_vgpu_type")
+    write(path, type_id)
+    return vf, path
 
 
 def creatable_ids(node, vf):

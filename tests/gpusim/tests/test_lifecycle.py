@@ -15,7 +15,7 @@ import pytest
 
 from gpusim import daemon
 from gpusim.testing import GpuSimNode
-from simhelpers import enable_vfs, read, write, write_fails
+from simhelpers import enable_vfs, read, sriov_manage, write, write_fails
 
 
 def _mounted(root):
@@ -92,10 +92,12 @@ def test_log_records_every_write_attempt(gpusim_node):
     node = gpusim_node("l40s:1")
     pf = node.pfs()[0]
     node.clear_log()
-    vf = enable_vfs(node, pf)[0]
+    sriov_manage(node, "-e", pf)
+    vf = node.vfs(pf)[0]
     write_fails(node.path("devices/pci0000:41/%s/nvidia/current_vgpu_type" % vf), "7", errno.EINVAL)
-    entries = node.log()
-    assert entries[-1]["path"] == "bus/pci/devices/%s/nvidia/current_vgpu_type" % vf   # canonical spelling
+    write_fails(node.device_path(pf, "virtfn0/nvidia/current_vgpu_type"), "8", errno.EINVAL)
+    canonical = "bus/pci/devices/%s/nvidia/current_vgpu_type" % vf                    # one spelling
+    assert [(e["path"], e["value"]) for e in node.log()[-2:]] == [(canonical, "7"), (canonical, "8")]
     assert [e["path"] for e in node.writes()][:5] == [
         "bus/pci/drivers/nvidia/unbind", "bus/pci/devices/%s/driver_override" % pf,
         "bus/pci/drivers/pci-pf-stub/bind", "bus/pci/devices/%s/sriov_numvfs" % pf,
@@ -178,3 +180,26 @@ def test_enable_latency_does_not_serialise_pfs(gpusim_node):
     assert not errors
     assert latency <= elapsed < 1.6 * latency, elapsed
     assert all(len(node.vfs(pf)) == 4 for pf in node.pfs())
+
+
+
+def test_reset_returns_to_the_freshly_started_state(gpusim_node):
+    node = gpusim_node("l40s:1,t4:1")
+    l40s, t4 = node.pfs()
+    node.ctl("driver", "unload")
+    node.ctl("driver", "load", "580.1")
+    vf = enable_vfs(node, l40s)[0]
+    node.ctl("mixed", l40s, "1")
+    write(node.device_path(vf, "nvidia/current_vgpu_type"), "1155")
+    write(node.device_path(t4, "mdev_supported_types/nvidia-230/create"), "7a3c62f2-0d7b-4c1a-9a55-3f1b2c3d4e50")
+    node.ctl("fail-next", "bus/pci/devices/%s/sriov_numvfs" % l40s, "EIO")
+    holder = node.hold(vf)
+    assert gpusim_node("l40s:1,t4:1") is not node          # same spec twice in one test: a second node
+    node.reset()
+    snapshot = node.state()
+    assert snapshot["held"] == {} and not os.path.exists("/proc/%d" % holder)
+    assert snapshot["pfs"][0]["numvfs"] == 0 and not snapshot["pfs"][0]["mixed_size"]
+    assert snapshot["nvidia"]["version"] == "570.172.07"
+    assert node.log() == [] and os.listdir(node.path("bus/mdev/devices")) == []
+    enable_vfs(node, l40s)                                 # the injected EIO is gone too
+    assert read(node.device_path(node.vfs(l40s)[0], "nvidia/current_vgpu_type")) == "0"

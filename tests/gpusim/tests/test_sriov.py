@@ -5,14 +5,7 @@ from __future__ import annotations
 import errno
 import os
 
-from simhelpers import read, write, write_fails
-
-
-def _stub_bind(node, pf):
-    """Rebind an NVIDIA PF to pci-pf-stub (has sriov_configure), as sriov-manage does."""
-    write(node.path("bus/pci/drivers/nvidia/unbind"), pf)
-    write(node.device_path(pf, "driver_override"), "pci-pf-stub")
-    write(node.path("bus/pci/drivers/pci-pf-stub/bind"), pf)
+from simhelpers import read, rebind, write, write_fails
 
 
 def test_nvidia_pf_without_sriov_configure_refuses_with_enoent(gpusim_node):
@@ -27,7 +20,7 @@ def test_numvfs_rules_on_a_pf_with_sriov_configure(gpusim_node):
     node = gpusim_node("l40s:1")
     pf = node.pfs()[0]
     numvfs = node.device_path(pf, "sriov_numvfs")
-    _stub_bind(node, pf)
+    rebind(node, pf, "nvidia", "pci-pf-stub")   # has sriov_configure, as sriov-manage does
     write_fails(numvfs, "33", errno.ERANGE)
     write_fails(numvfs, "four", errno.EINVAL)
     write_fails(numvfs, "-1", errno.EINVAL)
@@ -62,7 +55,7 @@ def test_l40s_vfs_start_at_function_4_with_links(gpusim_node):
     node = gpusim_node("l40s:2")
     pf = node.pfs()[1]
     assert pf == "0000:42:00.0"
-    _stub_bind(node, pf)
+    rebind(node, pf, "nvidia", "pci-pf-stub")   # has sriov_configure, as sriov-manage does
     write(node.device_path(pf, "sriov_numvfs"), "32")
     vfs = node.vfs(pf)
     assert vfs[:5] == ["0000:42:00.4", "0000:42:00.5", "0000:42:00.6", "0000:42:00.7", "0000:42:01.0"]

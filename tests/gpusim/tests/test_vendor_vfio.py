@@ -6,7 +6,8 @@ import errno
 import os
 import subprocess
 
-from simhelpers import creatable_ids, enable_vfs, read, write, write_fails
+from gpusim import daemon
+from simhelpers import creatable_ids, enable_vfs, read, typed_vf, write, write_fails
 
 L40S_24Q, L40S_24A, L40S_12Q, L40S_1Q, L40S_48Q = 1155, 1165, 1153, 1147, 1156
 
@@ -58,29 +59,28 @@ def test_bad_values_are_einval_and_change_nothing(gpusim_node):
 
 def test_held_vf_refuses_type_changes_with_ebusy(gpusim_node):
     node = gpusim_node("l40s:1")
-    vf = enable_vfs(node, node.pfs()[0])[0]
-    path = node.device_path(vf, "nvidia/current_vgpu_type")
-    write(path, L40S_24Q)
+    vf, path = typed_vf(node, 0, L40S_24Q)
     pid = node.hold(vf)
     fds = [os.readlink("/proc/%d/fd/%s" % (pid, fd)) for fd in os.listdir("/proc/%d/fd" % pid)]
     assert os.path.join(node.dev_root, "vfio/devices/vfio0") in fds
     write_fails(path, "0", errno.EBUSY)
     write_fails(path, L40S_24A, errno.EBUSY)
+    write_fails(node.device_path(vf, "nvidia/vgpu_params"), "x=1", errno.EBUSY)
     assert node.state()["held"] == {vf: 1}
     node.release(vf)
     write(path, "0")
     assert read(path) == "0"
 
 
-def test_opening_the_group_node_directly_holds_the_vf(gpusim_node):
+def test_any_open_of_the_group_node_holds_the_vf(gpusim_node):
     node = gpusim_node("l40s:1")
-    vf = enable_vfs(node, node.pfs()[0])[1]
-    path = node.device_path(vf, "nvidia/current_vgpu_type")
-    write(path, L40S_24Q)
-    with open(os.path.join(node.dev_root, "vfio/101"), "rb"):
+    vf, path = typed_vf(node, 1, L40S_24Q)
+    with open(os.path.join(node.dev_root, "vfio/101"), "rb"):        # legacy group node of 41:00.5
+        assert node.state()["held"] == {vf: 1}
         write_fails(path, "0", errno.EBUSY)
-    node_state = node.state()
-    assert node_state["held"] == {} or node_state["held"] == {vf: 1}   # release is asynchronous
+    daemon.wait_unheld(node.root, vf)                                # FUSE release is asynchronous
+    write(path, "0")
+    assert read(path) == "0"
 
 
 def test_mixed_size_mode_through_fake_nvidia_smi(gpusim_node):
