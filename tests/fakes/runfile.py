@@ -40,9 +40,10 @@ esac
 {fail}
 mkdir -p "$node/bin"
 echo "$VERSION" > "$node/installed_version"
-for tool in nvidia-vgpu-mgr nvidia-vgpud; do
-  printf '#!/bin/sh\nexit 0\n' > "$node/bin/$tool"; chmod 755 "$node/bin/$tool"
-done
+# the daemons log their start; nvidia-vgpu-mgr stays up like the real one (the image entrypoint supervises it)
+printf '#!/bin/sh\necho "nvidia-vgpud $*" >> "$FAKE_NODE/calls.log"\n' > "$node/bin/nvidia-vgpud"
+printf '#!/bin/sh\necho "nvidia-vgpu-mgr $*" >> "$FAKE_NODE/calls.log"\nexec sleep 1000000\n' > "$node/bin/nvidia-vgpu-mgr"
+chmod 755 "$node/bin/nvidia-vgpud" "$node/bin/nvidia-vgpu-mgr"
 printf '#!/bin/sh\nexec sh "%s" --uninstall "$@"\n' "$(readlink -f "$0")" > "$node/bin/nvidia-uninstall"
 chmod 755 "$node/bin/nvidia-uninstall"
 exit 0

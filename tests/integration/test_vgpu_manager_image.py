@@ -5,9 +5,12 @@ pushed to a real registry (docker-registry with htpasswd) on 127.0.0.1, checked 
 import json
 import os
 import subprocess
+import time
+import zipapp
 
 import pytest
 
+from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import make_fake_node, read_calls
 from ansible_collections.accelops.vgpu.tests.fakes.registry import LocalRegistry
 from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile
 
@@ -117,3 +120,78 @@ def test_wrong_runfile_name_fails_in_the_first_task(build, tmp_path):
     assert run.rc != 0
     assert run.task("accelops.vgpu.vgpu_manager_image : Check the runfile name "
                     "(NVIDIA-Linux-<arch>-<version>-vgpu-kvm[-aie].run)").get("failed")
+
+
+FAKE_CLI = """import os, sys
+with open(os.path.join(os.environ["FAKE_NODE"], "calls.log"), "a") as log:
+    log.write("accelops-vgpu %s\\n" % " ".join(sys.argv[1:]))
+"""
+
+FAKE_SRIOV_MANAGE = """#!/bin/sh
+# Like the real one on a bad day: the first `-e ALL` exits 0 without enabling anything.
+echo "sriov-manage $*" >> "$FAKE_NODE/calls.log"
+pf=$SYSFS_ROOT/bus/pci/devices/0000:41:00.0
+case "$1" in
+  -e) [ "$(grep -c '^sriov-manage -e' "$FAKE_NODE/calls.log")" -ge 2 ] && cat "$pf/sriov_totalvfs" > "$pf/sriov_numvfs" ;;
+  -d) echo 0 > "$pf/sriov_numvfs" ;;
+esac
+exit 0
+"""
+
+
+def wait_for(predicate, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_entrypoint_installs_loads_enables_vfs_applies_layout_and_stops_cleanly(build, tmp_path):
+    """Run the built image's entrypoint against a plain-directory node with the fake tools."""
+    cli_src = tmp_path / "cli"
+    cli_src.mkdir()
+    (cli_src / "__main__.py").write_text(FAKE_CLI)
+    zipapp.create_archive(str(cli_src), str(tmp_path / "accelops-vgpu.pyz"), interpreter="/usr/bin/env python3")
+    run = build(vgpu_manager_image_push=False, vgpu_manager_image_os_tag="entrypoint",
+                vgpu_manager_image_node_cli=str(tmp_path / "accelops-vgpu.pyz"))
+    assert run.rc == 0, run
+    image = result_of(run)["image"]
+
+    fake = tmp_path / "fake"
+    pf = fake / "sys/bus/pci/devices/0000:41:00.0"
+    pf.mkdir(parents=True)
+    (fake / "sys/module").mkdir()
+    for name, value in (("vendor", "0x10de"), ("sriov_totalvfs", "4"), ("sriov_numvfs", "0")):
+        (pf / name).write_text(value + "\n")
+    make_fake_node(fake / "node", "/fake/sys")
+    (fake / "node/bin/sriov-manage").write_text(FAKE_SRIOV_MANAGE)
+    (fake / "node/bin/sriov-manage").chmod(0o755)
+    (fake / "layout.json").write_text("{}\n")
+    name = "accelops-tests-entrypoint-%d" % os.getpid()
+    started = podman("run", "-d", "--name", name, "--label", "owner=" + OWNER, "--pull=never",
+                     "-v", "%s:/fake" % fake, "-v", "%s:/etc/accelops-vgpu/layout.json:ro" % (fake / "layout.json"),
+                     "-e", "FAKE_NODE=/fake/node", "-e", "GPUSIM_ROOT=/fake/sys", "-e", "SYSFS_ROOT=/fake/sys",
+                     "-e", "SRIOV_MANAGE=/fake/node/bin/sriov-manage", "-e", "SRIOV_RETRY_DELAY=0",
+                     "-e", "INSTALL_KERNEL_HEADERS=false",
+                     "-e", "PATH=/fake/node/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", image)
+    try:
+        assert started.returncode == 0, started.stderr
+        ready = wait_for(lambda: "vgpu-manager: ready" in podman("logs", name).stderr)
+        assert ready, podman("logs", name).stderr
+        assert (fake / "sys/module/nvidia/version").read_text().strip() == VERSION
+        assert (pf / "sriov_numvfs").read_text().strip() == "4"
+        stopped = podman("stop", "-t", "20", name)
+        assert stopped.returncode == 0, stopped.stderr
+        assert podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip() == "0"
+    finally:
+        podman("rm", "-f", "-t", "0", name)
+    calls = [" ".join(call) for call in read_calls(fake / "node")]
+    install = "runfile %s --ui=none --no-questions --silent --no-systemd --skip-module-load" % VERSION
+    expected = [install, "modprobe nvidia", "modprobe nvidia_vgpu_vfio", "nvidia-vgpud", "nvidia-vgpu-mgr",
+                "sriov-manage -e ALL", "sriov-manage -e ALL", "nvidia-vgpud",
+                "accelops-vgpu apply --config /etc/accelops-vgpu/layout.json",
+                "sriov-manage -d ALL", "modprobe -r nvidia_vgpu_vfio", "modprobe -r nvidia"]
+    assert [call.strip() for call in calls] == expected
+    assert (pf / "sriov_numvfs").read_text().strip() == "0" and not (fake / "sys/module/nvidia").exists()
