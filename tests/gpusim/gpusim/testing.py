@@ -32,8 +32,9 @@ class GpuSimNode:
         self.dev_root = os.path.join(self.root, ".gpusim", "dev")
         self.tools_dir = os.path.join(self._own_dir or tempfile.mkdtemp(prefix="gpusim-tools-", dir="/tmp"),
                                       "bin")
-        self.env = dict(os.environ, GPUSIM_ROOT=self.root,
-                        PATH=self.tools_dir + os.pathsep + os.environ.get("PATH", ""))
+        self._initial_env = dict(os.environ, GPUSIM_ROOT=self.root,
+                                 PATH=self.tools_dir + os.pathsep + os.environ.get("PATH", ""))
+        self.env = dict(self._initial_env)
         self.mounted = False
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -110,9 +111,12 @@ class GpuSimNode:
         daemon.control(self.root, " ".join(str(arg) for arg in args))
 
     def reset(self):
-        """Kill holders and return to the state right after start (log and injected failures too)."""
+        """Kill holders and return to the state right after start (log, injected failures and a
+        test's changes to `env` too)."""
         daemon.kill_holders(self.root)
         daemon.control(self.root, "reset")
+        self.env = dict(self._initial_env)
+        tools.install(self.tools_dir)
 
     def healthy(self):
         """Mounted and answering (a test may have killed or unmounted it)."""

@@ -195,7 +195,11 @@ def test_reset_returns_to_the_freshly_started_state(gpusim_node):
     node.ctl("fail-next", "bus/pci/devices/%s/sriov_numvfs" % l40s, "EIO")
     holder = node.hold(vf)
     assert gpusim_node("l40s:1,t4:1") is not node          # same spec twice in one test: a second node
+    node.env["PATH"] = "/nowhere"
+    os.unlink(os.path.join(node.tools_dir, "nvidia-smi"))
     node.reset()
+    assert node.env["PATH"].split(os.pathsep)[0] == node.tools_dir
+    assert os.access(os.path.join(node.tools_dir, "nvidia-smi"), os.X_OK)
     snapshot = node.state()
     assert snapshot["held"] == {} and not os.path.exists("/proc/%d" % holder)
     assert snapshot["pfs"][0]["numvfs"] == 0 and not snapshot["pfs"][0]["mixed_size"]
