@@ -23,6 +23,8 @@ cleanup() {
     [ -d "$tree" ] || continue
     if mountpoint -q "$tree"; then .venv/bin/gpusim down "$tree" || fusermount3 -u "$tree"; fi
   done
+  # Molecule's per-scenario state (instance config, inventory) of an interrupted run
+  rm -rf "$ANSIBLE_HOME"/tmp/molecule.*
 }
 trap cleanup EXIT INT TERM
 
