@@ -80,6 +80,7 @@ class RegistryClient:
         self.host, self.username, self.password = host, username, password
         self.tls_verify, self.timeout = tls_verify, timeout
         self._auth_header = None
+        self._scheme = None
         self.api_host = "registry-1.docker.io" if host == DOCKER_HUB else host
 
     def _basic(self):
@@ -122,29 +123,38 @@ class RegistryClient:
     def get(self, path, accept=()):
         """(status, headers, body bytes) of GET /v2/<path>; 404 is returned, other errors raise."""
         headers = {"Accept": ", ".join(accept)} if accept else {}
-        schemes = ("https",) if self.tls_verify else ("https", "http")
-        for attempt in range(2):
-            for scheme in schemes:
-                url = "%s://%s/v2/%s" % (scheme, self.api_host, path)
-                try:
-                    with self._open(url, headers) as response:
-                        return response.status, response.headers, response.read()
-                except urllib.error.HTTPError as exc:
-                    if exc.code == 401 and attempt == 0 and exc.headers.get("WWW-Authenticate"):
-                        self._authenticate(exc.headers["WWW-Authenticate"])
-                        break
-                    if exc.code == 404:
-                        return 404, exc.headers, b""
-                    who = " as %s" % self.username if self.username else ""
-                    raise ImageError("registry %s: GET /v2/%s%s: HTTP %s %s"
-                                     % (self.host, path, who, exc.code, exc.reason)) from exc
-                except (urllib.error.URLError, OSError) as exc:
-                    if scheme == schemes[-1]:
-                        reason = getattr(exc, "reason", exc)
-                        raise ImageError("registry %s: cannot reach it: %s" % (self.host, reason)) from exc
-            else:
-                break
-        raise ImageError("registry %s: authentication failed for GET /v2/%s" % (self.host, path))
+        for attempt in (1, 2):
+            try:
+                with self._open_v2(path, headers) as response:
+                    return response.status, response.headers, response.read()
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    return 404, exc.headers, b""
+                if exc.code == 401 and attempt == 1 and exc.headers.get("WWW-Authenticate"):
+                    self._authenticate(exc.headers["WWW-Authenticate"])
+                    continue
+                who = " as %s" % self.username if self.username else ""
+                raise ImageError("registry %s: GET /v2/%s%s: HTTP %s %s"
+                                 % (self.host, path, who, exc.code, exc.reason)) from exc
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _open_v2(self, path, headers):
+        """Open /v2/<path>, finding the scheme once: https, or http too without tls_verify."""
+        schemes = [self._scheme] if self._scheme else ["https"] if self.tls_verify else ["https", "http"]
+        for scheme in schemes:
+            try:
+                response = self._open("%s://%s/v2/%s" % (scheme, self.api_host, path), headers)
+            except urllib.error.HTTPError:
+                self._scheme = scheme  # the server answered: right scheme, wrong request
+                raise
+            except (urllib.error.URLError, OSError) as exc:
+                if scheme == schemes[-1]:
+                    raise ImageError("registry %s: cannot reach it: %s"
+                                     % (self.host, getattr(exc, "reason", exc))) from exc
+                continue
+            self._scheme = scheme
+            return response
+        raise AssertionError("unreachable: the last scheme returns or raises")
 
     def image_labels(self, repository, tag):
         """Labels of repository:tag in the registry, or None when the tag is not there."""

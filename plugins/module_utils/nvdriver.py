@@ -174,11 +174,9 @@ class DriverManager:
         state = DriverState.read(self.sysfs, self.runner, services, self.proc_root)
         if params["state"] == "absent":
             actions = self._plan_absent(params, state, services)
-            after = {"version": None if actions else state.version, "vgpu_manager": False if actions
-                     else state.vgpu_manager, "loaded_modules": [] if actions else list(state.modules),
-                     "services": {name: {"enabled": False, "active": False} for name in services}
-                     if actions else dict(state.services)}
-            return state, None, actions, after
+            gone = {"version": None, "vgpu_manager": False, "loaded_modules": [],
+                    "services": {name: {"enabled": False, "active": False} for name in services}}
+            return state, None, actions, gone if actions else state.as_dict()
         runfile = Runfile.inspect(params["runfile"], self.runner)
         if state.version and version_key(runfile.version) < version_key(state.version) \
                 and not params["allow_downgrade"]:

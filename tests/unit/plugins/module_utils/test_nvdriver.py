@@ -176,3 +176,21 @@ def test_absent_uninstalls_and_is_then_idempotent(node):
     assert not (node.dir / "installed_version").exists()
     node.clear_calls()
     assert not node.run(state="absent")["changed"] and changing_calls(node.dir) == []
+
+
+def test_absent_with_a_runfile_uses_its_uninstall(node):
+    install(node, NEW)
+    result = node.run(state="absent", runfile=node.runfile(NEW), manage_services=False)
+    assert result["actions"] == ["unload nvidia_vgpu_vfio nvidia", "uninstall driver %s" % NEW]
+    assert changing_calls(node.dir)[-1][:3] == ["runfile", NEW, "--uninstall"]
+    assert result["version"] is None and node.loaded_version() is None
+
+
+def test_absent_without_uninstaller_names_the_tool(node, monkeypatch):
+    install(node, NEW)
+    os.unlink(node.dir / "bin" / "nvidia-uninstall")
+    monkeypatch.setattr(nvdriver, "_which", lambda runner, name: None if name == "nvidia-uninstall"
+                        else runner.which(name))
+    with pytest.raises(nvdriver.DriverError, match="nvidia-uninstall: not found"):
+        node.run(state="absent")
+    assert node.loaded_version() == NEW
