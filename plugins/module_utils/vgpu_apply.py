@@ -5,9 +5,10 @@
 
 Shared by the module `vgpu_profile` and the node CLI `accelops-vgpu`. Everything is planned and
 validated for every selected GPU before the first write (bad input never writes); writes run per
-GPU: mixed-size mode first when asked for (`nvidia-smi vgpu -i <PF> -shm 1`, only when `-ghm` says
-it is off; after VFs are enabled, before any type write: sriov-manage resets it, brief 1.4), then
-clears/removals, then creations; the node is re-read afterwards and must match the plan.
+GPU: clears/removals, then mixed-size mode when the GPU gets several framebuffer sizes and `-ghm`
+says it is off (`nvidia-smi vgpu -i <PF> -shm 1`; sriov-manage resets it, brief 1.4; the driver
+switches only an empty GPU, so the plan then clears and re-creates its existing vGPUs), then
+creations; the node is re-read afterwards and must match the plan.
 
 Framework per GPU: the PF is an mdev parent -> mdev (Turing); its VFs have `nvidia/current_vgpu_type`
 -> vendor-VFIO (Ada/Hopper/Blackwell); its VFs are mdev parents -> mdev (Ampere SR-IOV). A GPU with
@@ -33,7 +34,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.errors import Engine
 from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import model_name
 from ansible_collections.accelops.vgpu.plugins.module_utils.node_lock import lock_dir, lock_name, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_layout import (
-    GpuPlan, LayoutError, nvidia_gpus, resolve)
+    GpuPlan, LayoutError, nvidia_gpus, resolve, type_size_gb)
 
 NVIDIA_SMI = "nvidia-smi"
 STATES = ("present", "absent")
@@ -118,8 +119,10 @@ def _smi(runner):
     return tool
 
 
-def _creates_types(plan):
-    return any(step[0] in ("set", "create") for step in plan.steps)
+def _needs_mixed_mode(plan):
+    """More than one framebuffer size after the apply (check_sizes already required mixed_size)."""
+    sizes = set(type_size_gb(t) for t in plan.after_types())
+    return len(sizes - {None}) > 1
 
 
 class Node:
@@ -166,6 +169,9 @@ class Node:
             plan = BACKENDS[framework].plan(view, gpu_entries, mixed_size, state == "absent")
             if plan.model is None:
                 plan.model = model_name(gpu.vendor, gpu.device)
+            if _needs_mixed_mode(plan) and not heterogeneous_mode(self.runner, gpu.address):
+                plan.switch_mode = True
+                BACKENDS[framework].rebuild(view, plan)
             plans.append((gpu, framework, view, plan))
         return plans
 
@@ -180,14 +186,16 @@ class Node:
             plan.steps = []
         return plan
 
-    def execute(self, plans, mixed_size=False):
-        """Writes, GPU by GPU; mixed-size mode before the first type write of a GPU."""
+    def execute(self, plans):
+        """Writes, GPU by GPU: clears/removals, mixed-size mode when the plan needs it, creations."""
         for dummy, framework, view, plan in plans:
             if not plan.steps:
                 continue
-            if mixed_size and _creates_types(plan) and not heterogeneous_mode(self.runner, plan.address):
+            backend = BACKENDS[framework]
+            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("clear", "remove")])
+            if plan.switch_mode:
                 self.runner.run([_smi(self.runner), "vgpu", "-i", plan.address, "-shm", "1"])
-            BACKENDS[framework].execute(self.sysfs, view, plan)
+            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("set", "create")])
 
     def verify(self, plans):
         """Re-read every changed GPU; its vGPUs must now be what the plan said."""
@@ -233,7 +241,7 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
             plans = node.plan(entries, state, mixed_size, enable_vfs=False)
         if not check_mode:
             node.names.save()
-            node.execute(plans, mixed_size)
+            node.execute(plans)
             node.verify(plans)
     result = summarize([p for dummy, dummy2, dummy3, p in plans])
     result["vfs_enabled"] = pending if not check_mode and state == "present" else []

@@ -408,6 +408,7 @@ class GpuPlan:
         self.vgpus = []
         self.steps = []
         self.mixed_size = False
+        self.switch_mode = False  # put the GPU into mixed-size mode between clears and creations
         self.warnings = []
 
     @property

@@ -161,10 +161,19 @@ def _same_type(view, parent, vgpu_type):
     raise LayoutError("GPU %s: mdev parent %s does not offer %s" % (view.gpu.address, parent, vgpu_type.short))
 
 
-def execute(sysfs, view, gpu_plan):
+def rebuild(view, gpu_plan):
+    """Mixed-size mode switches only on a GPU without vGPUs; kept mdevs are not re-created here."""
+    kept = [v for v in gpu_plan.vgpus if v.before is not None and v.after is not None]
+    if kept:
+        raise LayoutError("GPU %s needs mixed-size mode, which the driver only switches on a GPU without vGPUs; "
+                          "remove its mdevs first (state absent), e.g. %s on %s"
+                          % (view.gpu.address, kept[0].uuid, kept[0].address))
+
+
+def execute(sysfs, view, gpu_plan, steps=None):
     """Run the plan: removals first, then creations with available_instances re-read before each."""
     del view  # the mdev plan carries everything it needs; the signature matches the VFIO backend
-    for step in gpu_plan.steps:
+    for step in gpu_plan.steps if steps is None else steps:
         if step[0] == "remove":
             dummy, uuid, parent = step
             sysfs.write("%s/%s/remove" % (vt.MDEV_DEVICES, uuid), 1)

@@ -149,9 +149,22 @@ def _assign(address, view, before, wanted, absent, result):
     return after
 
 
-def execute(sysfs, view, gpu_plan):
+def rebuild(view, gpu_plan):
+    """Clear and re-create every vGPU: the driver switches mixed-size mode only on an empty GPU."""
+    for vf in view.vfs:
+        if not view.current[vf]:
+            continue
+        if vf in view.held:
+            raise LayoutError("GPU %s needs mixed-size mode, which the driver only switches on a GPU without "
+                              "vGPUs, but VF %s is held by a VM" % (gpu_plan.address, vf))
+        if ("clear", vf, 0) not in gpu_plan.steps:
+            gpu_plan.steps += [("clear", vf, 0), ("set", vf, view.current[vf])]
+    gpu_plan.steps.sort(key=lambda step: (step[0] != "clear", view.vfs.index(step[1])))
+
+
+def execute(sysfs, view, gpu_plan, steps=None):
     """Run the plan's writes: clears, then fills with the VF's creatable list re-read before each."""
-    for action, vf, type_id in gpu_plan.steps:
+    for action, vf, type_id in gpu_plan.steps if steps is None else steps:
         path = vt.vfio_dir(vf) + "/current_vgpu_type"
         if action == "set":
             creatable = vt.read_creatable(sysfs, vf)

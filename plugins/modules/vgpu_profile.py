@@ -64,9 +64,12 @@ options:
         required: true
   mixed_size:
     description:
-      - Allow profiles of different framebuffer sizes on one GPU. Before the first type write on a GPU
-        it is put into mixed-size (heterogeneous) mode with C(nvidia-smi vgpu -i <PF> -shm 1),
-        unless C(nvidia-smi vgpu -i <PF> -ghm) reports it already on.
+      - Allow profiles of different framebuffer sizes on one GPU. Without it such a layout fails
+        before any write.
+      - A GPU that gets different sizes is put into mixed-size (heterogeneous) mode with
+        C(nvidia-smi vgpu -i <PF> -shm 1) unless C(nvidia-smi vgpu -i <PF> -ghm) reports it on. The
+        driver switches the mode only on a GPU without vGPUs, so its existing vGPUs are cleared
+        first and re-created after the switch; a vGPU a VM holds makes the task fail instead.
     type: bool
     default: false
   state:

@@ -55,7 +55,7 @@ def test_check_mode_reports_the_real_change_and_writes_nothing(l40s):
     check = apply(engine, L40S_24Q, check_mode=True)
     assert node.log() == []
     real = apply(engine, L40S_24Q)
-    assert check["changed"] == real["changed"] is True
+    assert check["changed"] is True and real["changed"] is True
     assert check["diff"] == real["diff"]
     assert real["diff"]["after"]["0000:41:00.0"] == {"0000:41:00.4": "L40S-24Q", "0000:41:00.5": "L40S-24Q"}
 
@@ -94,6 +94,17 @@ def test_mixed_sizes_need_the_flag_and_switch_the_mode_once(l40s):
     assert sum(1 for c in engine.runner.calls if "-shm" in c) == 1
     again = apply(engine, mixed, mixed_size=True)
     assert not again["changed"] and sum(1 for c in engine.runner.calls if "-shm" in c) == 1
+
+
+def test_switching_to_mixed_sizes_rebuilds_the_gpu_around_the_mode_change(l40s):
+    node, engine = l40s
+    apply(engine, L40S_24Q)
+    node.clear_log()
+    mixed = [{"devices": ["0000:41:00.0"], "profiles": {"L40S-24Q": 1, "L40S-12Q": 2}}]
+    apply(engine, mixed, mixed_size=True)
+    assert type_writes(node) == [("0000:41:00.4", "0"), ("0000:41:00.5", "0"), ("0000:41:00.4", "1155"),
+                                 ("0000:41:00.5", "1153"), ("0000:41:00.6", "1153")]
+    assert node.state()["pfs"][0]["mixed_size"] is True
 
 
 def test_absent_keeps_what_a_vm_holds(l40s):
