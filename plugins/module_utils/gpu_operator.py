@@ -131,8 +131,8 @@ def run_cluster_policy(api, params, check_mode):
     def read():
         return api.get_custom(what, POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL, params["name"])
 
-    _, plan, attempts = read_modify_write(read, lambda cur: plan_cluster_policy(cur, desired), write,
-                                          params.get("conflict_retries", 5))
+    plan, attempts = read_modify_write(read, lambda cur: plan_cluster_policy(cur, desired), write,
+                                       params.get("conflict_retries", 5))[1:]
     return {"changed": plan.changed, "changes": plan.changes, "attempts": attempts,
             "diff": {"before": {"spec": plan.before}, "after": {"spec": plan.after}}}
 
@@ -140,7 +140,7 @@ def run_cluster_policy(api, params, check_mode):
 # --- node labels ------------------------------------------------------------------------------
 
 def validate_label(key, value, node):
-    prefix, _, name = key.rpartition("/")
+    prefix, name = key.rpartition("/")[::2]
     if not _LABEL_NAME_RE.match(name) or len(name) > 63 or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix))):
         raise GpuOperatorError("Node %s: label key %r is not a valid Kubernetes label key" % (node, key))
     if value is not None and (len(value) > 63 or (value and not _LABEL_NAME_RE.match(value))):
@@ -208,10 +208,10 @@ def run_node_labels(api, params, check_mode):
         if not (check_mode and params.get("dry_run") == "client"):
             api.patch_node(node, patch, dry_run=check_mode)
 
-    _, plan, attempts = read_modify_write(
+    plan, attempts = read_modify_write(
         lambda: api.get_node(node),
         lambda cur: plan_node_labels(cur, desired, params.get("profile_label_prefix") or DEFAULT_PROFILE_PREFIX,
                                      params.get("state", "present"), only_if_ours),
-        write, params.get("conflict_retries", 5))
+        write, params.get("conflict_retries", 5))[1:]
     return {"changed": plan.changed, "changes": plan.changes, "attempts": attempts, "labels": plan.after,
             "diff": {"before": {"labels": plan.before}, "after": {"labels": plan.after}}}

@@ -16,7 +16,7 @@ description:
   - O(vgpu_manager.version) is the driver version WITHOUT the OS suffix; the operator appends
     C(-<os tag>) per node (push the image as C(<version>-<os>)). A version ending in an OS tag fails
     before any request.
-  - For Ada, Hopper and Blackwell (vendor-specific VFIO) set O(vgpu_device_manager_enabled=false): the
+  - For Ada, Hopper and Blackwell (vendor-specific VFIO) set O(vgpu_device_manager_enabled=false), because the
     vGPU device manager only creates mdev devices. The sandbox validator's C(vgpu-devices) step also
     counts mdevs only (unconfirmed at runtime); turn it off on those nodes with
     M(accelops.vgpu.node_labels) O(accelops.vgpu.node_labels#module:sandbox_validator=false).

@@ -89,7 +89,7 @@ options:
         default: false
   exclusive_pci_vendors:
     description:
-      - PCI vendor IDs (for example V(10DE)) whose C(pciHostDevices) entries this task owns completely:
+      - PCI vendor IDs (for example V(10DE)) whose C(pciHostDevices) entries this task owns completely;
         entries of these vendors whose resource name is not listed (with O(state=present)) are removed.
     type: list
     elements: str
@@ -140,7 +140,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 changes:
-  description: One line per change, for example C(pciHostDevices: add nvidia.com/NVIDIA_L40S-24Q).
+  description: "One line per change, for example C(pciHostDevices: add nvidia.com/NVIDIA_L40S-24Q)."
   returned: always
   type: list
   elements: str

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import copy
 import itertools
-import json
 import signal
 import sys
 

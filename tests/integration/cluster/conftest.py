@@ -3,110 +3,15 @@ double (tests/fakes/kmock_serve.py), one process per test session on a free loop
 
 from __future__ import annotations
 
-import copy
 import glob
 import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-COLLECTIONS = ROOT / ".build" / "collections"
-MODULES = "ansible_collections.accelops.vgpu.plugins.modules."
-KUBEVIRT = "kubevirt.io/v1/kubevirts"
-CLUSTER_POLICY = "nvidia.com/v1/clusterpolicies"
-NODES = "v1/nodes"
-TOKEN = "s3cr3t-token-0123456789"
-
-FOREIGN_NIC = {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710"}
-FOREIGN_T4 = {"pciVendorSelector": "10DE:1EB8", "resourceName": "nvidia.com/TU104GL_Tesla_T4",
-              "externalResourceProvider": True}
-FOREIGN_MDEV = {"mdevNameSelector": "i915-GVTg_V5_4", "resourceName": "intel.com/gvt"}
-
-
-def kubevirt_cr(version="v1.9.0", name="kubevirt", namespace="kubevirt"):
-    return {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
-            "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
-            "spec": {"certificateRotateStrategy": {}, "configuration": {
-                "permittedHostDevices": {"pciHostDevices": [FOREIGN_T4, FOREIGN_NIC],
-                                         "mediatedDevices": [FOREIGN_MDEV]},
-                "developerConfiguration": {"featureGates": ["LiveMigration"]},
-                "evictionStrategy": "LiveMigrate"}},
-            "status": {"observedKubeVirtVersion": version, "operatorVersion": version, "phase": "Deployed"}}
-
-
-def cluster_policy():
-    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-            "metadata": {"name": "cluster-policy", "resourceVersion": "1"},
-            "spec": {"operator": {"defaultRuntime": "containerd"},
-                     "sandboxWorkloads": {"enabled": False, "defaultWorkload": "container"},
-                     "vgpuManager": {"enabled": False, "image": "vgpu-manager", "repository": "", "version": ""},
-                     "vgpuDeviceManager": {"enabled": True, "config": {"default": "default"}}}}
-
-
-def node(name, labels=None):
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "resourceVersion": "1",
-                         "labels": dict({"kubernetes.io/hostname": name}, **(labels or {}))}}
-
-
-RESOURCES = {
-    KUBEVIRT: {"kind": "KubeVirt", "singular": "kubevirt", "namespaced": True, "verbs": ["get", "list", "patch"]},
-    CLUSTER_POLICY: {"kind": "ClusterPolicy", "singular": "clusterpolicy", "namespaced": False,
-                     "verbs": ["get", "list", "patch"]},
-    NODES: {"kind": "Node", "singular": "node", "namespaced": False, "verbs": ["get", "list", "patch"]},
-}
-
-
-def default_state(version="v1.9.0"):
-    return {"resources": copy.deepcopy(RESOURCES), "objects": [
-        {"resource": KUBEVIRT, "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt_cr(version)},
-        {"resource": CLUSTER_POLICY, "name": "cluster-policy", "body": cluster_policy()},
-        {"resource": NODES, "name": "gpu-a", "body": node("gpu-a", {"team": "ml"})},
-        {"resource": NODES, "name": "gpu-b", "body": node("gpu-b")},
-    ]}
-
-
-class ApiServer:
-    """The server process and its test controls."""
-
-    def __init__(self, proc, port):
-        self.proc, self.port = proc, port
-        self.url = "http://127.0.0.1:%d" % port
-
-    def _ctl(self, path, body=None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + "/_ctl/" + path, data=data, method="GET" if data is None else "POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.load(resp)
-
-    def reset(self, state):
-        self._ctl("reset", state)
-
-    def conflict(self, count=1, patch=None):
-        self._ctl("conflict", {"count": count, "patch": patch})
-
-    def forbid(self, method, plural):
-        self._ctl("forbid", {"method": method, "plural": plural})
-
-    def log(self):
-        return self._ctl("log")
-
-    def writes(self):
-        return [r for r in self.log() if r["method"] in ("POST", "PUT", "PATCH", "DELETE")]
-
-    def clear_log(self):
-        self._ctl("log/clear", {})
-
-    def get(self, resource, name, namespace=None):
-        query = "resource=%s&name=%s&namespace=%s" % (resource, name, namespace or "")
-        return self._ctl("object?" + query)
+from cluster_helpers import ROOT, ApiServer, default_state, kubeconfig_dict
 
 
 @pytest.fixture(scope="session")
@@ -142,27 +47,3 @@ def kubeconfig(api_server, tmp_path):
     path = tmp_path / "kubeconfig"
     path.write_text(json.dumps(kubeconfig_dict(api_server.url)))
     return str(path)
-
-
-def kubeconfig_dict(url, token=TOKEN):
-    return {"apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": url}}],
-            "users": [{"name": "ansible", "user": {"token": token}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "ansible"}}]}
-
-
-def run_module(module, args, check=False, diff=False, env=None):
-    """Run a module the way Ansible does (args file, JSON out); returns (rc, result, raw stdout)."""
-    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check, _ansible_diff=diff)}
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("K8S_AUTH_")}
-    environ.update(PYTHONPATH=str(COLLECTIONS), **(env or {}))
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", MODULES + module], input=json.dumps(payload),
-                          capture_output=True, text=True, env=environ, timeout=120, check=False)
-    out = proc.stdout.strip()
-    try:
-        result = json.loads(out[out.index("{"):])
-    except ValueError:
-        raise AssertionError("module printed no JSON: %s %s" % (out, proc.stderr)) from None
-    result["_seconds"] = time.monotonic() - started
-    return proc.returncode, result, proc.stdout

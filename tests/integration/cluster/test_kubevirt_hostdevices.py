@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import (FOREIGN_MDEV, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, RESOURCES, TOKEN, default_state,
+from cluster_helpers import (FOREIGN_MDEV, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, RESOURCES, TOKEN, default_state,
                       kubeconfig_dict, kubevirt_cr, run_module)
 
 L40S = {"pci_vendor_selector": "10de:26b9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q"}
@@ -23,7 +23,7 @@ def configuration(cluster):
 
 def test_adds_then_removes_by_resource_name_keeping_foreign_entries(cluster, kubeconfig):
     args = {"kubeconfig": kubeconfig, "pci_host_devices": [L40S], "mediated_devices": [A10_MDEV]}
-    rc, result, _ = run_module("kubevirt_hostdevices", args)
+    rc, result = run_module("kubevirt_hostdevices", args)
     assert rc == 0 and result["changed"], result
     conf = configuration(cluster)
     assert conf["permittedHostDevices"]["pciHostDevices"] == [FOREIGN_T4, FOREIGN_NIC, L40S_ENTRY]
@@ -34,10 +34,10 @@ def test_adds_then_removes_by_resource_name_keeping_foreign_entries(cluster, kub
     assert conf["evictionStrategy"] == "LiveMigrate"
     assert result["kubevirt"] == {"name": "kubevirt", "namespace": "kubevirt", "version": "v1.9.0"}
 
-    rc, again, _ = run_module("kubevirt_hostdevices", args)
+    rc, again = run_module("kubevirt_hostdevices", args)
     assert rc == 0 and again["changed"] is False and again["changes"] == []
 
-    rc, removed, _ = run_module("kubevirt_hostdevices", {
+    rc, removed = run_module("kubevirt_hostdevices", {
         "kubeconfig": kubeconfig, "state": "absent", "pci_host_devices": [{"resource_name": L40S["resource_name"]}],
         "mediated_devices": [{"resource_name": A10_MDEV["resource_name"]}]})
     assert rc == 0 and removed["changed"]
@@ -48,7 +48,7 @@ def test_adds_then_removes_by_resource_name_keeping_foreign_entries(cluster, kub
 
 
 def test_exclusive_vendor_removes_other_nvidia_pci_entries(cluster, kubeconfig):
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S],
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S],
                                                         "exclusive_pci_vendors": ["10DE"]})
     assert rc == 0 and result["changed"]
     assert configuration(cluster)["permittedHostDevices"]["pciHostDevices"] == [FOREIGN_NIC, L40S_ENTRY]
@@ -58,18 +58,18 @@ def test_conflict_on_first_write_is_retried_and_keeps_the_concurrent_change(clus
     racer = {"spec": {"configuration": {"permittedHostDevices": {
         "pciHostDevices": [FOREIGN_T4, FOREIGN_NIC, {"pciVendorSelector": "15B3:101E", "resourceName": "mlx/vf"}]}}}}
     cluster.conflict(count=1, patch=racer)
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
     assert rc == 0 and result["changed"] and result["attempts"] == 2, result
     pci = configuration(cluster)["permittedHostDevices"]["pciHostDevices"]
-    assert [e["resourceName"] for e in pci] == ["nvidia.com/TU104GL_Tesla_T4", "intel.com/x710", "mlx/vf",
-                                                 "nvidia.com/NVIDIA_L40S-24Q"]
+    expected = ["nvidia.com/TU104GL_Tesla_T4", "intel.com/x710", "mlx/vf", "nvidia.com/NVIDIA_L40S-24Q"]
+    assert [e["resourceName"] for e in pci] == expected
     patches = [w for w in cluster.writes() if w["method"] == "PATCH"]
     assert len(patches) == 2
 
 
 def test_conflicts_beyond_the_retry_budget_fail_clearly(cluster, kubeconfig):
     cluster.conflict(count=3)
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S],
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S],
                                                         "conflict_retries": 2})
     assert rc == 1
     assert result["msg"].startswith("KubeVirt kubevirt/kubevirt: conflict (HTTP 409): Operation cannot be fulfilled")
@@ -81,7 +81,7 @@ def test_conflicts_beyond_the_retry_budget_fail_clearly(cluster, kubeconfig):
 def test_check_mode_sends_no_mutating_request_and_predicts_changed(cluster, kubeconfig, dry_run):
     before = stored_cr(cluster)
     args = {"kubeconfig": kubeconfig, "pci_host_devices": [L40S], "dry_run": dry_run}
-    rc, result, _ = run_module("kubevirt_hostdevices", args, check=True, diff=True)
+    rc, result = run_module("kubevirt_hostdevices", args, check=True, diff=True)
     assert rc == 0 and result["changed"] is True
     assert result["diff"]["after"]["permittedHostDevices"]["pciHostDevices"][-1] == L40S_ENTRY
     assert result["diff"]["before"]["featureGates"] == ["LiveMigration"]
@@ -92,7 +92,7 @@ def test_check_mode_sends_no_mutating_request_and_predicts_changed(cluster, kube
 
 
 def test_no_diff_key_without_diff_mode(cluster, kubeconfig):
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
     assert rc == 0 and "diff" not in result
 
 
@@ -101,46 +101,46 @@ def test_old_kubevirt_with_vendor_vfio_fails_unless_overridden(cluster, kubeconf
     state["objects"][0]["body"] = kubevirt_cr("v1.8.2")
     cluster.reset(state)
     args = {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]}
-    rc, result, _ = run_module("kubevirt_hostdevices", args)
+    rc, result = run_module("kubevirt_hostdevices", args)
     assert rc == 1
     assert result["msg"] == ("KubeVirt kubevirt/kubevirt: KubeVirt v1.8.2 cannot serve nvidia-bound vGPU VFs "
                              "(needs KubeVirt >= 1.9.0); upgrade, or set skip_version_check if its virt-handler "
                              "carries PR #16890")
     assert cluster.writes() == []
 
-    rc, plain, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [
+    rc, plain = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [
         dict(L40S, vendor_vfio=False)]})
     assert rc == 0 and plain["changed"]
 
-    rc, skipped, _ = run_module("kubevirt_hostdevices", dict(args, skip_version_check=True))
+    rc, skipped = run_module("kubevirt_hostdevices", dict(args, skip_version_check=True))
     assert rc == 0 and skipped["changed"] is False  # the entry is there from the plain run
     assert "KubeVirt version check skipped (deployed: v1.8.2)" in str(skipped.get("warnings"))
 
-    rc, lowered, _ = run_module("kubevirt_hostdevices", dict(args, minimum_version="1.8.2"))
+    rc, lowered = run_module("kubevirt_hostdevices", dict(args, minimum_version="1.8.2"))
     assert rc == 0, lowered
 
 
 def test_missing_crd_missing_cr_and_two_crs_are_one_line_each(cluster, kubeconfig):
     cluster.reset({"resources": {}, "objects": []})
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
     assert rc == 1 and result["msg"] == ("KubeVirt CRD kubevirts.kubevirt.io: not served by the API server "
                                          "(HTTP 404); is KubeVirt installed?")
 
     cluster.reset({"resources": RESOURCES, "objects": []})
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
     assert rc == 1 and result["msg"] == "KubeVirt */*: no KubeVirt CR found (is KubeVirt installed?)"
 
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "name": "kubevirt",
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "name": "kubevirt",
                                                         "namespace": "kubevirt", "pci_host_devices": [L40S]})
     assert rc == 1 and result["msg"].startswith("KubeVirt kubevirt/kubevirt: not found (HTTP 404)")
 
     cluster.reset({"resources": RESOURCES, "objects": [
         {"resource": KUBEVIRT, "namespace": ns, "name": "kubevirt", "body": kubevirt_cr(namespace=ns)}
         for ns in ("kubevirt", "virt2")]})
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
     assert rc == 1 and result["msg"] == ("KubeVirt */*: 2 KubeVirt CRs found (kubevirt/kubevirt, virt2/kubevirt); "
                                          "set name and namespace to pick one")
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "namespace": "virt2",
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "namespace": "virt2",
                                                         "pci_host_devices": [L40S]})
     assert rc == 0 and result["kubevirt"]["namespace"] == "virt2"
     assert "\n" not in result.get("msg", "")
@@ -148,7 +148,7 @@ def test_missing_crd_missing_cr_and_two_crs_are_one_line_each(cluster, kubeconfi
 
 def test_forbidden_patch_is_one_line_and_writes_nothing(cluster, kubeconfig):
     cluster.forbid("PATCH", "kubevirts")
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
     assert rc == 1
     assert result["msg"].startswith("KubeVirt kubevirt/kubevirt: forbidden (HTTP 403): kubevirts \"kubevirt\" is "
                                     "forbidden: User \"system:serviceaccount:test:ansible\" cannot patch")
@@ -162,14 +162,15 @@ def test_forbidden_patch_is_one_line_and_writes_nothing(cluster, kubeconfig):
      "kubeconfig (dict): cannot load: "),
 ])
 def test_bad_kubeconfig_is_one_line(cluster, kubeconfig_arg, message):
-    rc, result, raw = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig_arg, "pci_host_devices": [L40S]})
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig_arg, "pci_host_devices": [L40S]})
+    raw = result["_raw"]
     assert rc == 1 and result["msg"].startswith(message) and "\n" not in result["msg"], result["msg"]
     assert TOKEN not in raw
     assert cluster.log() == []
 
 
 def test_bad_selector_fails_before_any_write(cluster, kubeconfig):
-    rc, result, _ = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [
+    rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [
         {"pci_vendor_selector": "10de26b9", "resource_name": "nvidia.com/x"}]})
     assert rc == 1 and result["msg"] == ("pciHostDevices nvidia.com/x: pciVendorSelector '10DE26B9' is not "
                                          "VVVV:DDDD (e.g. 10DE:26B9)")
@@ -179,20 +180,21 @@ def test_bad_selector_fails_before_any_write(cluster, kubeconfig):
 def test_dict_kubeconfig_token_never_appears_in_output(cluster):
     args = {"kubeconfig": kubeconfig_dict(cluster.url), "pci_host_devices": [L40S]}
     # ask for the invocation (module args) in the result, as ansible-playbook -vvv does
-    rc, result, raw = run_module("kubevirt_hostdevices", dict(args, _ansible_inject_invocation=True), diff=True)
+    rc, result = run_module("kubevirt_hostdevices", dict(args, _ansible_inject_invocation=True), diff=True)
+    raw = result["_raw"]
     assert rc == 0 and result["changed"]
     assert TOKEN not in raw
     assert result["invocation"]["module_args"]["kubeconfig"]["users"][0]["user"]["token"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
 
 
 def test_env_vars_configure_the_connection(cluster):
-    rc, result, _ = run_module("kubevirt_hostdevices", {"pci_host_devices": [L40S]},
+    rc, result = run_module("kubevirt_hostdevices", {"pci_host_devices": [L40S]},
                                env={"K8S_AUTH_HOST": cluster.url, "K8S_AUTH_API_KEY": TOKEN,
                                     "K8S_AUTH_VERIFY_SSL": "no"})
     assert rc == 0 and result["changed"], result
 
 
 def test_unreachable_api_server_is_one_line(cluster):
-    rc, result, _ = run_module("kubevirt_hostdevices", {"host": "http://127.0.0.1:9", "pci_host_devices": [L40S]})
+    rc, result = run_module("kubevirt_hostdevices", {"host": "http://127.0.0.1:9", "pci_host_devices": [L40S]})
     assert rc == 1 and result["msg"].startswith("KubeVirt CRs: cannot reach the Kubernetes API: ")
     assert "\n" not in result["msg"]

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from conftest import COLLECTIONS, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, ROOT
+from cluster_helpers import COLLECTIONS, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, ROOT
 
 
 def resource(profile, pci_id="10DE:26B9", count=2):
