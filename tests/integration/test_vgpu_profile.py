@@ -1,5 +1,6 @@
 """accelops.vgpu.vgpu_profile in playbooks against gpusim nodes (vendor-VFIO L40S, mdev T4 and A16)."""
 
+import json
 import os
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -120,3 +121,19 @@ def test_t4_and_a16_through_the_same_module_with_check_and_diff(gpusim_node, run
     node.clear_log()
     again = run_playbook(tasks, node, check=True)
     assert again.rc == 0 and not again.task("profiles")["changed"] and node.log() == []
+
+
+def test_config_file_on_the_node_then_absent_removes_all(gpusim_node, run_playbook, tmp_path):
+    node = gpusim_node("l40s:1")
+    config = tmp_path / "vgpu.json"
+    config.write_text(json.dumps({"version": "v1", "vgpu-configs": {"small": [
+        {"devices": [0], "vgpu-devices": {"L40S-8Q": 6}}]}}))
+    tasks = [{"name": "vfs", "accelops.vgpu.sriov_vfs": {"devices": "all"}},
+             {"name": "file", "accelops.vgpu.vgpu_profile": {"config_file": str(config), "selected": "small"}},
+             {"name": "absent", "accelops.vgpu.vgpu_profile": {"layout": [{"profiles": {}}], "state": "absent"}}]
+    run = run_playbook(tasks, node)
+    assert run.rc == 0, run
+    assert run.task("file")["resources"][0]["count"] == 6
+    assert [v["before"] for v in run.task("absent")["gpus"][0]["vgpus"] if v["before"]] == ["L40S-8Q"] * 6
+    assert run.task("absent")["changed"] and run.task("absent")["resources"] == []
+    assert all(node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf) == "0" for vf in node.vfs(node.pfs()[0]))

@@ -6,6 +6,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_layout import LayoutError, from_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_types import VgpuType
 
 L40S_24Q = [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}}]
 L40S_12Q = [{"device_filter": "0x26B910DE", "profiles": {"L40S-12Q": 4}}]
@@ -140,3 +141,45 @@ def test_mdev_gpus_share_the_flow(gpusim_node, monkeypatch, tmp_path):
     assert by_profile["A16-8Q"]["count"] == 8 and by_profile["A16-8Q"]["framework"] == "mdev"
     node.clear_log()
     assert not apply(engine, layout)["changed"] and node.log() == []
+
+
+class SmiRunner(CommandRunner):
+    """nvidia-smi that prints `output` (exit `rc`) for every call."""
+
+    def __init__(self, output, rc=0):
+        super().__init__()
+        self.output, self.rc = output, rc
+
+    def which(self, name, extra_paths=()):
+        return "/usr/bin/" + name
+
+    def _execute(self, argv):
+        return self.rc, self.output, ""
+
+
+@pytest.mark.parametrize("output,expected", [
+    ("GPU 00000000:41:00.0\n    vGPU Heterogeneous Mode : Enabled\n", True),
+    ("GPU 00000000:41:00.0\n    Heterogeneous Mode          : Disabled\n", False),
+    ("Disabled\n", False),
+])
+def test_heterogeneous_mode_is_read_tolerantly(output, expected):
+    runner = SmiRunner(output)
+    assert vgpu_apply.heterogeneous_mode(runner, "0000:41:00.0") is expected
+    assert runner.calls == [["/usr/bin/nvidia-smi", "vgpu", "-i", "0000:41:00.0", "-ghm"]]
+
+
+@pytest.mark.parametrize("output,rc,message", [("what?\n", 0, "cannot read the heterogeneous"),
+                                               ("No devices were found\n", 6, "nvidia-smi vgpu -ghm failed")])
+def test_unreadable_heterogeneous_mode_names_the_gpu(output, rc, message):
+    with pytest.raises(LayoutError) as err:
+        vgpu_apply.heterogeneous_mode(SmiRunner(output, rc), "0000:41:00.0")
+    assert "GPU 0000:41:00.0" in str(err.value) and message in str(err.value)
+
+
+def test_type_names_come_from_the_cache_then_nvidia_smi(tmp_path):
+    smi = "    vGPU Type ID : 0x483\n        Name : NVIDIA L40S-24Q\n"
+    names = vgpu_apply.TypeNames(Sysfs(str(tmp_path)), SmiRunner(smi), cache_dir=str(tmp_path))
+    names.remember("0000:41:00.0", [VgpuType(1153, "NVIDIA L40S-12Q")])
+    names.save()
+    again = vgpu_apply.TypeNames(Sysfs(str(tmp_path)), SmiRunner(smi), cache_dir=str(tmp_path))
+    assert again("0000:41:00.0") == [VgpuType(1153, "NVIDIA L40S-12Q"), VgpuType(0x483, "NVIDIA L40S-24Q")]
