@@ -12,6 +12,7 @@ P4: cold converge (VFs off, no vGPUs, no boot files) of 4, 16, 32 hosts, forks =
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import resource
@@ -31,8 +32,12 @@ NODE_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else 
 MODEL = "l40s"
 PLAY_TIMEOUT = 1800
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+TASK_TIME = re.compile(r"^(.+?) -+ (\d+\.\d+)s$", re.M)
 PING_PLAY = [{"name": "One task", "hosts": "vgpu_nodes", "gather_facts": False,
               "tasks": [{"name": "Ping", "ansible.builtin.ping": {}}]}]
+
+
+PlayRun = collections.namedtuple("PlayRun", "wall cpu recap tasks")
 
 
 class Fleet:
@@ -70,13 +75,20 @@ class Fleet:
     def install_root(self, host):
         return os.path.join(self.workdir, "root-%s" % host)
 
-    def run(self, playbook, forks):
-        """(wall seconds, CPU seconds of ansible and its children, {host: recap}); fails unless all ok."""
+    def run(self, playbook, forks, limit=None, profile=False):
+        """A PlayRun; fails unless every host (or `limit`, one host) is ok.
+
+        `cpu` counts ansible-playbook and everything it ran (modules, sriov-manage, nvidia-smi), not the
+        gpusim servers; `profile` fills `tasks` ({task name: seconds}, the profile_tasks callback).
+        """
         tmp = os.path.join(self.workdir, "ansible-tmp")
         env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
                    ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_LOCAL_TEMP=tmp, ANSIBLE_REMOTE_TEMP=tmp,
                    ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
-        argv = [ANSIBLE_PLAYBOOK, "-i", self.inventory, "-f", str(forks), playbook]
+        if profile:
+            env.update(ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks", PROFILE_TASKS_SORT_ORDER="none",
+                       PROFILE_TASKS_TASK_OUTPUT_LIMIT="all")
+        argv = [ANSIBLE_PLAYBOOK, "-i", self.inventory, "-f", str(forks), playbook] + (["--limit", limit] if limit else [])
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=self.workdir,
@@ -87,12 +99,14 @@ class Fleet:
         recap = dict((m.group(1), {"ok": int(m.group(2)), "changed": int(m.group(3)),
                                    "unreachable": int(m.group(4)), "failed": int(m.group(5))})
                      for m in RECAP.finditer(proc.stdout))
-        bad = [h for h in self.hosts if h not in recap or recap[h]["failed"] or recap[h]["unreachable"]]
+        hosts = [limit] if limit else self.hosts
+        bad = [h for h in hosts if h not in recap or recap[h]["failed"] or recap[h]["unreachable"]]
         if proc.returncode != 0 or bad:
             raise simnodes.BenchError("%s failed (rc %d) on %s: %s" % (
                 os.path.basename(playbook), proc.returncode, ", ".join(bad) or "-",
                 (proc.stdout[-1500:] + proc.stderr[-500:]).strip()))
-        return wall, cpu, recap
+        tasks = dict((m.group(1).strip(), float(m.group(2))) for m in TASK_TIME.finditer(proc.stdout))
+        return PlayRun(wall, cpu, recap, tasks)
 
     def reset(self):
         """Cold nodes: simulated reboot (no VFs, no vGPUs), empty logs, no boot files."""
@@ -134,21 +148,23 @@ def run_p2(settings, tmp):
         node_s, ping_s, writes, changed = [], [], [], []
         for dummy in range(settings.runs["p2"]):
             nodes[0].clear_log()
-            seconds, dummy_cpu, recap = fleet.run(NODES_PLAYBOOK, 1)
-            node_s.append(seconds)
-            changed.append(recap[fleet.hosts[0]]["changed"])
+            play = fleet.run(NODES_PLAYBOOK, 1)
+            node_s.append(play.wall)
+            changed.append(play.recap[fleet.hosts[0]]["changed"])
             writes.append(simnodes.write_counts(nodes[0])["total"])
             simnodes.assert_layout(nodes[0], fleet.expected(nodes[0]), "P2 re-run")
-            ping_s.append(fleet.run(fleet.ping, 1)[0])
+            ping_s.append(fleet.run(fleet.ping, 1).wall)
+        # one more no-op run, untimed in the table, for where the time goes (per-task seconds)
+        tasks = fleet.run(NODES_PLAYBOOK, 1, profile=True).tasks
     ratio = stats.ratio_summary(node_s, ping_s)
     return {"gpus": settings.gpus, "profiles": profiles, "runs": settings.runs["p2"],
             "node_playbook_s": stats.summary(node_s), "ping_playbook_s": stats.summary(ping_s),
-            "ratio": ratio, "writes": max(writes), "tasks_changed": max(changed), "target_ratio": 2.0,
-            "met": stats.within(ratio["median"], 2.0) and max(writes) == 0}
+            "ratio": ratio, "writes": max(writes), "tasks_changed": max(changed), "task_seconds": tasks,
+            "target_ratio": 2.0, "met": stats.within(ratio["median"], 2.0) and max(writes) == 0 and max(changed) == 0}
 
 
 def run_p4(settings, tmp):
-    """Per fleet size: an untimed warm-up on the smallest, then cold converges."""
+    """Per fleet size: cold converges (before the first, an untimed one-host run builds the node CLI)."""
     profiles = {"L40S-24Q": 2}
     sizes = {}
     for position, hosts in enumerate(settings.fleet):
@@ -157,14 +173,14 @@ def run_p4(settings, tmp):
             fleet = Fleet(nodes, profiles, _workdir(tmp, "p4-%d" % hosts))
             if position == 0:
                 fleet.reset()
-                fleet.run(NODES_PLAYBOOK, forks)   # warm-up: builds the node CLI zipapp once
+                fleet.run(NODES_PLAYBOOK, 1, limit=fleet.hosts[0])
             wall, cpu = [], []
             for dummy in range(settings.runs["p4"]):
                 fleet.reset()
-                seconds, cpu_seconds, dummy_recap = fleet.run(NODES_PLAYBOOK, forks)
+                play = fleet.run(NODES_PLAYBOOK, forks)
                 fleet.check_converged("P4 %d hosts" % hosts)
-                wall.append(seconds)
-                cpu.append(cpu_seconds)
+                wall.append(play.wall)
+                cpu.append(play.cpu)
         sizes[str(hosts)] = {"hosts": hosts, "forks": forks, "wall_s": stats.summary(wall),
                              "per_host_s": stats.summary([w / hosts for w in wall]),
                              "per_host_per_fork_s": stats.summary([w * forks / hosts for w in wall]),

@@ -90,6 +90,11 @@ def markdown(report):
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows(report["results"]):
         lines.append("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |")
+    tasks = report["results"].get("p2", {}).get("task_seconds")
+    if tasks:
+        slowest = sorted(tasks.items(), key=lambda item: -item[1])[:6]
+        lines += ["", "P2 no-op run, slowest tasks (profile_tasks): " + "; ".join(
+            "%s %.2f s" % (name.replace("|", "/"), seconds) for name, seconds in slowest)]
     return "\n".join(lines) + "\n"
 
 
