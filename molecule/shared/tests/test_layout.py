@@ -56,12 +56,18 @@ print(json.dumps(state))
 """
 
 
+_STATES = {}
+
+
 def node_state(host):
-    result = host.run("python3 -c %s" % shlex.quote(NODE_STATE))
-    assert result.rc == 0, result.stderr
-    state = json.loads(result.stdout)
-    assert state, "no NVIDIA GPU in the simulated tree"
-    return state
+    """The node's GPUs as NODE_STATE reads them, once per node and test session."""
+    name = host.backend.get_hostname()
+    if name not in _STATES:
+        result = host.run("python3 -c %s" % shlex.quote(NODE_STATE))
+        assert result.rc == 0, result.stderr
+        _STATES[name] = json.loads(result.stdout)
+    assert _STATES[name], "no NVIDIA GPU in the simulated tree"
+    return _STATES[name]
 
 
 def expected_types(device, label=SELECTED):
