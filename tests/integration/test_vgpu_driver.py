@@ -98,6 +98,13 @@ def test_role_copies_the_runfile_and_is_idempotent(host, run_playbook, tmp_path)
                      vgpu_host_driver_modprobe_dir=str(host.modprobe_dir),
                      vgpu_host_driver_sysfs_root=host.sim.root,
                      vgpu_host_driver_proc_root=str(host.dir / "proc"))
+    # check mode on a fresh node: only the copy reports a change, nothing is written
+    checked = run_playbook([role], host.sim, check=True, extra_vars=role_vars)
+    assert checked.rc == 0, checked
+    assert checked.task("accelops.vgpu.vgpu_host_driver : Copy the runfile to the node")["changed"]
+    assert checked.task("accelops.vgpu.vgpu_host_driver : Install, upgrade or remove the NVIDIA vGPU manager")[
+        "skipped"]
+    assert not (tmp_path / "cache").exists() and changing_calls(host.dir) == [] and host.kernel_version() is None
     first = run_playbook([role], host.sim, extra_vars=role_vars)
     assert first.rc == 0, first
     assert host.kernel_version() == NEW
