@@ -125,8 +125,8 @@ def up(root, spec, latency_ms=0, driver_version=DEFAULT_DRIVER_VERSION):
     log_path = os.path.join(run, "server.log")
     argv = [sys.executable, "-m", "gpusim.cli", "up", root, "--gpus", spec, "--foreground",
             "--vf-enable-latency-ms", str(latency_ms), "--driver-version", driver_version]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_package_parent(),
-                                                                     os.environ.get("PYTHONPATH")])))
+    paths = [_package_parent()] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
                                 start_new_session=True, env=env)

@@ -193,8 +193,8 @@ class Tree:
         state = self.state
         if not state.nvidia_loaded:
             return {}
-        return {"nvidia": static_dir(path + "/nvidia", {"version": value(state.nvidia_version),
-                                                       "refcnt": value("0")})}
+        attributes = {"version": value(state.nvidia_version), "refcnt": value("0")}
+        return {"nvidia": static_dir(path + "/nvidia", attributes)}
 
     def _groups(self, path):
         entries = {}

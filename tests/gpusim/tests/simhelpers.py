@@ -21,8 +21,8 @@ def write(path, value):
 def write_fails(path, value, code):
     with pytest.raises(OSError) as info:
         write(path, value)
-    assert info.value.errno == code, "expected %s, got %s" % (errno.errorcode[code],
-                                                             errno.errorcode.get(info.value.errno))
+    got = errno.errorcode.get(info.value.errno)
+    assert info.value.errno == code, "expected %s, got %s" % (errno.errorcode[code], got)
 
 
 def read(path):

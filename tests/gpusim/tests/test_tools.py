@@ -54,21 +54,21 @@ def test_nvidia_smi_query_lists_every_gpu_and_its_mode(gpusim_node):
     node = gpusim_node("l40s:1,t4:1")
     l40s, t4 = node.pfs()
     node.ctl("mixed", l40s, "1")
-    out = subprocess.run(["nvidia-smi", "-q"], env=node.env, capture_output=True, text=True).stdout
+    out = subprocess.run(["nvidia-smi", "-q"], env=node.env, capture_output=True, text=True, check=False).stdout
     assert "Attached GPUs                             : 2" in out
     modes = [line.split(":")[1].strip() for line in out.splitlines() if "vGPU Heterogeneous Mode" in line]
     assert modes == ["Enabled", "Disabled"]
     refused = subprocess.run(["nvidia-smi", "vgpu", "-i", t4, "-shm", "1"], env=node.env,
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, check=False)
     assert refused.returncode == 3 and "Not Supported" in refused.stdout       # Turing has no mixed mode
-    assert subprocess.run(["nvidia-smi", "vgpu", "-i", "7", "-ghm"], env=node.env).returncode == 6
+    assert subprocess.run(["nvidia-smi", "vgpu", "-i", "7", "-ghm"], env=node.env, check=False).returncode == 6
 
 
 def test_models_catalogue(tmp_path):
-    table = subprocess.run([sys.executable, "-m", "gpusim.cli", "models"], capture_output=True, text=True).stdout
+    table = subprocess.run([sys.executable, "-m", "gpusim.cli", "models"], capture_output=True, text=True, check=False).stdout
     assert table.splitlines()[0].split()[:3] == ["MODEL", "PCI", "ID"]
     catalogue = json.loads(subprocess.run([sys.executable, "-m", "gpusim.cli", "models", "--json"],
-                                          capture_output=True, text=True).stdout)
+                                          capture_output=True, text=True, check=False).stdout)
     for key in ("l40s", "l40", "h100-pcie", "h200", "a16", "a2", "t4", "nic"):
         assert key in catalogue
     l40s = catalogue["l40s"]
@@ -90,5 +90,4 @@ def test_tools_are_standalone_files(tmp_path):
         assert source.startswith("#!/usr/bin/env python3")
         assert "import gpusim" not in source and "from gpusim" not in source     # copies into containers
     env = dict(os.environ, GPUSIM_ROOT=str(tmp_path / "nothing"))
-    assert subprocess.run([str(tmp_path / "nvidia-smi"), "-q"], env=env, capture_output=True).returncode == 9
-
+    assert subprocess.run([str(tmp_path / "nvidia-smi"), "-q"], env=env, capture_output=True, check=False).returncode == 9

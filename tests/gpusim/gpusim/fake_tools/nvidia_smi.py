@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fake nvidia-smi for a gpusim tree (standard library only, Python >= 3.6): the vGPU subset.
 
   nvidia-smi -q                          per GPU, includes "vGPU Heterogeneous Mode : Enabled|Disabled"

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fake NVIDIA sriov-manage for a gpusim tree (standard library only, Python >= 3.6).
 
 usage: sriov-manage -e|-d <ssss:bb:dd.f|ALL>
