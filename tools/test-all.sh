@@ -26,6 +26,8 @@ pytest_stage() {  # name, paths...
 pytest_stage units tests/unit tests/gpusim/tests
 run_stage sanity tools/ansible-test.sh sanity
 run_stage lint .venv/bin/ansible-lint --profile production --offline -q
+# the local Debian 12 image for Molecule nodes and the image-build tests (debootstrap, ~1 min, cached)
+run_stage base-image tests/images/build-base.sh
 pytest_stage integration tests/integration
 pytest_stage reliability tests/reliability
 [ -x tools/molecule-all.sh ] && run_stage molecule tools/molecule-all.sh
