@@ -10,6 +10,13 @@ class ModuleDocFragment:
     # environment variables as kubernetes.core (doc fragment k8s_auth_options), so
     # module_defaults written for kubernetes.core carry over. Also the shared write options.
     DOCUMENTATION = r"""
+attributes:
+  check_mode:
+    support: full
+    description: Server-side dry run (O(dry_run=server)) or a local computation (O(dry_run=client)); no write is stored.
+  diff_mode:
+    support: full
+    description: Before and after of the fields (or list entries, or labels) the module manages, nothing else.
 options:
   kubeconfig:
     description:

@@ -21,10 +21,8 @@ Decisions (domain brief section 5):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_client import read_modify_write
+from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_client import WritePlan, read_modify_write
 
 POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL = "nvidia.com", "v1", "clusterpolicies"
 WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
@@ -39,18 +37,6 @@ _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 
 class GpuOperatorError(EngineError):
     """A ClusterPolicy or node label problem; the message names the object."""
-
-
-@dataclass
-class Plan:
-    patch: dict | None
-    changes: list = field(default_factory=list)
-    before: dict = field(default_factory=dict)
-    after: dict = field(default_factory=dict)
-
-    @property
-    def changed(self):
-        return self.patch is not None
 
 
 # --- ClusterPolicy ----------------------------------------------------------------------------
@@ -115,7 +101,7 @@ def plan_cluster_policy(current, desired_spec):
     patch = None
     if patch_spec:
         patch = {"metadata": {"resourceVersion": current["metadata"].get("resourceVersion")}, "spec": patch_spec}
-    return Plan(patch, changes, before, after)
+    return WritePlan(patch, changes, before, after)
 
 
 def run_cluster_policy(api, params, check_mode):
@@ -184,7 +170,7 @@ def plan_node_labels(node_obj, desired, owned_prefix, state="present", only_if_o
     if labels_patch:
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "labels": labels_patch}}
     touched = set(labels_patch) | set(desired)
-    return Plan(patch, changes, {k: current[k] for k in sorted(touched) if k in current},
+    return WritePlan(patch, changes, {k: current[k] for k in sorted(touched) if k in current},
                 {k: target[k] for k in sorted(touched) if k in target})
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from dataclasses import dataclass, field
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 
@@ -36,6 +37,20 @@ _BOOL_OPTIONS = ("validate_certs", "persist_config")
 _SECRET_KEY_HINTS = ("token", "password", "key-data", "secret", "certificate-data")
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = 30
+
+
+@dataclass
+class WritePlan:
+    """What a run would write: `patch` (None = nothing), one line per change, diff before/after."""
+
+    patch: dict | None
+    changes: list = field(default_factory=list)
+    before: dict = field(default_factory=dict)
+    after: dict = field(default_factory=dict)
+
+    @property
+    def changed(self):
+        return self.patch is not None
 
 
 class K8sError(EngineError):

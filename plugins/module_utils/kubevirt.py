@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_client import K8sError, read_modify_write
+from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_client import K8sError, WritePlan, read_modify_write
 
 GROUP, VERSION, PLURAL, KIND = "kubevirt.io", "v1", "kubevirts", "KubeVirt"
 HOST_DEVICES_GATE = "HostDevices"
@@ -39,20 +38,6 @@ _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 
 class KubeVirtError(EngineError):
     """A KubeVirt CR or desired entry problem; the message names the object."""
-
-
-@dataclass
-class HostDevicesPlan:
-    """What a run would do. `patch` is None when nothing changes."""
-
-    patch: dict | None
-    changes: list = field(default_factory=list)
-    before: dict = field(default_factory=dict)
-    after: dict = field(default_factory=dict)
-
-    @property
-    def changed(self):
-        return self.patch is not None
 
 
 def cr_ref(cr):
@@ -189,7 +174,7 @@ def plan_host_devices(current_cr, pci=(), mdev=(), state="present", exclusive_pc
     """Plan the KubeVirt CR change.
 
     current_cr: the CR as read (dict). pci / mdev: desired entries in KubeVirt spelling
-    (`pci_entry()` / `mdev_entry()`). Returns a HostDevicesPlan whose `patch` is a JSON merge
+    (`pci_entry()` / `mdev_entry()`). Returns a WritePlan whose `patch` is a JSON merge
     patch carrying metadata.resourceVersion (so a concurrent writer makes the server answer 409)
     and the complete new lists, or None when the CR already matches.
     """
@@ -221,7 +206,7 @@ def plan_host_devices(current_cr, pci=(), mdev=(), state="present", exclusive_pc
         meta = current_cr.get("metadata") or {}
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
                  "spec": {"configuration": configuration}}
-    return HostDevicesPlan(patch=patch, changes=changes, before=before, after=after)
+    return WritePlan(patch=patch, changes=changes, before=before, after=after)
 
 
 def parse_version(text):

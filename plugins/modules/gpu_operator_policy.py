@@ -20,16 +20,10 @@ description:
     vGPU device manager only creates mdev devices. The sandbox validator's C(vgpu-devices) step also
     counts mdevs only (unconfirmed at runtime); turn it off on those nodes with
     M(accelops.vgpu.node_labels) O(accelops.vgpu.node_labels#module:sandbox_validator=false).
-author: accelops.vgpu contributors
+author:
+  - accelops.vgpu contributors (@accelops)
 extends_documentation_fragment:
   - accelops.vgpu.k8s_auth
-attributes:
-  check_mode:
-    support: full
-    description: Server-side dry run (O(dry_run=server)) or local computation (O(dry_run=client)).
-  diff_mode:
-    support: full
-    description: Before and after of the managed fields only.
 options:
   name:
     description: Name of the ClusterPolicy.

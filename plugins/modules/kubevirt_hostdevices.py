@@ -23,16 +23,10 @@ description:
   - To run a patched virt-handler instead, set the C(VIRT_HANDLER_IMAGE) environment variable of the
     virt-operator Deployment (it overrides only virt-handler, unlike C(spec.imageRegistry) and
     C(spec.imageTag), which apply to all KubeVirt components); this module does not manage it.
-author: accelops.vgpu contributors
+author:
+  - accelops.vgpu contributors (@accelops)
 extends_documentation_fragment:
   - accelops.vgpu.k8s_auth
-attributes:
-  check_mode:
-    support: full
-    description: Uses a server-side dry run (O(dry_run=server)) or a local computation (O(dry_run=client)).
-  diff_mode:
-    support: full
-    description: Before and after of the managed subtree (the two lists and the feature gates).
 options:
   name:
     description: Name of the KubeVirt CR. Without it, the only KubeVirt CR of the cluster is used.

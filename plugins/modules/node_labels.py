@@ -18,16 +18,10 @@ description:
     O(profile_label_prefix); stale profiles are removed), O(labels), and the workload and sandbox
     validator labels while they hold the value this task sets.
   - V(absent) removes only ours.
-author: accelops.vgpu contributors
+author:
+  - accelops.vgpu contributors (@accelops)
 extends_documentation_fragment:
   - accelops.vgpu.k8s_auth
-attributes:
-  check_mode:
-    support: full
-    description: Server-side dry run (O(dry_run=server)) or local computation (O(dry_run=client)).
-  diff_mode:
-    support: full
-    description: Before and after of the labels this task manages.
 options:
   name:
     description: Name of the node.
@@ -44,7 +38,7 @@ options:
     default: vm-vgpu
   profiles:
     description:
-      - vGPU profiles on the node and how many of each, for example C({"L40S-24Q": 2}).
+      - "vGPU profiles on the node and how many of each, for example C({\"L40S-24Q\": 2})."
       - Profile names must be valid label name parts (letters, digits, C(-), C(_), C(.)).
     type: dict
     default: {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cluster_helpers import (FOREIGN_MDEV, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, RESOURCES, TOKEN, default_state,
-                      kubeconfig_dict, kubevirt_cr, run_module)
+                             kubeconfig_dict, kubevirt_cr, run_module)
 
 L40S = {"pci_vendor_selector": "10de:26b9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q"}
 L40S_ENTRY = {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q"}
@@ -49,7 +49,7 @@ def test_adds_then_removes_by_resource_name_keeping_foreign_entries(cluster, kub
 
 def test_exclusive_vendor_removes_other_nvidia_pci_entries(cluster, kubeconfig):
     rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S],
-                                                        "exclusive_pci_vendors": ["10DE"]})
+                                                     "exclusive_pci_vendors": ["10DE"]})
     assert rc == 0 and result["changed"]
     assert configuration(cluster)["permittedHostDevices"]["pciHostDevices"] == [FOREIGN_NIC, L40S_ENTRY]
 
@@ -70,7 +70,7 @@ def test_conflict_on_first_write_is_retried_and_keeps_the_concurrent_change(clus
 def test_conflicts_beyond_the_retry_budget_fail_clearly(cluster, kubeconfig):
     cluster.conflict(count=3)
     rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S],
-                                                        "conflict_retries": 2})
+                                                     "conflict_retries": 2})
     assert rc == 1
     assert result["msg"].startswith("KubeVirt kubevirt/kubevirt: conflict (HTTP 409): Operation cannot be fulfilled")
     assert result["msg"].endswith("(gave up after 3 attempts)")
@@ -131,7 +131,7 @@ def test_missing_crd_missing_cr_and_two_crs_are_one_line_each(cluster, kubeconfi
     assert rc == 1 and result["msg"] == "KubeVirt */*: no KubeVirt CR found (is KubeVirt installed?)"
 
     rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "name": "kubevirt",
-                                                        "namespace": "kubevirt", "pci_host_devices": [L40S]})
+                                                     "namespace": "kubevirt", "pci_host_devices": [L40S]})
     assert rc == 1 and result["msg"].startswith("KubeVirt kubevirt/kubevirt: not found (HTTP 404)")
 
     cluster.reset({"resources": RESOURCES, "objects": [
@@ -141,7 +141,7 @@ def test_missing_crd_missing_cr_and_two_crs_are_one_line_each(cluster, kubeconfi
     assert rc == 1 and result["msg"] == ("KubeVirt */*: 2 KubeVirt CRs found (kubevirt/kubevirt, virt2/kubevirt); "
                                          "set name and namespace to pick one")
     rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "namespace": "virt2",
-                                                        "pci_host_devices": [L40S]})
+                                                     "pci_host_devices": [L40S]})
     assert rc == 0 and result["kubevirt"]["namespace"] == "virt2"
     assert "\n" not in result.get("msg", "")
 
@@ -189,8 +189,8 @@ def test_dict_kubeconfig_token_never_appears_in_output(cluster):
 
 def test_env_vars_configure_the_connection(cluster):
     rc, result = run_module("kubevirt_hostdevices", {"pci_host_devices": [L40S]},
-                               env={"K8S_AUTH_HOST": cluster.url, "K8S_AUTH_API_KEY": TOKEN,
-                                    "K8S_AUTH_VERIFY_SSL": "no"})
+                            env={"K8S_AUTH_HOST": cluster.url, "K8S_AUTH_API_KEY": TOKEN,
+                                 "K8S_AUTH_VERIFY_SSL": "no"})
     assert rc == 0 and result["changed"], result
 
 
