@@ -55,14 +55,15 @@ def _parser():
 
 
 def models_table():
-    rows = [("MODEL", "PCI ID", "FRAMEWORK", "VFS", "OFFSET/STRIDE", "FB", "TYPES")]
+    """One line per model; types as NAME=ID x MAX-PER-GPU."""
+    rows = [("MODEL", "PCI ID", "FRAMEWORK", "GPUS", "VFS", "OFFSET/STRIDE", "FB", "TYPES")]
     for model in MODELS.values():
-        types = ", ".join("%s=%d" % (t.short_name, t.type_id) for t in model.types) or "-"
-        rows.append((model.key, model.pci_id, model.framework, str(model.total_vfs),
+        types = ", ".join("%s=%dx%d" % (t.short_name, t.type_id, t.max_instances) for t in model.types) or "-"
+        rows.append((model.key, model.pci_id, model.framework, str(model.gpus_per_board), str(model.total_vfs),
                      "%d/%d" % (model.vf_offset, model.vf_stride) if model.sriov else "-",
                      "%dG" % model.framebuffer_gib if model.framebuffer_gib else "-", types))
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]
-    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:6])) + "  " + row[6]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1]
                      for row in rows)
 
 

@@ -53,10 +53,15 @@ def gpusim_node(gpusim_pool):
             errors.append(exc)
     for key, node in borrowed:
         try:
-            node.reset()
+            if node.healthy():
+                node.reset()
+                continue
         except Exception as exc:
             errors.append(exc)
-            gpusim_pool.pop(key, None)
+        gpusim_pool.pop(key, None)      # the test broke it (or reset failed): the next test gets a new one
+        try:
             node.stop()
+        except Exception as exc:
+            errors.append(exc)
     if errors:
         raise errors[0]

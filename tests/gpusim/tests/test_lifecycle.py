@@ -206,3 +206,9 @@ def test_reset_returns_to_the_freshly_started_state(gpusim_node):
     assert node.log() == [] and os.listdir(node.path("bus/mdev/devices")) == []
     enable_vfs(node, l40s)                                 # the injected EIO is gone too
     assert read(node.device_path(node.vfs(l40s)[0], "nvidia/current_vgpu_type")) == "0"
+
+
+def test_a_test_may_unmount_its_pooled_node(gpusim_node):
+    node = gpusim_node("nvme:1")
+    daemon.down(node.root)                               # the fixture replaces it for the next test
+    assert not node.healthy()
