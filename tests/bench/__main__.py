@@ -69,7 +69,8 @@ def parse_args(argv=None):
     args.runs = dict((p, int(getattr(args, "runs_" + p) or defaults["runs"][p])) for p in PARTS)
     for name in ("gpus", "gpus_p3", "gpus_p4", "latency_ms", "forks_ratio"):
         setattr(args, name, int(getattr(args, name) or defaults[name]))
-    args.fleet = sorted(_int_list(args.fleet or defaults["fleet"]))
+    # argparse converts string defaults (from the environment) with `type` already
+    args.fleet = sorted(args.fleet or _int_list(defaults["fleet"]))
     return args
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 
 
-def summary(samples, digits=4):
+def summary(samples, digits=6):
     """{median, min, max, n, samples} of a non-empty list of numbers."""
     values = [float(v) for v in samples]
     if not values:

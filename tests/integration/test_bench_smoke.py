@@ -1,0 +1,51 @@
+"""`make bench` still measures something: the harness in --quick mode on a tiny gpusim case.
+
+Runs P1 (engine vs floor, 1 GPU) and P3 (parallel VF enable, 2 GPUs, 0.3 s latency) the way the
+Makefile does (`python -m tests.bench` from the repository root) and checks bench.json / bench.md.
+The playbook parts (P2, P4) take a minute even when small, so they are left to `make bench`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LATENCY_MS = 300
+
+
+def test_quick_bench_writes_plausible_json_and_table(tmp_path):
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.bench", "--quick", "--parts", "p1,p3", "--gpus", "1", "--gpus-p3", "2",
+         "--latency-ms", str(LATENCY_MS), "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+
+    machine = report["machine"]
+    assert machine["cores"] >= 1 and machine["python"].count(".") == 2 and machine["ansible_core"][0].isdigit()
+    assert report["settings"]["quick"] is True and list(report["results"]) == ["p1", "p3"]
+
+    p1 = report["results"]["p1"]
+    assert (p1["uniform"]["writes"], p1["uniform"]["writes_min"]) == (32, 32)   # 32 x L40S-1Q on one GPU
+    assert (p1["mixed"]["writes"], p1["mixed"]["writes_min"]) == (2, 2)         # 2 x L40S-24Q
+    for case in ("uniform", "mixed"):
+        data = p1[case]
+        assert data["engine_s"]["n"] == data["floor_s"]["n"] == 1
+        assert 0 < data["floor_s"]["median"] and 0 < data["engine_s"]["median"] < 120
+        expected_ratio = data["engine_s"]["median"] / data["floor_s"]["median"]
+        assert abs(data["ratio"]["median"] - expected_ratio) <= 0.01 * expected_ratio
+        assert data["met"] == (data["ratio"]["median"] <= 1.3)
+
+    p3 = report["results"]["p3"]
+    latency = LATENCY_MS / 1000.0
+    assert p3["latency_s"] == latency and p3["gpus"] == 2
+    # every sriov_numvfs write blocks for the latency: one PF at a time cannot beat 2 L
+    assert latency <= p3["parallel_s"]["median"] and 2 * latency <= p3["sequential_s"]["median"]
+    assert p3["writes_per_enable"]["by_name"]["sriov_numvfs"] == 2
+
+    table = (out / "bench.md").read_text()
+    assert table in proc.stdout
+    assert [line.split("|")[1].strip() for line in table.splitlines() if line[:4] in ("| P1", "| P3")] == [
+        "P1 cold converge, uniform", "P1 cold converge, mixed", "P3 VF enable"]

@@ -1,0 +1,80 @@
+"""The benchmark's statistics, option defaults and report table (tests/bench), without gpusim."""
+
+import os
+import sys
+
+import pytest
+
+# `make bench` runs `python -m tests.bench` from the repository root; pytest puts only tests/ on sys.path.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from tests.bench import report, stats  # noqa: E402
+from tests.bench.__main__ import FULL, QUICK, parse_args  # noqa: E402
+
+
+def test_summary_gives_median_min_max_and_samples():
+    assert stats.summary([3, 1, 2]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3, "samples": [3.0, 1.0, 2.0]}
+    assert stats.summary([1, 2, 3, 10])["median"] == 2.5
+
+
+def test_summary_of_nothing_is_an_error():
+    with pytest.raises(ValueError, match="no samples"):
+        stats.summary([])
+
+
+def test_paired_ratios_divide_run_by_run():
+    assert stats.ratio_summary([2.0, 9.0, 3.0], [1.0, 3.0, 2.0]) == {
+        "median": 2.0, "min": 1.5, "max": 3.0, "n": 3, "samples": [2.0, 3.0, 1.5]}
+
+
+@pytest.mark.parametrize("measured, baseline, message", [
+    ([1.0], [1.0, 2.0], "as many"),
+    ([1.0], [0.0], "zero"),
+])
+def test_paired_ratios_refuse_mismatched_or_zero_baselines(measured, baseline, message):
+    with pytest.raises(ValueError, match=message):
+        stats.paired_ratios(measured, baseline)
+
+
+def test_ratio_of_medians_and_within():
+    assert stats.ratio_of_medians(stats.summary([6, 6, 9]), stats.summary([2, 3, 4])) == 2.0
+    assert stats.within(1.2, 1.2) and not stats.within(1.21, 1.2)
+
+
+def test_defaults_full_and_quick(monkeypatch):
+    for name in ("BENCH_QUICK", "BENCH_RUNS_P1", "BENCH_FLEET", "BENCH_PARTS"):
+        monkeypatch.delenv(name, raising=False)
+    full = parse_args([])
+    assert full.runs == FULL["runs"] and full.fleet == [4, 16, 32] and full.forks_ratio == 4
+    assert full.parts == ["p1", "p2", "p3", "p4"] and full.gpus == 8 and full.latency_ms == 1000
+    quick = parse_args(["--quick", "--parts", "p3,p1", "--runs-p1", "2"])
+    assert quick.parts == ["p1", "p3"] and quick.runs["p1"] == 2 and quick.runs["p3"] == QUICK["runs"]["p3"]
+
+
+def test_environment_sets_options(monkeypatch):
+    monkeypatch.setenv("BENCH_QUICK", "1")
+    monkeypatch.setenv("BENCH_RUNS_P4", "7")
+    monkeypatch.setenv("BENCH_FLEET", "8,2")
+    args = parse_args([])
+    assert args.quick and args.runs["p4"] == 7 and args.fleet == [2, 8]
+
+
+@pytest.mark.parametrize("argv", [["--parts", "p5"], ["--fleet", "0,4"], ["--parts", ""]])
+def test_bad_options_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert "error" in capsys.readouterr().err
+
+
+def test_markdown_marks_missed_targets():
+    spread = stats.summary([1.0, 2.0])
+    text = report.markdown({
+        "settings": {"quick": True, "parts": ["p3"], "runs": {"p3": 2}}, "duration_s": 3.0,
+        "machine": {"cores": 2, "python": "3.12", "ansible_core": "2.21.5", "load_average_at_start": [1.0]},
+        "results": {"p3": {"gpus": 2, "latency_s": 0.3, "parallel_s": spread, "sequential_s": spread,
+                           "parallel_over_latency": stats.summary([5.0, 5.0]),
+                           "speedup_vs_sequential": stats.summary([1.0, 1.0]), "met": False}}})
+    row = [line for line in text.splitlines() if line.startswith("| P3")]
+    assert len(row) == 1 and "**no**" in row[0] and "5.00×" in row[0] and "L = 0.3 s" in row[0]
