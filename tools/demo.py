@@ -211,13 +211,12 @@ def write_log():
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def kubevirt_devices(api_url):
+def api_get(api_url, path):
     try:
-        with urllib.request.urlopen(api_url + KUBEVIRT_PATH, timeout=5) as response:
-            kubevirt = json.load(response)
+        with urllib.request.urlopen(api_url + path, timeout=5) as response:
+            return json.load(response)
     except (OSError, ValueError):
         return None
-    return kubevirt.get("spec", {}).get("configuration", {}).get("permittedHostDevices", {})
 
 
 # ---------------------------------------------------------------- the summary
@@ -264,23 +263,34 @@ def print_resources(facts, api_url):
             selector = "mediatedDevices  mdevNameSelector  %r" % resource.get("mdev_name_selector")
         print("%-30s %3d on demo-node   %s" % (resource["resource_name"], resource["count"], selector))
     if api_url:
-        permitted = kubevirt_devices(api_url)
-        if permitted is None:
-            print("KubeVirt CR: could not be read from the API emulator at %s" % api_url)
-        else:
-            entries = [entry.get("resourceName") for key in ("pciHostDevices", "mediatedDevices")
-                       for entry in permitted.get(key) or []]
-            print("KubeVirt CR kubevirt/kubevirt (API emulator %s) permits: %s" % (api_url, ", ".join(entries)))
+        print_cluster(api_url)
     else:
         print("(cluster part skipped: no API emulator %s)" % rel(KMOCK))
+
+
+def print_cluster(api_url):
+    """The objects the cluster part patched, as the API emulator now holds them."""
+    kubevirt = api_get(api_url, KUBEVIRT_PATH) or {}
+    permitted = kubevirt.get("spec", {}).get("configuration", {}).get("permittedHostDevices", {})
+    print("In the cluster (API emulator %s):" % api_url)
+    for key in ("pciHostDevices", "mediatedDevices"):
+        names = [entry.get("resourceName") for entry in permitted.get(key) or []]
+        print("  KubeVirt kubevirt/kubevirt %-16s %s" % (key + ":", ", ".join(names) or "-"))
+    labels = ((api_get(api_url, "/api/v1/nodes/demo-node") or {}).get("metadata") or {}).get("labels") or {}
+    print("  Node demo-node labels:           %s" % ", ".join(
+        "%s=%s" % item for item in sorted(labels.items()) if item[0] != "kubernetes.io/hostname"))
+    policy = (api_get(api_url, "/apis/nvidia.com/v1/clusterpolicies/cluster-policy") or {}).get("spec") or {}
+    print("  ClusterPolicy cluster-policy:    sandboxWorkloads.enabled=%s, vgpuDeviceManager.enabled=%s"
+          % ((policy.get("sandboxWorkloads") or {}).get("enabled"), (policy.get("vgpuDeviceManager") or {}).get("enabled")))
 
 
 def print_changes(facts, changed):
     section("What changed")
     writes = write_log()
-    for entry in writes:
-        if entry["path"].endswith("/sriov_numvfs") and entry.get("result") == "ok":
-            print("SR-IOV  %s: %s VFs enabled" % (entry["path"].split("/")[3], entry["value"]))
+    enabled = {entry["path"].split("/")[3]: entry["value"] for entry in writes
+               if entry["path"].endswith("/sriov_numvfs") and entry.get("result") == "ok"}
+    for address, count in sorted(enabled.items()):
+        print("SR-IOV  %s: %s VFs enabled" % (address, count))
     for gpu in facts["gpus"]:
         created = [vgpu for vgpu in gpu.get("vgpus", []) if vgpu.get("after") != vgpu.get("before")]
         if created:
