@@ -27,6 +27,11 @@ def _gpusim(*args):
     return subprocess.run([sys.executable, "-m", "gpusim.cli", *args], capture_output=True, text=True, check=False)
 
 
+def _held(root):
+    with open(os.path.join(root, ".gpusim/state.json")) as handle:
+        return json.load(handle)["held"]
+
+
 def test_cli_up_down_leaves_no_mount(tmp_path):
     root = str(tmp_path / "sys")
     result = _gpusim("up", root, "--gpus", "l40s:1,nic:1")
@@ -40,6 +45,14 @@ def test_cli_up_down_leaves_no_mount(tmp_path):
         assert lines == [{"seq": 1, "path": "bus/pci/devices/0000:42:00.0/sriov_numvfs", "value": "2",
                           "result": "error", "errno": "EIO"}]
         assert _gpusim("log", root).stdout == ""
+        write(os.path.join(root, "bus/pci/devices/0000:42:00.0/sriov_numvfs"), "2")
+        holder = _gpusim("ctl", root, "hold", "0000:42:02.1")
+        assert holder.returncode == 0 and os.path.exists("/proc/%d" % int(holder.stdout))
+        assert _held(root) == {"0000:42:02.1": 1}
+        assert _gpusim("ctl", root, "release", "0000:42:02.1").returncode == 0
+        assert _held(root) == {}
+        refused = _gpusim("ctl", root, "release", "0000:42:02.1")
+        assert refused.returncode == 1 and "not held" in refused.stderr
     finally:
         assert _gpusim("down", root).returncode == 0
     assert not _mounted(root)
