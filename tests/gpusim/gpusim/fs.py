@@ -92,8 +92,14 @@ class SimFS(mfusepy.Operations):
         handle = self._handles.get(fh)
         return handle if handle is not None else (self._node(path), canonical(path))
 
+    @staticmethod
+    def _check_owner(node):
+        if node.owner is not None and not node.owner.alive:
+            raise SimError(errno.ENODEV, "the device of this attribute is gone")
+
     def read(self, path, size, offset, fh):
         node, dummy = self._handle(path, fh)
+        self._check_owner(node)
         return node.read().encode()[offset:offset + size]
 
     def write(self, path, data, offset, fh):
@@ -108,6 +114,7 @@ class SimFS(mfusepy.Operations):
             self.state.record(canon, value, injected)
             raise SimError(injected, "injected by fail-next")
         try:
+            self._check_owner(node)
             node.write(text)
         except OSError as exc:
             self.state.record(canon, value, exc.errno)

@@ -23,7 +23,7 @@ _KINDS = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "link": stat.S_IFLNK}
 
 
 class Node:
-    __slots__ = ("kind", "mode", "read", "write", "target", "holds", "path", "make", "cache")
+    __slots__ = ("kind", "mode", "read", "write", "target", "holds", "path", "make", "cache", "owner")
 
     def __init__(self, kind, mode, read=None, write=None, target=None, holds=None, path=None, make=None):
         self.kind = kind
@@ -35,6 +35,7 @@ class Node:
         self.path = path          # directories: their path relative to ROOT
         self.make = make          # directories: (path) -> {name: Node}
         self.cache = (-1, None)
+        self.owner = None         # files: the Device/Mdev they belong to (gone -> ENODEV, as kernfs)
 
     @property
     def st_mode(self):
@@ -61,6 +62,14 @@ def value(text):
 
 def link(from_dir, target_path):
     return Node("link", 0o777, target=posixpath.relpath(target_path, from_dir))
+
+
+def _own(entries, owner):
+    """Mark the files of a device directory as the device's, so stale handles get ENODEV."""
+    for node in entries.values():
+        if node.kind == "file":
+            node.owner = owner
+    return entries
 
 
 def canonical(path):
@@ -240,12 +249,12 @@ class Tree:
         if dev.vfio is not None:
             entries["vfio-dev"] = _vfio_dev(path, dev.vfio)
         if dev.vendor_vfio:
-            entries["nvidia"] = static_dir(path + "/nvidia", _nvidia_entries(state, dev))
+            entries["nvidia"] = static_dir(path + "/nvidia", _own(_nvidia_entries(state, dev), dev))
         if dev.mdev_parent:
             entries["mdev_supported_types"] = directory(path + "/mdev_supported_types", _types_maker(self, dev))
             for mdev in dev.mdevs:
                 entries[mdev.uuid] = directory(path + "/" + mdev.uuid, _mdev_maker(self, mdev))
-        return entries
+        return _own(entries, dev)
 
     def _sriov(self, pf, path):
         state = self.state
@@ -268,23 +277,23 @@ class Tree:
             type_path = "%s/nvidia-%d" % (path, vgpu_type.type_id)
             devices = {m.uuid: link(type_path + "/devices", device_dir(parent) + "/" + m.uuid)
                        for m in parent.mdevs if m.vgpu_type is vgpu_type}
-            entries["nvidia-%d" % vgpu_type.type_id] = static_dir(type_path, {
+            entries["nvidia-%d" % vgpu_type.type_id] = static_dir(type_path, _own({
                 "name": value(vgpu_type.name),
                 "device_api": value("vfio-pci"),
                 "description": value(_description(vgpu_type)),
                 "available_instances": file(read=_available_reader(state, parent, vgpu_type)),
                 "create": file(write=_creator(state, parent, vgpu_type)),
-                "devices": static_dir(type_path + "/devices", devices)})
+                "devices": static_dir(type_path + "/devices", devices)}, parent))
         return entries
 
     def mdev(self, mdev, path):
         state = self.state
-        return {"mdev_type": link(path, "%s/mdev_supported_types/nvidia-%d"
+        return _own({"mdev_type": link(path, "%s/mdev_supported_types/nvidia-%d"
                                   % (device_dir(mdev.parent), mdev.vgpu_type.type_id)),
                 "iommu_group": link(path, "kernel/iommu_groups/%d" % mdev.group),
                 "remove": file(write=lambda text: state.store_mdev_remove(mdev, text)),
                 "uevent": value("MDEV_TYPE=nvidia-%d" % mdev.vgpu_type.type_id),
-                "vfio-dev": _vfio_dev(path, mdev.vfio)}
+                "vfio-dev": _vfio_dev(path, mdev.vfio)}, mdev)
 
 
 def _ignore(text):

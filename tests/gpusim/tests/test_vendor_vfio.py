@@ -6,6 +6,8 @@ import errno
 import os
 import subprocess
 
+import pytest
+
 from gpusim import daemon
 from simhelpers import creatable_ids, enable_vfs, read, typed_vf, write, write_fails
 
@@ -106,3 +108,19 @@ def test_mixed_size_mode_through_fake_nvidia_smi(gpusim_node):
     subprocess.run(["sriov-manage", "-d", pf], env=node.env, check=True, capture_output=True)
     enable_vfs(node, pf)
     assert "vGPU Heterogeneous Mode               : Disabled" in smi("-q").stdout   # reset by re-enable
+
+
+def test_a_handle_on_a_vanished_vf_gets_enodev(gpusim_node):
+    node = gpusim_node("l40s:1")
+    pf = node.pfs()[0]
+    vf = enable_vfs(node, pf)[0]
+    fd = os.open(node.device_path(vf, "nvidia/current_vgpu_type"), os.O_RDWR)
+    try:
+        subprocess.run(["sriov-manage", "-d", pf], env=node.env, check=True, capture_output=True)
+        with pytest.raises(OSError) as read_error:
+            os.read(fd, 64)
+        with pytest.raises(OSError) as write_error:
+            os.write(fd, b"1155")
+        assert read_error.value.errno == write_error.value.errno == errno.ENODEV     # as kernfs does
+    finally:
+        os.close(fd)
