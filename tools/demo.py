@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: accelops.vgpu contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """make demo: run playbooks/site.yml against a simulated GPU node and say what it did.
@@ -247,9 +246,9 @@ def print_gpus(facts):
     print("%-14s %-8s %-12s %-7s %s" % ("PCI address", "model", "framework", "VFs", "vGPUs per GPU"))
     for gpu in facts["gpus"]:
         numvfs, total = vfs.get(gpu["address"], (0, 0))
-        print("%-14s %-8s %-12s %-7s %s" % (gpu["address"], gpu.get("model") or "?", gpu.get("framework", "?"),
-                                           "%d/%d" % (numvfs, total) if total else "-",
-                                           profile_counts(gpu.get("vgpus", []), "after")))
+        row = (gpu["address"], gpu.get("model") or "?", gpu.get("framework", "?"),
+               "%d/%d" % (numvfs, total) if total else "-", profile_counts(gpu.get("vgpus", []), "after"))
+        print("%-14s %-8s %-12s %-7s %s" % row)
     if not facts["gpus"]:
         print("(no results: the vgpu_profiles role did not finish)")
 
@@ -294,8 +293,8 @@ def print_changes(facts, changed):
     for gpu in facts["gpus"]:
         created = [vgpu for vgpu in gpu.get("vgpus", []) if vgpu.get("after") != vgpu.get("before")]
         if created:
-            print("vGPU    %s: %s -> %s" % (gpu["address"], profile_counts(created, "before"),
-                                           profile_counts(created, "after")))
+            before, after = profile_counts(created, "before"), profile_counts(created, "after")
+            print("vGPU    %s: %s -> %s" % (gpu["address"], before, after))
     kinds = Counter(write_kind(entry) for entry in writes)
     failed = sum(1 for entry in writes if entry.get("result") != "ok")
     print("%d sysfs writes (%s)%s" % (len(writes), ", ".join("%s %d" % item for item in sorted(kinds.items())),
