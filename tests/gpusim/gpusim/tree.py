@@ -288,12 +288,12 @@ class Tree:
 
     def mdev(self, mdev, path):
         state = self.state
-        return _own({"mdev_type": link(path, "%s/mdev_supported_types/nvidia-%d"
-                                  % (device_dir(mdev.parent), mdev.vgpu_type.type_id)),
-                "iommu_group": link(path, "kernel/iommu_groups/%d" % mdev.group),
-                "remove": file(write=lambda text: state.store_mdev_remove(mdev, text)),
-                "uevent": value("MDEV_TYPE=nvidia-%d" % mdev.vgpu_type.type_id),
-                "vfio-dev": _vfio_dev(path, mdev.vfio)}, mdev)
+        type_dir = "%s/mdev_supported_types/nvidia-%d" % (device_dir(mdev.parent), mdev.vgpu_type.type_id)
+        return _own({"mdev_type": link(path, type_dir),
+                     "iommu_group": link(path, "kernel/iommu_groups/%d" % mdev.group),
+                     "remove": file(write=lambda text: state.store_mdev_remove(mdev, text)),
+                     "uevent": value("MDEV_TYPE=nvidia-%d" % mdev.vgpu_type.type_id),
+                     "vfio-dev": _vfio_dev(path, mdev.vfio)}, mdev)
 
 
 def _ignore(text):
