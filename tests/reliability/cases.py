@@ -1,0 +1,175 @@
+"""The bad inputs, as data: one row per case, one parametrized test per category (test_bad_inputs.py).
+
+Every row: `id`, what to call, its arguments, and `names`: the object the one-line error must name
+(the PCI address, profile, resource, file or registry). `{tmp}` stands for the case's tmp_path.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.accelops.vgpu.tests.reliability.node_lab import (
+    HELD_VF, PF_EMPTY, PF_FREE, PF_HELD, PF_NIC, PF_NVME, PF_T4, TYPED_VF)
+
+
+def case(case_id, run, names, bug=None, **args):
+    """A row; `bug` (file/function: symptom) marks a known defect of the code under test."""
+    return {"id": case_id, "run": run, "names": names, "args": args, "bug": bug}
+
+
+def vdm(configs, version="v1", **extra):
+    return dict({"version": version, "vgpu-configs": configs}, **extra)
+
+
+UNKNOWN_KEYS_BUG = ("plugins/module_utils/vgpu_layout.py _unknown_keys: an unknown key is inserted with %s, so a "
+                    "key containing a newline makes a two-line error (use %r, as the other messages do)")
+FROM_DOCUMENT_BUG = ("plugins/module_utils/vgpu_layout.py from_document (called by vgpu_profile main and cli._entries "
+                     "after load_file): a file that parses but is no config says 'the file is neither a vGPU config "
+                     "... nor a layout list' without naming the file")
+VDM_24Q = {"l40s-24q": [{"devices": "all", "device-filter": "0x26B910DE", "vgpu-devices": {"L40S-24Q": 2}}]}
+
+# --- node side: sriov_vfs and vgpu_profile through the engine, on the lab node (node_lab.py) -----
+NODE = [
+    case("pci-address-short", "sriov", "0000:41:00", devices=["0000:41:00"]),
+    case("pci-address-bad-hex", "sriov", "0000:4g:00.0", devices=["0000:4g:00.0"]),
+    case("device-path-traversal", "sriov", "../../../etc/passwd", devices=["../../../etc/passwd"]),
+    case("device-absolute-path", "sriov", "/sys/bus/pci/devices/0000:41:00.0",
+         devices=["/sys/bus/pci/devices/0000:41:00.0"]),
+    case("unknown-pf", "sriov", "0000:99:00.0", devices=["0000:99:00.0"]),
+    case("vf-given-as-pf", "sriov", TYPED_VF, devices=[TYPED_VF]),
+    case("device-without-sriov", "sriov", PF_NVME, devices=[PF_NVME]),
+    case("num-vfs-above-total", "sriov", PF_FREE, devices=[PF_FREE], num_vfs=33),
+    case("num-vfs-negative", "sriov", "-1", devices=[PF_FREE], num_vfs=-1),
+    case("num-vfs-not-a-number", "sriov", "lots", devices=[PF_FREE], num_vfs="lots"),
+    case("duplicate-devices", "sriov", PF_FREE, devices=[PF_FREE, PF_FREE]),
+    case("address-and-filter-overlap", "sriov", PF_FREE, devices=[PF_FREE, "10de:26b9"]),
+    case("all-with-others", "sriov", PF_FREE, devices=["all", PF_FREE]),
+    case("filter-matches-nothing", "sriov", "0x20B510DE", devices=["0x20B510DE"]),
+    case("held-vf-disable-even-forced", "sriov", HELD_VF, devices=[PF_HELD], state="absent", force=True),
+    case("programmed-vf-resize-unforced", "sriov", TYPED_VF, devices=[PF_FREE], num_vfs=4, method="sysfs"),
+    case("sriov-manage-partial-count", "sriov", PF_FREE, devices=[PF_FREE], num_vfs=8, method="sriov_manage"),
+    case("sriov-manage-on-a-nic", "sriov", PF_NIC, devices=[PF_NIC], method="sriov_manage"),
+    case("unknown-method", "sriov", "magic", devices=[PF_FREE], method="magic"),
+    case("unknown-profile", "layout", "L40S-7Q", layout=[{"devices": [PF_FREE], "profiles": {"L40S-7Q": 1}}]),
+    case("profile-of-another-model", "layout", "A16-4Q", layout=[{"devices": [PF_FREE], "profiles": {"A16-4Q": 1}}]),
+    case("count-above-capacity", "layout", PF_FREE, layout=[{"devices": [PF_FREE], "profiles": {"L40S-24Q": 3}}]),
+    case("mixed-sizes-without-mixed-size", "layout", PF_FREE,
+         layout=[{"devices": [PF_FREE], "profiles": {"L40S-24Q": 1, "L40S-12Q": 2}}]),
+    case("held-vf-needs-a-change", "layout", HELD_VF, layout=[{"devices": [PF_HELD], "profiles": {"L40S-12Q": 4}}]),
+    case("layout-pci-address-malformed", "layout", "0000:42:00",
+         layout=[{"devices": ["0000:42:00"], "profiles": {"L40S-24Q": 1}}]),
+    case("layout-device-path-traversal", "layout", "../../../../proc/self",
+         layout=[{"devices": ["../../../../proc/self"], "profiles": {"L40S-24Q": 1}}]),
+    case("layout-gpu-index-missing", "layout", "GPU index 7", layout=[{"devices": [7], "profiles": {"L40S-24Q": 1}}]),
+    case("layout-unknown-pf", "layout", "0000:99:00.0",
+         layout=[{"devices": ["0000:99:00.0"], "profiles": {"L40S-24Q": 1}}]),
+    case("profile-name-path-traversal", "layout", "../../etc/shadow",
+         layout=[{"devices": [PF_FREE], "profiles": {"../../etc/shadow": 1}}]),
+    case("profile-count-negative", "layout", "L40S-24Q", layout=[{"devices": [PF_FREE], "profiles": {"L40S-24Q": -1}}]),
+    case("device-filter-malformed", "layout", "0xZZZZ10DE",
+         layout=[{"device_filter": "0xZZZZ10DE", "profiles": {"L40S-24Q": 1}}]),
+    case("vdm-wrong-version", "layout", "v2", config=vdm(VDM_24Q, version="v2"), selected="l40s-24q"),
+    case("vdm-unknown-top-level-key", "layout", "vgpu-config",
+         config=vdm(VDM_24Q, **{"vgpu-config": {}}), selected="l40s-24q"),
+    case("vdm-unknown-entry-key", "layout", "device_filter", selected="l40s-24q", config=vdm(
+        {"l40s-24q": [{"devices": "all", "device_filter": "0x26B910DE", "vgpu-devices": {"L40S-24Q": 2}}]})),
+    case("vdm-selected-name-missing", "layout", "l40s-8q", config=vdm(VDM_24Q), selected="l40s-8q"),
+    case("vdm-several-configs-none-selected", "layout", "l40s-24q",
+         config=vdm(dict(VDM_24Q, other=VDM_24Q["l40s-24q"]))),
+    case("vdm-unknown-key-with-a-newline", "layout", "bad", config=vdm(VDM_24Q, **{"bad\nkey": 1}),
+         selected="l40s-24q", bug=UNKNOWN_KEYS_BUG),
+    case("mixed-size-on-a-turing-gpu-after-another-gpu", "layout", PF_T4, mixed_size=True, bug=(
+        "plugins/module_utils/vgpu_apply.py Node.execute/heterogeneous_mode: with mixed_size, whether a GPU has "
+        "mixed-size mode (nvidia-smi vgpu -ghm) is first asked while executing, GPU by GPU, so a T4 (no such "
+        "mode) fails only after the L40S before it got its current_vgpu_type writes"), layout=[
+        {"devices": [PF_EMPTY], "profiles": {"L40S-24Q": 1, "L40S-12Q": 1}},
+        {"devices": [PF_T4], "profiles": {"T4-4Q": 1, "T4-2Q": 2}}]),
+    case("config-file-missing", "config_file", "{tmp}/absent.yaml", path="{tmp}/absent.yaml"),
+    case("config-file-invalid-yaml", "config_file", "{tmp}/broken.yaml", path="{tmp}/broken.yaml",
+         files={"broken.yaml": "version: v1\nvgpu-configs: {l40s: [\n"}),
+    case("config-file-not-a-config", "config_file", "{tmp}/hosts.yaml", path="{tmp}/hosts.yaml",
+         files={"hosts.yaml": "all:\n  hosts:\n    gpu-a: {}\n"}, bug=FROM_DOCUMENT_BUG),
+    case("config-file-path-traversal", "config_file", "../../../../../../etc/hostname",
+         path="{tmp}/../../../../../../etc/hostname", bug=FROM_DOCUMENT_BUG),
+]
+
+# --- cluster side: the modules as Ansible runs them, against the API server process --------------
+L40S = {"pci_vendor_selector": "10de:26b9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q"}
+KUBEVIRT_ARGS = {"pci_host_devices": [L40S]}
+
+
+def cluster_case(case_id, module, names, cluster="default", bug=None, **args):
+    """`cluster` names a state of the API server (test_bad_inputs.CLUSTER_STATES); `kubeconfig` in
+    args is a kubeconfig fixture variant (valid, broken, missing, dict-without-context)."""
+    args.setdefault("kubeconfig", "valid")
+    return {"id": case_id, "module": module, "names": names, "cluster": cluster, "args": args, "bug": bug}
+
+
+CLUSTER = [
+    cluster_case("kubevirt-cr-absent", "kubevirt_hostdevices", "KubeVirt", cluster="no-kubevirt-cr", **KUBEVIRT_ARGS),
+    cluster_case("kubevirt-crd-absent", "kubevirt_hostdevices", "kubevirts.kubevirt.io", cluster="no-kubevirt-crd",
+                 **KUBEVIRT_ARGS),
+    cluster_case("kubevirt-list-forbidden", "kubevirt_hostdevices", "KubeVirt", cluster="forbid-list-kubevirts",
+                 **KUBEVIRT_ARGS),
+    cluster_case("kubevirt-pinned-name-absent", "kubevirt_hostdevices", "kubevirt/kv", name="kv",
+                 namespace="kubevirt", **KUBEVIRT_ARGS),
+    cluster_case("kubevirt-too-old-for-vendor-vfio", "kubevirt_hostdevices", "kubevirt/kubevirt",
+                 cluster="old-kubevirt", **KUBEVIRT_ARGS),
+    cluster_case("pci-vendor-selector-malformed", "kubevirt_hostdevices", "nvidia.com/NVIDIA_L40S-24Q",
+                 pci_host_devices=[dict(L40S, pci_vendor_selector="10de-26b9")]),
+    cluster_case("duplicate-resource-different-fields", "kubevirt_hostdevices", "nvidia.com/NVIDIA_L40S-24Q",
+                 pci_host_devices=[L40S, dict(L40S, pci_vendor_selector="10de:26b5")]),
+    cluster_case("kubeconfig-broken", "kubevirt_hostdevices", "{kubeconfig}", kubeconfig="broken", bug=(
+        "plugins/module_utils/k8s_client.py build_configuration: a kubeconfig file that is not valid YAML raises "
+        "yaml.YAMLError, which is not caught: the module crashes with a traceback instead of one line naming the file"),
+        **KUBEVIRT_ARGS),
+    cluster_case("kubeconfig-missing", "kubevirt_hostdevices", "{kubeconfig}", kubeconfig="missing", **KUBEVIRT_ARGS),
+    cluster_case("kubeconfig-dict-without-context", "kubevirt_hostdevices", "kubeconfig",
+                 kubeconfig="dict-without-context", **KUBEVIRT_ARGS),
+    cluster_case("cluster-policy-absent", "gpu_operator_policy", "cluster-policy", cluster="no-cluster-policy",
+                 sandbox_workloads_enabled=True),
+    cluster_case("vgpu-manager-version-with-os-tag", "gpu_operator_policy", "580.82.02-ubuntu22.04",
+                 vgpu_manager={"enabled": True, "version": "580.82.02-ubuntu22.04"}),
+    cluster_case("node-absent", "node_labels", "gpu-z", name="gpu-z", profiles={"L40S-24Q": 2}),
+    cluster_case("node-label-profile-invalid", "node_labels", "L40S 24Q", name="gpu-a", profiles={"L40S 24Q": 2}),
+]
+
+# --- build host: vgpu_manager_image and vgpu_driver through their engines ------------------------
+GOOD_RUNFILE = "NVIDIA-Linux-x86_64-570.172.07-vgpu-kvm.run"
+
+
+def image_case(case_id, names, bug=None, **params):
+    """vgpu_manager_image parameters on top of a valid private-registry build (test_bad_inputs)."""
+    return {"id": case_id, "names": names, "params": params, "bug": bug}
+
+
+IMAGE = [
+    image_case("runfile-missing", "{tmp}/NVIDIA-Linux-x86_64-570.172.07-vgpu-kvm-gone.run",
+               runfile="{tmp}/NVIDIA-Linux-x86_64-570.172.07-vgpu-kvm-gone.run"),
+    image_case("runfile-not-vgpu-kvm", "NVIDIA-Linux-x86_64-570.172.07.run",
+               runfile="{tmp}/NVIDIA-Linux-x86_64-570.172.07.run"),
+    image_case("runfile-without-makeself-header", "NVIDIA-Linux-x86_64-570.172.08-vgpu-kvm.run",
+               runfile="{tmp}/NVIDIA-Linux-x86_64-570.172.08-vgpu-kvm.run"),
+    image_case("public-registry-docker-hub", "docker.io", name="docker.io/acme/vgpu-manager"),
+    image_case("public-registry-implicit-docker-hub", "docker.io", name="acme/vgpu-manager"),
+    image_case("public-registry-nvcr", "nvcr.io", name="nvcr.io/acme/vgpu-manager"),
+    image_case("public-registry-gcr-region", "eu.gcr.io", name="eu.gcr.io/acme/vgpu-manager"),
+    image_case("image-name-upper-case", "registry.example.com/Acme/VGPU", name="registry.example.com/Acme/VGPU"),
+    image_case("os-tag-with-space", "ubuntu 24.04", os_tag="ubuntu 24.04"),
+    image_case("driver-version-mismatch", "580.82.02", driver_version="580.82.02"),
+    image_case("context-file-name-traversal", "../entrypoint.sh", context_files={"../entrypoint.sh": "#!/bin/sh\n"}),
+    image_case("context-path-name-absolute", "/usr/local/bin/accelops-vgpu",
+               context_paths={"/usr/local/bin/accelops-vgpu": "{tmp}/" + GOOD_RUNFILE}),
+    image_case("context-path-file-missing", "{tmp}/accelops-vgpu.pyz",
+               context_paths={"accelops-vgpu.pyz": "{tmp}/accelops-vgpu.pyz"}),
+]
+
+DRIVER = [
+    image_case("driver-runfile-missing", "{tmp}/NVIDIA-Linux-x86_64-580.82.02-vgpu-kvm.run",
+               runfile="{tmp}/NVIDIA-Linux-x86_64-580.82.02-vgpu-kvm.run"),
+    image_case("driver-runfile-not-vgpu-kvm", "NVIDIA-Linux-x86_64-570.172.07.run",
+               runfile="{tmp}/NVIDIA-Linux-x86_64-570.172.07.run"),
+    image_case("driver-runfile-version-lies", "NVIDIA-Linux-x86_64-580.82.03-vgpu-kvm.run",
+               runfile="{tmp}/NVIDIA-Linux-x86_64-580.82.03-vgpu-kvm.run"),
+    image_case("driver-downgrade-refused", "550.54.16", runfile="{tmp}/NVIDIA-Linux-x86_64-550.54.16-vgpu-kvm.run"),
+    image_case("driver-absent-with-bad-runfile", "NVIDIA-Linux-x86_64-570.172.07.run", state="absent",
+               runfile="{tmp}/NVIDIA-Linux-x86_64-570.172.07.run"),
+]

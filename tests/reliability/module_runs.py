@@ -1,0 +1,66 @@
+"""Run modules as Ansible does (JSON args on stdin, JSON result) and the API server process.
+
+Unlike the integration helper, a module that crashes is not an assertion error here but a result:
+its message is its whole output, so the one-line check reports the traceback as what users see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ROOT, ApiServer
+
+COLLECTIONS = ROOT / ".build" / "collections"
+MODULES = "ansible_collections.accelops.vgpu.plugins.modules."
+
+
+class ModuleRun:
+    def __init__(self, rc, stdout, stderr):
+        self.rc, self.stdout, self.stderr = rc, stdout, stderr
+        try:
+            self.result = json.loads(stdout[stdout.index("{"):])
+        except ValueError:
+            self.result = None
+
+    @property
+    def failed(self):
+        return self.rc != 0
+
+    @property
+    def message(self):
+        """What the user reads: the module's msg, or everything it printed when it crashed."""
+        if self.result is not None and "msg" in self.result:
+            return self.result["msg"]
+        return (self.stdout + self.stderr).strip()
+
+
+def run_module(module, args, env=None, check=False):
+    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check)}
+    environ = dict((k, v) for k, v in (env or os.environ).items() if not k.startswith("K8S_AUTH_"))
+    environ["PYTHONPATH"] = str(COLLECTIONS)
+    proc = subprocess.run([sys.executable, "-m", MODULES + module], input=json.dumps(payload),
+                          capture_output=True, text=True, env=environ, timeout=120, check=False)
+    return ModuleRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+def start_api_server():
+    """The Kubernetes API server double (tests/fakes/kmock_serve.py) on a free port; stop() it after."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fakes" / "kmock_serve.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline().split()
+    if line[:1] != ["ready"]:
+        stop_process(proc)
+        raise RuntimeError("kmock_serve did not start: %r" % line)
+    return ApiServer(proc, int(line[1]))
+
+
+def stop_process(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,112 @@
+"""Bad inputs (the tables in cases.py): one line naming the object, and zero writes.
+
+Writes are what the system under test saw: the gpusim write log (every attempt, ok or refused),
+the API server's mutating requests, commands that would build/install, files in output dirs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.image_build import ImageBuild
+from ansible_collections.accelops.vgpu.plugins.module_utils.nvdriver import DriverManager
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import (
+    CLUSTER_POLICY, KUBEVIRT, default_state, kubeconfig_dict)
+from ansible_collections.accelops.vgpu.tests.reliability import build_host, cases, node_lab
+from ansible_collections.accelops.vgpu.tests.reliability.module_runs import run_module
+from ansible_collections.accelops.vgpu.tests.reliability.assertions import one_line_naming, params
+
+
+@pytest.mark.parametrize("row", params(cases.NODE))
+def test_node_input_is_refused_in_one_line_without_writes(row, lab, tmp_path, failure_writes):
+    args = dict(row["args"], tmp_path=tmp_path) if row["run"] == "config_file" else row["args"]
+    watched = (node_lab.HELD_VF, node_lab.SECOND_VF, node_lab.TYPED_VF)
+    types_before = dict((vf, lab.vgpu_type(vf)) for vf in watched)
+    lab.node.clear_log()
+    try:
+        with pytest.raises(EngineError) as caught:
+            node_lab.RUNNERS[row["run"]](lab, **args)
+    finally:
+        attempts = lab.attempts()
+        if attempts:
+            lab.restore()  # keep the shared node in its known state for the next rows
+    failure_writes(len(attempts), "gpusim write log: %s" % [(a["path"], a["value"]) for a in attempts[:4]])
+    assert attempts == []
+    one_line_naming(str(caught.value), row["names"].format(tmp=tmp_path))
+    assert dict((vf, lab.vgpu_type(vf)) for vf in watched) == types_before
+
+
+def cluster_state(name):
+    """The API server's content for a case (see cases.CLUSTER `cluster`)."""
+    state = default_state("v1.5.0" if name == "old-kubevirt" else "v1.9.0")
+    if name == "no-kubevirt-crd":
+        del state["resources"][KUBEVIRT]
+    drop = {"no-kubevirt-cr": KUBEVIRT, "no-kubevirt-crd": KUBEVIRT, "no-cluster-policy": CLUSTER_POLICY}.get(name)
+    state["objects"] = [o for o in state["objects"] if o["resource"] != drop]
+    return state
+
+
+def kubeconfig_variant(kind, api_server, tmp_path):
+    """The value of the `kubeconfig` option for a case: a path (valid, broken, missing) or a dict."""
+    path = tmp_path / ("kubeconfig-" + kind)
+    if kind == "valid":
+        path.write_text(json.dumps(kubeconfig_dict(api_server.url)))
+    elif kind == "broken":
+        path.write_text("apiVersion: v1\nclusters: [\n  {name: test, cluster: {server: ")
+    elif kind == "dict-without-context":
+        config = kubeconfig_dict(api_server.url)
+        del config["current-context"], config["contexts"]
+        return config
+    return str(path)
+
+
+@pytest.mark.parametrize("row", params(cases.CLUSTER))
+def test_cluster_input_is_refused_in_one_line_without_writes(row, api_server, tmp_path, failure_writes):
+    api_server.reset(cluster_state(row["cluster"]))
+    if row["cluster"] == "forbid-list-kubevirts":
+        api_server.forbid("GET", "kubevirts")
+    kubeconfig = kubeconfig_variant(row["args"]["kubeconfig"], api_server, tmp_path)
+    run = run_module(row["module"], dict(row["args"], kubeconfig=kubeconfig))
+    writes = api_server.writes()
+    failure_writes(len(writes), "mutating API requests: %s" % writes[:4])
+    assert run.failed and writes == []
+    one_line_naming(run.message, row["names"].format(kubeconfig=kubeconfig))
+
+
+@pytest.fixture(scope="module")
+def runfile_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("runfiles")
+    build_host.runfiles(directory)
+    return directory
+
+
+@pytest.mark.parametrize("row", params(cases.IMAGE))
+def test_image_input_is_refused_in_one_line_without_writes(row, runfile_dir, failure_writes):
+    runner, registry = build_host.QueryOnlyRunner(), build_host.NoRegistry()
+    options = build_host.image_params(runfile_dir, **row["params"])
+    with pytest.raises(EngineError) as caught:
+        ImageBuild(runner, options, registry_client=registry).apply()
+    created = build_host.files_below(options["work_dir"])
+    failure_writes(len(runner.mutations) + len(created), "commands %s, files %s" % (runner.mutations, created))
+    assert runner.mutations == [] and created == []
+    one_line_naming(str(caught.value), row["names"].format(tmp=runfile_dir))
+
+
+@pytest.mark.parametrize("row", params(cases.DRIVER))
+def test_driver_input_is_refused_in_one_line_without_writes(row, lab, runfile_dir, failure_writes):
+    runner = build_host.QueryOnlyRunner()
+    options = build_host.driver_params(runfile_dir, lab.node.root, **row["params"])
+    lab.node.clear_log()
+    manager = DriverManager(runner, options["sysfs_root"], options["modprobe_dir"], options["proc_root"])
+    with pytest.raises(EngineError) as caught:
+        manager.apply(options)
+    created = build_host.files_below(options["modprobe_dir"])
+    attempts = lab.attempts()
+    failure_writes(len(runner.mutations) + len(created) + len(attempts),
+                   "commands %s, files %s, gpusim %s" % (runner.mutations, created, attempts[:4]))
+    assert runner.mutations == [] and created == [] and attempts == []
+    assert lab.node.state()["nvidia"] == {"loaded": True, "version": build_host.DRIVER_LOADED}
+    one_line_naming(str(caught.value), row["names"].format(tmp=runfile_dir))
