@@ -120,15 +120,19 @@ class Fleet:
         return dict((pf, types) for pf in node.pfs())
 
     def check_converged(self, label):
-        """Every host has the layout, one enable per PF and exactly the minimum type writes."""
+        """Every host has the layout; returns the most writes one host got, by attribute name."""
+        most = {}
         for node in self.nodes:
             simnodes.assert_layout(node, self.expected(node), label)
             by_name = simnodes.write_counts(node)["by_name"]
-            pfs = len(node.pfs())
-            wanted = pfs * sum(self.profiles.values())
-            if by_name.get("current_vgpu_type", 0) != wanted or by_name.get("sriov_numvfs", 0) != pfs:
-                raise simnodes.BenchError("%s: %s wrote %s; expected %d current_vgpu_type and %d sriov_numvfs"
-                                          % (label, node.root, by_name, wanted, pfs))
+            if sum(by_name.values()) > sum(most.values()):
+                most = by_name
+        return most
+
+    def minimum_writes(self):
+        """Per host: one enable per PF (the sysfs part of sriov-manage aside) and one type per vGPU."""
+        pfs = len(self.nodes[0].pfs())
+        return {"sriov_numvfs": pfs, "current_vgpu_type": pfs * sum(self.profiles.values())}
 
 
 def _workdir(parent, name):
@@ -178,13 +182,14 @@ def run_p4(settings, tmp):
             for dummy in range(settings.runs["p4"]):
                 fleet.reset()
                 play = fleet.run(NODES_PLAYBOOK, forks)
-                fleet.check_converged("P4 %d hosts" % hosts)
+                writes = fleet.check_converged("P4 %d hosts" % hosts)
                 wall.append(play.wall)
                 cpu.append(play.cpu)
         sizes[str(hosts)] = {"hosts": hosts, "forks": forks, "wall_s": stats.summary(wall),
                              "per_host_s": stats.summary([w / hosts for w in wall]),
                              "per_host_per_fork_s": stats.summary([w * forks / hosts for w in wall]),
-                             "cpu_per_host_s": stats.summary([c / hosts for c in cpu])}
+                             "cpu_per_host_s": stats.summary([c / hosts for c in cpu]),
+                             "writes_per_host_most": writes, "writes_per_host_min": fleet.minimum_writes()}
     first, last = sizes[str(settings.fleet[0])], sizes[str(settings.fleet[-1])]
     growth = stats.ratio_of_medians(last["per_host_s"], first["per_host_s"])
     return {"gpus_per_host": settings.gpus_p4, "profiles": profiles, "forks_ratio": settings.forks_ratio,

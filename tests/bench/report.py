@@ -37,46 +37,52 @@ def _met(flag):
     return "yes" if flag else "**no**"
 
 
+def _p1_rows(p1):
+    for case in ("uniform", "mixed"):
+        data = p1[case]
+        layout = "; ".join("%d GPUs: %s" % (len(entry["gpus"]), " + ".join(
+            "%d×%s" % (n, p) for p, n in entry["profiles"].items())) for entry in data["layout"])
+        what = "%d GPUs × 32 VFs (%s per GPU); writes %d (min %d)" % (
+            p1["gpus"], layout, data["writes"], data["writes_min"])
+        yield ("P1 cold converge, %s" % case, what, "engine " + _spread(data["engine_s"]),
+               "floor " + _spread(data["floor_s"]), _ratio(data["ratio"]), "≤ 1.3×, writes = min", _met(data["met"]))
+
+
+def _p2_rows(p2):
+    what = "nodes.yml on a converged node (%d GPUs); sysfs writes %d, tasks changed %d" % (
+        p2["gpus"], p2["writes"], p2["tasks_changed"])
+    yield ("P2 no-op re-run", what, "nodes.yml " + _spread(p2["node_playbook_s"]),
+           "ping " + _spread(p2["ping_playbook_s"]), _ratio(p2["ratio"]), "≤ 2×, 0 writes", _met(p2["met"]))
+
+
+def _p3_rows(p3):
+    ratio = "%s of L; %s faster than sequential" % (_ratio(p3["parallel_over_latency"]),
+                                                    _ratio(p3["speedup_vs_sequential"]))
+    yield ("P3 VF enable", "%d GPUs, L = %g s per PF" % (p3["gpus"], p3["latency_s"]),
+           "parallel " + _spread(p3["parallel_s"]), "sequential " + _spread(p3["sequential_s"]), ratio,
+           "≤ 1.5·L", _met(p3["met"]))
+
+
+def _p4_rows(p4):
+    sizes = list(p4["sizes"].values())
+    per_host = ", ".join("%d hosts/%d forks: %s" % (s["hosts"], s["forks"], _spread(s["per_host_s"])) for s in sizes)
+    cpu = ", ".join("%d: %s" % (s["hosts"], _spread(s["cpu_per_host_s"])) for s in sizes)
+    writes = ", ".join("%s %d" % item for item in sorted(sizes[-1]["writes_per_host_most"].items()))
+    what = "%d GPUs/host, %s, forks = hosts/%d; sysfs writes/host: %s" % (
+        p4["gpus_per_host"], " + ".join("%d×%s" % (n, p) for p, n in p4["profiles"].items()), p4["forks_ratio"],
+        writes)
+    ratio = "%.2f× wall/host, %.2f× CPU/host (%d vs %d hosts)" % (
+        p4["per_host_growth"], p4["cpu_per_host_growth"], sizes[-1]["hosts"], sizes[0]["hosts"])
+    yield ("P4 fleet, cold converge", what, "wall/host " + per_host, "CPU/host " + cpu, ratio, "≤ 1.2×",
+           _met(p4["met"]))
+
+
+ROWS = (("p1", _p1_rows), ("p2", _p2_rows), ("p3", _p3_rows), ("p4", _p4_rows))
+
+
 def rows(results):
     """[(part, measure, value, baseline, ratio, target, met)] for the parts that ran."""
-    table = []
-    p1 = results.get("p1")
-    for case in ("uniform", "mixed"):
-        if p1 and case in p1:
-            data = p1[case]
-            layout = "; ".join("%d GPUs: %s" % (len(entry["gpus"]), " + ".join(
-                "%d×%s" % (n, p) for p, n in entry["profiles"].items())) for entry in data["layout"])
-            table.append(("P1 cold converge, %s" % case,
-                          "%d GPUs × 32 VFs (%s per GPU); writes %d (min %d)" % (p1["gpus"], layout, data["writes"],
-                                                                               data["writes_min"]),
-                          "engine " + _spread(data["engine_s"]), "floor " + _spread(data["floor_s"]),
-                          _ratio(data["ratio"]), "≤ 1.3×, writes = min", _met(data["met"])))
-    p2 = results.get("p2")
-    if p2:
-        table.append(("P2 no-op re-run", "nodes.yml on a converged node (%d GPUs); sysfs writes %d, tasks changed %d"
-                      % (p2["gpus"], p2["writes"], p2["tasks_changed"]),
-                      "nodes.yml " + _spread(p2["node_playbook_s"]), "ping " + _spread(p2["ping_playbook_s"]),
-                      _ratio(p2["ratio"]), "≤ 2×, 0 writes", _met(p2["met"])))
-    p3 = results.get("p3")
-    if p3:
-        table.append(("P3 VF enable", "%d GPUs, L = %g s per PF" % (p3["gpus"], p3["latency_s"]),
-                      "parallel " + _spread(p3["parallel_s"]), "sequential " + _spread(p3["sequential_s"]),
-                      "%s of L; %s faster than sequential" % (_ratio(p3["parallel_over_latency"]),
-                                                              _ratio(p3["speedup_vs_sequential"])),
-                      "≤ 1.5·L", _met(p3["met"])))
-    p4 = results.get("p4")
-    if p4:
-        sizes = list(p4["sizes"].values())
-        per_host = ", ".join("%d hosts/%d forks: %s" % (s["hosts"], s["forks"], _spread(s["per_host_s"]))
-                             for s in sizes)
-        cpu = ", ".join("%d: %s" % (s["hosts"], _spread(s["cpu_per_host_s"])) for s in sizes)
-        table.append(("P4 fleet, cold converge", "%d GPUs/host, forks = hosts/%d" % (p4["gpus_per_host"],
-                                                                                       p4["forks_ratio"]),
-                      "wall/host " + per_host, "CPU/host " + cpu,
-                      "%.2f× wall/host, %.2f× CPU/host (%d vs %d hosts)" % (
-                          p4["per_host_growth"], p4["cpu_per_host_growth"], sizes[-1]["hosts"], sizes[0]["hosts"]),
-                      "≤ 1.2×", _met(p4["met"])))
-    return table
+    return [row for part, make in ROWS if part in results for row in make(results[part])]
 
 
 def markdown(report):
