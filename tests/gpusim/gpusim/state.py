@@ -519,9 +519,12 @@ class State:
         """What .gpusim/state.json shows: read by the fake nvidia-smi and the test helpers."""
         with self.lock:
             gpus = [{"address": pf.address, "model": pf.model.key, "product": pf.model.product,
-                     "framework": pf.model.framework, "mixed_size": pf.mixed,
+                     "pci_id": pf.model.pci_id, "framework": pf.model.framework, "mixed_size": pf.mixed,
                      "mixed_size_supported": pf.model.mixed_size, "driver": pf.driver,
-                     "numvfs": len(pf.vfs)} for pf in self.pfs]
+                     "numvfs": len(pf.vfs), "framebuffer_gib": pf.model.framebuffer_gib,
+                     "types": [{"id": t.type_id, "name": t.name, "framebuffer_gib": t.framebuffer_gib,
+                                "max_instances": t.max_instances} for t in pf.model.types]}
+                    for pf in self.pfs]
             held = {}
             for dev in list(self.devices.values()) + list(self.mdevs.values()):
                 if self.held(dev):

@@ -64,6 +64,18 @@ def test_nvidia_smi_query_lists_every_gpu_and_its_mode(gpusim_node):
     assert subprocess.run(["nvidia-smi", "vgpu", "-i", "7", "-ghm"], env=node.env, check=False).returncode == 6
 
 
+def test_nvidia_smi_lists_supported_types(gpusim_node):
+    node = gpusim_node("l40s:1,t4:1")
+    verbose = subprocess.run(["nvidia-smi", "vgpu", "-s", "-v", "-i", node.pfs()[0]], env=node.env,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    ids = [int(line.split(":")[1], 16) for line in verbose if line.strip().startswith("vGPU Type ID")]
+    names = [line.split(":")[1].strip() for line in verbose if line.strip().startswith("Name")]
+    assert dict(zip(ids, names))[1155] == "NVIDIA L40S-24Q" and len(ids) == 23
+    short = subprocess.run(["nvidia-smi", "vgpu", "-s", "-i", "1"], env=node.env, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert short[0] == "GPU 00000000:42:00.0" and short[1].strip() == "GRID T4-1B"
+
+
 def test_models_catalogue(tmp_path):
     table = subprocess.run([sys.executable, "-m", "gpusim.cli", "models"], capture_output=True, text=True, check=False).stdout
     assert table.splitlines()[0].split()[:3] == ["MODEL", "PCI", "ID"]

@@ -3,6 +3,7 @@
   nvidia-smi -q                          per GPU, includes "vGPU Heterogeneous Mode : Enabled|Disabled"
   nvidia-smi vgpu [-i ID] -shm 0|1       set mixed-size (heterogeneous) mode
   nvidia-smi vgpu [-i ID] -ghm           get it
+  nvidia-smi vgpu [-i ID] -s [-v]        supported vGPU types (names; with -v ID, FB, max instances)
 ID = index, PCI address (0000:41:00.0, 00000000:41:00.0, 41:00.0). Acts on $GPUSIM_ROOT (default /sys)
 through ROOT/.gpusim/state.json (read) and ROOT/.gpusim/ctl (write). GPUs are the NVIDIA PFs bound
 to nvidia, in PCI order. Output wording beyond the mode line is an ASSUMPTION.
@@ -55,6 +56,25 @@ def query(snapshot, gpus):
     return 0
 
 
+def supported(gpus, verbose):
+    """Layout of `nvidia-smi vgpu -s [-v]` as far as known (ASSUMPTION: field set and order)."""
+    lines = []
+    for gpu in gpus:
+        vendor, device = gpu["pci_id"].split(":")
+        lines.append("GPU %s" % bus_id(gpu["address"]))
+        for vgpu_type in gpu["types"]:
+            if not verbose:
+                lines.append("    %s" % vgpu_type["name"])
+                continue
+            lines += ["    vGPU Type ID                          : 0x%x" % vgpu_type["id"],
+                      "        Name                              : %s" % vgpu_type["name"],
+                      "        Max Instances                     : %d" % vgpu_type["max_instances"],
+                      "        Device ID                         : 0x%s%s" % (device, vendor),
+                      "        FB Memory                         : %d MiB" % (vgpu_type["framebuffer_gib"] * 1024)]
+    print("\n".join(lines))
+    return 0
+
+
 def set_mode(gpus, value):
     for gpu in gpus:
         try:
@@ -102,8 +122,10 @@ def main(argv):
         return 0
     if args[:1] == ["vgpu"] and len(args) == 3 and args[1] == "-shm" and args[2] in ("0", "1"):
         return set_mode(gpus, args[2])
+    if args[:1] == ["vgpu"] and args[1:] in (["-s"], ["-s", "-v"], ["-v", "-s"]):
+        return supported(gpus, "-v" in args)
     print("nvidia-smi (gpusim): unsupported arguments %s; supported: -q, vgpu [-i ID] -shm 0|1, "
-          "vgpu [-i ID] -ghm" % " ".join(argv), file=sys.stderr)
+          "vgpu [-i ID] -ghm, vgpu [-i ID] -s [-v]" % " ".join(argv), file=sys.stderr)
     return 2
 
 
