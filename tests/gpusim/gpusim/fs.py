@@ -1,7 +1,9 @@
 """The FUSE server: serves a State's Tree, logs every sysfs write, counts open VFIO handles.
 
 Multi-threaded (libfuse's default loop); every callback takes the State lock only briefly, so a
-slow sriov_numvfs store on one PF never blocks reads or other PFs. Mounted with allow_other (so
+slow sriov_numvfs store on one PF never blocks reads or other PFs. libfuse 3.14's fuse_main ignores
+max_threads (it logs "Ignoring invalid max threads value"), so at most 10 requests run at once:
+more than 10 PFs enabling with latency at the same moment take a multiple of the latency. Mounted with allow_other (so
 podman containers see it through a bind mount), direct_io and zero cache timeouts (every read and
 lookup reaches the server, like sysfs).
 """
@@ -21,8 +23,7 @@ from gpusim.state import SimError
 from gpusim.tree import GPUSIM_DIR, Tree, canonical
 
 MOUNT_OPTIONS = {"foreground": True, "allow_other": True, "direct_io": True, "attr_timeout": 0,
-                 "entry_timeout": 0, "negative_timeout": 0, "fsname": "gpusim", "subtype": "gpusim",
-                 "max_threads": 64}
+                 "entry_timeout": 0, "negative_timeout": 0, "fsname": "gpusim", "subtype": "gpusim"}
 
 
 class SimFS(mfusepy.Operations):
