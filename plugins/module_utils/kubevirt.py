@@ -29,6 +29,7 @@ HOST_DEVICES_GATE = "HostDevices"
 # kubevirt/kubevirt PR #16890 (nvidia-bound VFs) and PR #18112 (display) shipped together in
 # v1.9.0; the backports to 1.6-1.8 are disputed (domain brief section 7.3).
 VENDOR_VFIO_MIN_VERSION = "1.9.0"
+VIRT_HANDLER_ENV = "VIRT_HANDLER_IMAGE"
 
 PCI, MDEV = "pciHostDevices", "mediatedDevices"
 SELECTOR = {PCI: "pciVendorSelector", MDEV: "mdevNameSelector"}
@@ -264,6 +265,45 @@ def read_kubevirt(api, name=None, namespace=None):
     return select_kubevirt(items, name, namespace)
 
 
+def plan_virt_handler_image(deployment, image, container="virt-operator"):
+    """Set (or with image "" remove) VIRT_HANDLER_IMAGE on the virt-operator container.
+
+    A per-component override: spec.imageRegistry/imageTag of the KubeVirt CR would switch every
+    component, while virt-operator reads VIRT_HANDLER_IMAGE for virt-handler alone (brief 7.1).
+    """
+    meta = deployment.get("metadata") or {}
+    what = "Deployment %s/%s" % (meta.get("namespace"), meta.get("name"))
+    containers = copy.deepcopy(((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [])
+    target = next((c for c in containers if c.get("name") == container), None)
+    if target is None:
+        raise KubeVirtError("%s: no container %r to set VIRT_HANDLER_IMAGE on" % (what, container))
+    env = target.get("env") or []
+    old = next((e.get("value") for e in env if e.get("name") == VIRT_HANDLER_ENV), None)
+    new = image or None
+    if old == new:
+        return WritePlan(None, [], {"virtHandlerImage": old}, {"virtHandlerImage": new})
+    env = [e for e in env if e.get("name") != VIRT_HANDLER_ENV]
+    if new:
+        env.append({"name": VIRT_HANDLER_ENV, "value": new})
+    target["env"] = env
+    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+             "spec": {"template": {"spec": {"containers": containers}}}}
+    change = "%s: %s %s" % (what, "set" if new else "remove", VIRT_HANDLER_ENV + ("=" + new if new else ""))
+    return WritePlan(patch, [change], {"virtHandlerImage": old}, {"virtHandlerImage": new})
+
+
+def _run_virt_handler_image(api, params, check_mode, namespace):
+    name = params.get("virt_operator_deployment") or "virt-operator"
+
+    def write(current, patch):
+        if not (check_mode and params.get("dry_run") == "client"):
+            api.patch_deployment(name, namespace, patch, dry_run=check_mode)
+
+    return read_modify_write(lambda: api.get_deployment(name, namespace),
+                             lambda dep: plan_virt_handler_image(dep, params["virt_handler_image"]),
+                             write, params.get("conflict_retries", 5))[1]
+
+
 def run_hostdevices(api, params, check_mode):
     """kubevirt_hostdevices: read the CR, plan, write with resourceVersion, retry on 409."""
     pci, mdev, vendor_vfio = _desired_from_params(params)
@@ -291,9 +331,17 @@ def run_hostdevices(api, params, check_mode):
         lambda: read_kubevirt(api, params.get("name"), params.get("namespace")), plan, write,
         params.get("conflict_retries", 5))
     meta = cr["metadata"]
-    return {"changed": result.changed, "changes": result.changes, "attempts": attempts,
+    before, after, changes = dict(result.before), dict(result.after), list(result.changes)
+    changed = result.changed
+    if params.get("virt_handler_image") is not None:
+        image = _run_virt_handler_image(api, params, check_mode, meta.get("namespace"))
+        before.update(image.before)
+        after.update(image.after)
+        changes += image.changes
+        changed = changed or image.changed
+    return {"changed": changed, "changes": changes, "attempts": attempts,
             "kubevirt": {"name": meta["name"], "namespace": meta.get("namespace"), "version": deployed_version(cr)},
-            "diff": {"before": result.before, "after": result.after}, "warnings": sorted(set(warnings))}
+            "diff": {"before": before, "after": after}, "warnings": sorted(set(warnings))}
 
 
 # --- from per-node vgpu_profile results to cluster entries (roles/kubevirt_vgpu) -------------

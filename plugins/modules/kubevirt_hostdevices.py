@@ -20,9 +20,9 @@ description:
     when entries are present (other gates are kept; the gate is never removed).
   - Vendor-specific VFIO vGPU (C(nvidia)-bound virtual functions in O(pci_host_devices)) needs
     KubeVirt 1.9.0 or newer; an older deployed version fails unless O(skip_version_check) is set.
-  - To run a patched virt-handler instead, set the C(VIRT_HANDLER_IMAGE) environment variable of the
-    virt-operator Deployment (it overrides only virt-handler, unlike C(spec.imageRegistry) and
-    C(spec.imageTag), which apply to all KubeVirt components); this module does not manage it.
+  - O(virt_handler_image) runs a patched virt-handler (for example one carrying KubeVirt PR #16890 on an
+    older release) through the C(VIRT_HANDLER_IMAGE) environment variable of the virt-operator Deployment;
+    unlike C(spec.imageRegistry) and C(spec.imageTag) of the CR, it leaves the other KubeVirt components alone.
 author:
   - accelops.vgpu contributors (@accelops)
 extends_documentation_fragment:
@@ -103,6 +103,16 @@ options:
     description: Proceed with vendor-VFIO entries whatever KubeVirt version is deployed (a warning is shown).
     type: bool
     default: false
+  virt_handler_image:
+    description:
+      - Image for virt-handler, set as C(VIRT_HANDLER_IMAGE) on the C(virt-operator) container of the
+        O(virt_operator_deployment) Deployment in the KubeVirt CR's namespace; V("") removes the override.
+      - Unset leaves the Deployment alone.
+    type: str
+  virt_operator_deployment:
+    description: Name of the virt-operator Deployment (in the KubeVirt CR's namespace).
+    type: str
+    default: virt-operator
   minimum_version:
     description: The KubeVirt version vendor-VFIO entries need (from C(status.observedKubeVirtVersion)).
     type: str
@@ -151,7 +161,7 @@ kubevirt:
     namespace: {description: Namespace of the CR., type: str, returned: always}
     version: {description: Deployed KubeVirt version from the CR status., type: str, returned: always}
 diff:
-  description: Before and after of C(permittedHostDevices) lists and C(featureGates).
+  description: Before and after of C(permittedHostDevices) lists, C(featureGates) and, with O(virt_handler_image), C(virtHandlerImage).
   returned: diff mode
   type: dict
 """
@@ -184,6 +194,8 @@ def argspec():
         feature_gate={"type": "bool", "default": True},
         skip_version_check={"type": "bool", "default": False},
         minimum_version={"type": "str", "default": "1.9.0"},
+        virt_handler_image={"type": "str"},
+        virt_operator_deployment={"type": "str", "default": "virt-operator"},
     )
 
 

@@ -17,6 +17,7 @@ MODULES = "ansible_collections.accelops.vgpu.plugins.modules."
 KUBEVIRT = "kubevirt.io/v1/kubevirts"
 CLUSTER_POLICY = "nvidia.com/v1/clusterpolicies"
 NODES = "v1/nodes"
+DEPLOYMENTS = "apps/v1/deployments"
 TOKEN = "s3cr3t-token-0123456789"
 
 FOREIGN_NIC = {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710"}
@@ -51,6 +52,16 @@ def node(name, labels=None):
                          "labels": dict({"kubernetes.io/hostname": name}, **(labels or {}))}}
 
 
+def virt_operator():
+    container = {"name": "virt-operator", "image": "quay.io/kubevirt/virt-operator:v1.9.0",
+                 "env": [{"name": "OPERATOR_IMAGE", "value": "quay.io/kubevirt/virt-operator:v1.9.0"}]}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "virt-operator", "namespace": "kubevirt", "resourceVersion": "1"},
+            "spec": {"selector": {"matchLabels": {"kubevirt.io": "virt-operator"}},
+                     "template": {"metadata": {"labels": {"kubevirt.io": "virt-operator"}},
+                                  "spec": {"containers": [container, {"name": "sidecar", "image": "busybox"}]}}}}
+
+
 RESOURCES = {
     KUBEVIRT: {"kind": "KubeVirt", "singular": "kubevirt", "namespaced": True, "verbs": ["get", "list", "patch"]},
     CLUSTER_POLICY: {"kind": "ClusterPolicy", "singular": "clusterpolicy", "namespaced": False,
@@ -65,6 +76,7 @@ def default_state(version="v1.9.0"):
         {"resource": CLUSTER_POLICY, "name": "cluster-policy", "body": cluster_policy()},
         {"resource": NODES, "name": "gpu-a", "body": node("gpu-a", {"team": "ml"})},
         {"resource": NODES, "name": "gpu-b", "body": node("gpu-b")},
+        {"resource": DEPLOYMENTS, "namespace": "kubevirt", "name": "virt-operator", "body": virt_operator()},
     ]}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster_helpers import (FOREIGN_MDEV, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, RESOURCES, TOKEN, default_state,
+from cluster_helpers import (DEPLOYMENTS, FOREIGN_MDEV, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, RESOURCES, TOKEN, default_state,
                              kubeconfig_dict, kubevirt_cr, run_module)
 
 L40S = {"pci_vendor_selector": "10de:26b9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q"}
@@ -198,3 +198,23 @@ def test_unreachable_api_server_is_one_line(cluster):
     rc, result = run_module("kubevirt_hostdevices", {"host": "http://127.0.0.1:9", "pci_host_devices": [L40S]})
     assert rc == 1 and result["msg"].startswith("KubeVirt CRs: cannot reach the Kubernetes API: ")
     assert "\n" not in result["msg"]
+
+
+def test_virt_handler_image_override_on_the_virt_operator_deployment(cluster, kubeconfig):
+    image = "registry.example.com/kubevirt/virt-handler:v1.8.2-sriov-vgpu"
+    args = {"kubeconfig": kubeconfig, "virt_handler_image": image}
+    rc, checked = run_module("kubevirt_hostdevices", args, check=True, diff=True)
+    assert rc == 0 and checked["changed"] and checked["diff"]["after"]["virtHandlerImage"] == image
+    assert all(w["dryRun"] == "All" for w in cluster.writes())
+    rc, result = run_module("kubevirt_hostdevices", args)
+    assert rc == 0 and result["changed"]
+    assert "Deployment kubevirt/virt-operator: set VIRT_HANDLER_IMAGE=" + image in result["changes"]
+    containers = cluster.get(DEPLOYMENTS, "virt-operator", "kubevirt")["spec"]["template"]["spec"]["containers"]
+    assert containers[0]["env"][-1] == {"name": "VIRT_HANDLER_IMAGE", "value": image}
+    assert containers[0]["env"][0]["name"] == "OPERATOR_IMAGE" and containers[1]["name"] == "sidecar"
+    rc, again = run_module("kubevirt_hostdevices", args)
+    assert rc == 0 and again["changed"] is False
+    rc, removed = run_module("kubevirt_hostdevices", dict(args, virt_handler_image=""))
+    assert rc == 0 and removed["changed"]
+    env = cluster.get(DEPLOYMENTS, "virt-operator", "kubevirt")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["name"] for e in env] == ["OPERATOR_IMAGE"]

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from cluster_helpers import COLLECTIONS, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, ROOT
+from cluster_helpers import CLUSTER_POLICY, COLLECTIONS, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, ROOT
 
 
 def resource(profile, pci_id="10DE:26B9", count=2):
@@ -39,8 +39,14 @@ def run_role(tmp_path, kubeconfig, nodes, role_vars=None, check=False, via_role_
 
 def test_role_publishes_entries_and_labels_then_is_idempotent(cluster, kubeconfig, tmp_path):
     nodes = {"gpu-a": [resource("L40S-24Q"), resource("H100-40C", "10DE:2331", 1)], "gpu-b": [resource("L40S-24Q")]}
-    proc = run_role(tmp_path, kubeconfig, nodes, {"kubevirt_vgpu_exclusive": True})
+    role_vars = {"kubevirt_vgpu_exclusive": True, "kubevirt_vgpu_manage_cluster_policy": True,
+                 "kubevirt_vgpu_vgpu_manager": {"enabled": True, "repository": "registry.example.com/nvidia",
+                                                "version": "580.82.02"}}
+    proc = run_role(tmp_path, kubeconfig, nodes, role_vars)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    policy = cluster.get(CLUSTER_POLICY, "cluster-policy")["spec"]
+    assert policy["sandboxWorkloads"]["enabled"] is True and policy["vgpuDeviceManager"]["enabled"] is False
+    assert policy["vgpuManager"]["version"] == "580.82.02"
     pci = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
     assert pci == [FOREIGN_NIC, {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q"},
                    {"pciVendorSelector": "10DE:2331", "resourceName": "nvidia.com/NVIDIA_H100-40C"}]
@@ -51,7 +57,7 @@ def test_role_publishes_entries_and_labels_then_is_idempotent(cluster, kubeconfi
     assert labels["nvidia.com/gpu.deploy.sandbox-validator"] == "false"
 
     cluster.clear_log()
-    again = run_role(tmp_path, kubeconfig, nodes, {"kubevirt_vgpu_exclusive": True})
+    again = run_role(tmp_path, kubeconfig, nodes, role_vars)
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout
     assert cluster.writes() == []
 

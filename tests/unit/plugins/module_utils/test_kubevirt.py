@@ -238,3 +238,21 @@ def test_host_without_results_is_an_error():
                                                   "nvidia.com/NVIDIA_RTX_PRO_6000_Blackwell_DC")])
 def test_model_resource_name(type_name, resource):
     assert kv.model_resource_name(type_name) == resource
+
+
+def test_virt_handler_image_keeps_other_env_and_containers():
+    deployment = {"metadata": {"name": "virt-operator", "namespace": "kubevirt", "resourceVersion": "4"},
+                  "spec": {"template": {"spec": {"containers": [
+                      {"name": "virt-operator", "env": [{"name": "X", "value": "1"},
+                                                        {"name": "VIRT_HANDLER_IMAGE", "value": "old"}]},
+                      {"name": "other"}]}}}}
+    plan = kv.plan_virt_handler_image(deployment, "new")
+    containers = plan.patch["spec"]["template"]["spec"]["containers"]
+    assert containers == [{"name": "virt-operator", "env": [{"name": "X", "value": "1"},
+                                                            {"name": "VIRT_HANDLER_IMAGE", "value": "new"}]},
+                          {"name": "other"}]
+    assert plan.patch["metadata"] == {"resourceVersion": "4"} and (plan.before, plan.after) == (
+        {"virtHandlerImage": "old"}, {"virtHandlerImage": "new"})
+    assert not kv.plan_virt_handler_image(deployment, "old").changed
+    with pytest.raises(kv.KubeVirtError, match="Deployment kubevirt/virt-operator: no container 'virt-op'"):
+        kv.plan_virt_handler_image(deployment, "new", container="virt-op")
