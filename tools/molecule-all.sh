@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run every Molecule scenario (molecule/<name>/molecule.yml) with `molecule test -s NAME`; exit
-# non-zero if any fails. Whatever happens, no node container (label owner=vgpu-molecule) and no
-# simulated tree (.build/molecule/*/*/sys) outlives the run.
+# Run every Molecule scenario (molecule/<name>/molecule.yml on top of molecule/config.yml) with
+# `molecule --base-config molecule/config.yml test -s NAME`; exit non-zero if any fails.
+# Whatever happens, no node container (label owner=vgpu-molecule) and no simulated tree
+# (.build/molecule/*/*/sys) outlives the run.
 #   usage: tools/molecule-all.sh [SCENARIO...]
 set -u
 cd "$(dirname "$0")/.."
@@ -41,7 +42,7 @@ declare -a summary
 for s in "${scenarios[@]}"; do
   start=$SECONDS
   echo "=== molecule scenario: $s ==="
-  if molecule test -s "$s"; then status=PASS; else status=FAIL; rc=1; fi
+  if molecule --base-config molecule/config.yml test -s "$s"; then status=PASS; else status=FAIL; rc=1; fi
   cleanup
   summary+=("$status $s ($((SECONDS - start)) s)")
 done
