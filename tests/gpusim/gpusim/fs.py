@@ -19,7 +19,7 @@ import time
 
 import mfusepy
 
-from gpusim.state import SimError
+from gpusim.devices import SimError
 from gpusim.tree import GPUSIM_DIR, Tree, canonical
 
 MOUNT_OPTIONS = {"foreground": True, "allow_other": True, "direct_io": True, "attr_timeout": 0,
