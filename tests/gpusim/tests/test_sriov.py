@@ -102,3 +102,27 @@ def test_non_sriov_devices_have_no_sriov_files(gpusim_node):
     for pf in node.pfs():
         assert not os.path.exists(node.device_path(pf, "sriov_numvfs"))
     assert read(node.device_path(node.pfs("nvme")[0], "class")) == "0x010802"
+
+
+def test_every_link_in_a_busy_tree_resolves(gpusim_node):
+    node = gpusim_node("l40s:1,a2:1,t4:1,nic:1,nvme:1")
+    l40s, a2, t4, nic, dummy = node.pfs()
+    for pf in (l40s, a2):                               # two VFs each keep the walk short
+        rebind(node, pf, "nvidia", "pci-pf-stub")
+        write(node.device_path(pf, "sriov_numvfs"), "2")
+        rebind(node, pf, "pci-pf-stub", "nvidia")
+    write(node.device_path(nic, "sriov_numvfs"), "2")
+    write(node.path("class/mdev_bus", t4, "mdev_supported_types/nvidia-230/create"),
+          "11111111-2222-4333-8444-555555555555")
+    a2_vf = node.vfs(a2)[0]
+    write(node.path("class/mdev_bus", a2_vf, "mdev_supported_types/nvidia-746/create"),
+          "11111111-2222-4333-8444-666666666666")
+    links = []
+    for folder, dirs, files in os.walk(node.root):
+        links += [os.path.join(folder, name) for name in dirs + files if os.path.islink(os.path.join(folder, name))]
+    assert len(links) > 60
+    assert [link for link in links if not os.path.exists(link)] == []
+    assert sorted(os.listdir(node.path("bus/mdev/devices"))) == ["11111111-2222-4333-8444-555555555555",
+                                                                "11111111-2222-4333-8444-666666666666"]
+    assert os.path.realpath(node.path("bus/mdev/devices/11111111-2222-4333-8444-666666666666/..")) == \
+        os.path.realpath(node.device_path(a2_vf))
