@@ -171,7 +171,7 @@ def plan_node_labels(node_obj, desired, owned_prefix, state="present", only_if_o
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "labels": labels_patch}}
     touched = set(labels_patch) | set(desired)
     return WritePlan(patch, changes, {k: current[k] for k in sorted(touched) if k in current},
-                {k: target[k] for k in sorted(touched) if k in target})
+                     {k: target[k] for k in sorted(touched) if k in target})
 
 
 def node_desired_labels(params):

@@ -20,7 +20,7 @@ description:
     when entries are present (other gates are kept; the gate is never removed).
   - Vendor-specific VFIO vGPU (C(nvidia)-bound virtual functions in O(pci_host_devices)) needs
     KubeVirt 1.9.0 or newer; an older deployed version fails unless O(skip_version_check) is set.
-  - O(virt_handler_image) runs a patched virt-handler (for example one carrying KubeVirt PR #16890 on an
+  - O(virt_handler_image) runs a patched virt-handler (for example one carrying KubeVirt PR 16890 on an
     older release) through the C(VIRT_HANDLER_IMAGE) environment variable of the virt-operator Deployment;
     unlike C(spec.imageRegistry) and C(spec.imageTag) of the CR, it leaves the other KubeVirt components alone.
 author:
