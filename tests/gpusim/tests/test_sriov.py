@@ -122,7 +122,7 @@ def test_every_link_in_a_busy_tree_resolves(gpusim_node):
         links += [os.path.join(folder, name) for name in dirs + files if os.path.islink(os.path.join(folder, name))]
     assert len(links) > 60
     assert [link for link in links if not os.path.exists(link)] == []
-    assert sorted(os.listdir(node.path("bus/mdev/devices"))) == ["11111111-2222-4333-8444-555555555555",
-                                                                "11111111-2222-4333-8444-666666666666"]
-    assert os.path.realpath(node.path("bus/mdev/devices/11111111-2222-4333-8444-666666666666/..")) == \
-        os.path.realpath(node.device_path(a2_vf))
+    t4_mdev, a2_mdev = "11111111-2222-4333-8444-555555555555", "11111111-2222-4333-8444-666666666666"
+    assert sorted(os.listdir(node.path("bus/mdev/devices"))) == [t4_mdev, a2_mdev]
+    parent = os.path.realpath(node.path("bus/mdev/devices", a2_mdev, ".."))
+    assert parent == os.path.realpath(node.device_path(a2_vf))
