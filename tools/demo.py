@@ -31,7 +31,6 @@ SYS = os.path.join(DEMO, "sys")
 TOOLS = os.path.join(DEMO, "bin")
 FACTS = os.path.join(DEMO, "facts")
 KUBECONFIG = os.path.join(DEMO, "kubeconfig")
-API_PID = os.path.join(DEMO, "kmock.pid")
 KMOCK = os.path.join(REPO, "tests", "fakes", "kmock_serve.py")
 NODE_ROOT = os.path.join(DEMO, "node-root")
 DEFAULT_GPUS = "l40s:2,a16:1,t4:1"
@@ -54,7 +53,7 @@ def is_mounted(path):
 
 # ---------------------------------------------------------------- bring up / tear down
 
-def cluster_seed():
+def cluster_seed(node_name):
     """What the emulated cluster holds before the run: KubeVirt (with another team's NIC entry the
     run must keep), the GPU Operator ClusterPolicy and the node object."""
     kubevirt = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
@@ -69,7 +68,7 @@ def cluster_seed():
               "spec": {"sandboxWorkloads": {"enabled": False, "defaultWorkload": "container"},
                        "vgpuDeviceManager": {"enabled": True}}}
     node = {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "demo-node", "resourceVersion": "1", "labels": {"kubernetes.io/hostname": "demo-node"}}}
+            "metadata": {"name": node_name, "resourceVersion": "1", "labels": {"kubernetes.io/hostname": node_name}}}
     verbs = ["get", "list", "patch"]
     return {"resources": {
         "kubevirt.io/v1/kubevirts": {"kind": "KubeVirt", "singular": "kubevirt", "namespaced": True, "verbs": verbs},
@@ -79,23 +78,24 @@ def cluster_seed():
         "objects": [
             {"resource": "kubevirt.io/v1/kubevirts", "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt},
             {"resource": "nvidia.com/v1/clusterpolicies", "name": "cluster-policy", "body": policy},
-            {"resource": "v1/nodes", "name": "demo-node", "body": node}]}
+            {"resource": "v1/nodes", "name": node_name, "body": node}]}
 
 
-def start_api_server():
-    """The API emulator (its own process), seeded; returns its URL and writes a kubeconfig for it."""
+def start_api_server(state_dir, node_name):
+    """The API emulator (its own process) seeded for one node; returns its URL. Leaves its pid and a
+    kubeconfig for it in state_dir. Also used by the Molecule cluster scenario."""
     proc = subprocess.Popen([sys.executable, KMOCK], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    with open(API_PID, "w", encoding="utf-8") as handle:
+    with open(os.path.join(state_dir, "kmock.pid"), "w", encoding="utf-8") as handle:
         handle.write(str(proc.pid))
     line = proc.stdout.readline().split()
     if len(line) != 2 or line[0] != "ready":
         raise SystemExit("demo: the API server did not start (%s printed %r)" % (rel(KMOCK), " ".join(line)))
     url = "http://127.0.0.1:%s" % line[1]
-    request = urllib.request.Request(url + "/_ctl/reset", data=json.dumps(cluster_seed()).encode(),
+    request = urllib.request.Request(url + "/_ctl/reset", data=json.dumps(cluster_seed(node_name)).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(request, timeout=10):
         pass
-    with open(KUBECONFIG, "w", encoding="utf-8") as handle:
+    with open(os.path.join(state_dir, "kubeconfig"), "w", encoding="utf-8") as handle:
         json.dump({"apiVersion": "v1", "kind": "Config", "current-context": "demo",
                    "clusters": [{"name": "demo", "cluster": {"server": url}}],
                    "users": [{"name": "demo", "user": {"token": "demo-token"}}],
@@ -103,20 +103,21 @@ def start_api_server():
     return url
 
 
-def stop_api_server():
+def stop_api_server(state_dir):
+    pid_file = os.path.join(state_dir, "kmock.pid")
     try:
-        with open(API_PID, encoding="utf-8") as handle:
+        with open(pid_file, encoding="utf-8") as handle:
             pid = int(handle.read())
         os.killpg(pid, signal.SIGTERM)
     except (OSError, ValueError):
         pass
-    for path in (API_PID, KUBECONFIG):
+    for path in (pid_file, os.path.join(state_dir, "kubeconfig")):
         if os.path.exists(path):
             os.remove(path)
 
 
 def down():
-    stop_api_server()
+    stop_api_server(DEMO)
     if is_mounted(SYS):
         gpusim("down", SYS, check=False)
 
@@ -360,7 +361,7 @@ def main(argv=None):
     start = time.monotonic()
     try:
         up(args.gpus)
-        api_url = start_api_server() if os.path.exists(KMOCK) else None
+        api_url = start_api_server(DEMO, "demo-node") if os.path.exists(KMOCK) else None
         env = ansible_env()
         rc, changed = run_playbook(env, with_cluster=api_url is not None)
         facts = node_facts(env)

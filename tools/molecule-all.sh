@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run every Molecule scenario (molecule/<name>/molecule.yml on top of molecule/config.yml) with
 # `molecule --base-config molecule/config.yml test -s NAME`; exit non-zero if any fails.
-# Whatever happens, no node container (label owner=vgpu-molecule) and no simulated tree
-# (.build/molecule/*/*/sys) outlives the run.
+# Whatever happens, no node container (label owner=vgpu-molecule), simulated tree
+# (.build/molecule/*/*/sys) or API emulator (.build/molecule/*/kmock.pid) outlives the run.
 #   usage: tools/molecule-all.sh [SCENARIO...]
 set -u
 cd "$(dirname "$0")/.."
@@ -23,6 +23,10 @@ cleanup() {
   for tree in .build/molecule/*/*/sys; do
     [ -d "$tree" ] || continue
     if mountpoint -q "$tree"; then .venv/bin/gpusim down "$tree" || fusermount3 -u "$tree"; fi
+  done
+  # the cluster scenario's API emulator
+  for pid_file in .build/molecule/*/kmock.pid; do
+    [ -f "$pid_file" ] && .venv/bin/python molecule/cluster/api_server.py stop "$(dirname "$pid_file")"
   done
   # Molecule's per-scenario state (instance config, inventory) of an interrupted run
   rm -rf "$ANSIBLE_HOME"/tmp/molecule.*
