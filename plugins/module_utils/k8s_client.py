@@ -155,6 +155,11 @@ def build_configuration(auth):
             setattr(config, attribute, auth[option])
     if auth.get("api_key"):
         config.api_key = {"authorization": "Bearer %s" % auth["api_key"]}
+    elif auth.get("username") and auth.get("password"):
+        # The generated client only sends api_key["authorization"]; build the Basic header the
+        # way kubernetes.config does for basic-auth kubeconfig users.
+        basic = urllib3.util.make_headers(basic_auth="%s:%s" % (auth["username"], auth["password"]))
+        config.api_key = {"authorization": basic["authorization"]}
     if auth.get("proxy_headers"):
         config.proxy_headers = urllib3.util.make_headers(**auth["proxy_headers"])
     return config

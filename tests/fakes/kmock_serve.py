@@ -6,7 +6,8 @@ kmock 0.8's KubernetesEmulator (pinned: this subclasses its private API) extende
 real API servers do and the tests rely on:
 - every PATCH/PUT bumps metadata.resourceVersion; a write carrying a stale resourceVersion -> 409;
 - `?dryRun=All` computes and returns the result without storing it;
-- a request log (method, path, dryRun, content type) so tests can prove check mode mutates nothing.
+- a request log (method, path, dryRun, content type, auth scheme, impersonation headers) so tests
+  can prove check mode mutates nothing and how the client authenticated.
 
 Test controls (JSON over HTTP, never logged):
     POST /_ctl/reset     {"resources": {"kubevirt.io/v1/kubevirts": {"kind": ..., "namespaced": true}},
@@ -92,7 +93,11 @@ class StrictEmulator(KubernetesEmulator):
             return await self._control(request, method)
         self.request_log.append({"method": method, "path": request.url.path,
                                  "dryRun": request.params.get("dryRun"),
-                                 "contentType": request.headers.get("Content-Type")})
+                                 "contentType": request.headers.get("Content-Type"),
+                                 # the scheme only: tests check how we authenticate, never the secret
+                                 "auth": (request.headers.get("Authorization") or "").split(" ")[0] or None,
+                                 "impersonate": [request.headers.get("Impersonate-User"),
+                                                 request.headers.get("Impersonate-Group")]})
         plural = request.resource.plural if request.resource is not None else None
         if any(rule["method"] == method and rule["plural"] == plural for rule in self.forbidden):
             raise KubernetesError(status=403, reason="Forbidden",

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from cluster_helpers import (DEPLOYMENTS, FOREIGN_MDEV, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, RESOURCES, TOKEN, default_state,
-                             kubeconfig_dict, kubevirt_cr, run_module)
+from cluster_helpers import (COLLECTIONS, DEPLOYMENTS, FOREIGN_MDEV, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, MODULES,
+                             RESOURCES, TOKEN, default_state, kubeconfig_dict, kubevirt_cr, run_module)
 
 L40S = {"pci_vendor_selector": "10de:26b9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q"}
 L40S_ENTRY = {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q"}
@@ -218,3 +223,23 @@ def test_virt_handler_image_override_on_the_virt_operator_deployment(cluster, ku
     assert rc == 0 and removed["changed"]
     env = cluster.get(DEPLOYMENTS, "virt-operator", "kubevirt")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert [e["name"] for e in env] == ["OPERATOR_IMAGE"]
+
+
+@pytest.mark.parametrize("auth, scheme", [({"api_key": TOKEN}, "Bearer"),
+                                          ({"username": "admin", "password": TOKEN}, "Basic")])
+def test_explicit_host_credentials_and_impersonation_reach_the_server(cluster, auth, scheme):
+    args = dict(auth, host=cluster.url, validate_certs=False, impersonate_user="alice",
+                impersonate_groups=["vgpu-admins"], pci_host_devices=[L40S])
+    rc, result = run_module("kubevirt_hostdevices", args)
+    assert rc == 0 and result["changed"] and TOKEN not in result["_raw"]
+    assert {(r["auth"], tuple(r["impersonate"])) for r in cluster.log()} == {(scheme, ("alice", "vgpu-admins"))}
+
+
+def test_missing_kubernetes_library_is_named():
+    payload = json.dumps({"ANSIBLE_MODULE_ARGS": {"pci_host_devices": [L40S]}})
+    code = ("import sys, runpy; sys.modules['kubernetes'] = None; "
+            "runpy.run_module('%skubevirt_hostdevices', run_name='__main__')" % MODULES)
+    proc = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(COLLECTIONS)), timeout=60, check=False)
+    result = json.loads(proc.stdout)
+    assert proc.returncode == 1 and "Failed to import the required Python library (kubernetes)" in result["msg"]
