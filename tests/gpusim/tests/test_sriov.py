@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 
-from simhelpers import read, rebind, write, write_fails
+from simhelpers import enable_vfs, read, rebind, write, write_fails
 
 
 def test_nvidia_pf_without_sriov_configure_refuses_with_enoent(gpusim_node):
@@ -126,3 +126,24 @@ def test_every_link_in_a_busy_tree_resolves(gpusim_node):
     assert sorted(os.listdir(node.path("bus/mdev/devices"))) == [t4_mdev, a2_mdev]
     parent = os.path.realpath(node.path("bus/mdev/devices", a2_mdev, ".."))
     assert parent == os.path.realpath(node.device_path(a2_vf))
+
+
+def test_driver_binding_rules(gpusim_node):
+    node = gpusim_node("l40s:1,nic:1")
+    l40s, nic = node.pfs()
+    write(node.device_path(nic, "sriov_numvfs"), "1")
+    nic_vf = node.vfs(nic)[0]
+    write_fails(node.path("bus/pci/drivers/nvidia/bind"), l40s, errno.EBUSY)          # already bound
+    write_fails(node.path("bus/pci/drivers/vfio-pci/unbind"), l40s, errno.ENODEV)     # not its driver
+    write(node.path("bus/pci/drivers/iavf/unbind"), nic_vf)
+    write_fails(node.path("bus/pci/drivers/vfio-pci/bind"), nic_vf, errno.ENODEV)     # no ID match
+    write(node.device_path(nic_vf, "driver_override"), "vfio-pci")
+    assert read(node.device_path(nic_vf, "driver_override")) == "vfio-pci"
+    write(node.path("bus/pci/drivers/vfio-pci/bind"), nic_vf)
+    vfio = os.listdir(node.device_path(nic_vf, "vfio-dev"))
+    assert vfio == ["vfio%d" % (200 - 100)] and os.path.exists(node.path(".gpusim/dev/vfio/devices", vfio[0]))
+    l40s_vf = enable_vfs(node, l40s)[0]
+    write(node.path("bus/pci/drivers/nvidia/unbind"), l40s_vf)
+    assert not os.path.exists(node.device_path(l40s_vf, "nvidia"))
+    write(node.device_path(l40s_vf, "driver_override"), "vfio-pci")
+    write_fails(node.path("bus/pci/drivers/vfio-pci/bind"), l40s_vf, errno.EINVAL)   # kubevirt#17642
