@@ -24,7 +24,7 @@ from gpusim.fs import serve
 from gpusim.models import DEFAULT_DRIVER_VERSION
 from gpusim.state import State
 
-START_TIMEOUT = 20.0
+START_TIMEOUT = 60.0   # generous: the build machines are shared and often loaded
 HOLDER_CODE = (
     "import os, signal, sys\n"
     "fd = os.open(sys.argv[1], os.O_RDWR)\n"
@@ -239,7 +239,7 @@ def kill_holders(root):
         os.unlink(path)
 
 
-def wait_unheld(root, name, timeout=5.0):
+def wait_unheld(root, name, timeout=10.0):
     """FUSE release is asynchronous: wait until state.json no longer lists `name` as held."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
