@@ -84,7 +84,8 @@ options:
   exclusive_pci_vendors:
     description:
       - PCI vendor IDs (for example V(10DE)) whose C(pciHostDevices) entries this task owns completely;
-        entries of these vendors whose resource name is not listed (with O(state=present)) are removed.
+        entries of these vendors whose resource name is not listed are removed (with O(state=absent), all of
+        them are). Entries of other vendors are never touched.
     type: list
     elements: str
     default: []
