@@ -173,3 +173,40 @@ DRIVER = [
     image_case("driver-absent-with-bad-runfile", "NVIDIA-Linux-x86_64-570.172.07.run", state="absent",
                runfile="{tmp}/NVIDIA-Linux-x86_64-570.172.07.run"),
 ]
+
+# --- a representative subset end to end: node modules as Ansible runs them, roles in playbooks ----
+# `{root}`, `{dev}` and `{tmp}` stand for the lab node's sysfs root, its /dev and the case's tmp_path.
+ROOTS = {"sysfs_root": "{root}", "dev_root": "{dev}"}
+
+
+def module_case(case_id, module, names, bug=None, roots=ROOTS, **args):
+    return {"id": case_id, "module": module, "names": names, "args": dict(roots, **args), "bug": bug}
+
+
+NODE_MODULES = [
+    module_case("sriov-vfs-held-vf", "sriov_vfs", HELD_VF, devices=[PF_HELD], state="absent", force=True),
+    module_case("sriov-vfs-path-traversal", "sriov_vfs", "../../../etc", devices=["../../../etc"]),
+    module_case("vgpu-profile-other-model", "vgpu_profile", "A16-4Q",
+                layout=[{"devices": [PF_FREE], "profiles": {"A16-4Q": 1}}]),
+    module_case("vgpu-profile-config-and-layout", "vgpu_profile", "config",
+                config=vdm(VDM_24Q), layout=[{"devices": "all", "profiles": {"L40S-24Q": 1}}]),
+    module_case("vgpu-profile-config-file-missing", "vgpu_profile", "{tmp}/vgpu.json", config_file="{tmp}/vgpu.json"),
+    module_case("vgpu-driver-runfile-not-vgpu-kvm", "vgpu_driver", "{tmp}/NVIDIA-Linux-x86_64-570.172.07.run",
+                runfile="{tmp}/NVIDIA-Linux-x86_64-570.172.07.run", modprobe_dir="{tmp}/modprobe.d",
+                proc_root="{tmp}/proc", roots={"sysfs_root": "{root}"}),
+]
+
+
+def role_case(case_id, role, names, bug=None, **role_vars):
+    return {"id": case_id, "role": role, "names": names, "vars": role_vars, "bug": bug}
+
+
+ROLES = [
+    role_case("role-sriov-num-vfs-above-total", "sriov", PF_FREE, sriov_devices=[PF_FREE], sriov_num_vfs=64,
+              sriov_sysfs_root="{root}", sriov_dev_root="{dev}"),
+    role_case("role-vgpu-profiles-profile-of-another-model", "vgpu_profiles", "A16-4Q",
+              vgpu_profiles_configs={"a16": [{"devices": "all", "device_filter": "0x26B910DE",
+                                               "profiles": {"A16-4Q": 1}}]},
+              vgpu_profiles_selected="a16", vgpu_profiles_sysfs_root="{root}", vgpu_profiles_dev_root="{dev}",
+              vgpu_profiles_install_root="{tmp}/node", vgpu_profiles_manage_service=False),
+]

@@ -1,4 +1,5 @@
-"""Run modules as Ansible does (JSON args on stdin, JSON result) and the API server process.
+"""Run modules as Ansible does (JSON args on stdin, JSON result), playbooks verbosely, and the API
+server process.
 
 Unlike the integration helper, a module that crashes is not an assertion error here but a result:
 its message is its whole output, so the one-line check reports the traceback as what users see.
@@ -11,6 +12,9 @@ import os
 import subprocess
 import sys
 
+import yaml
+
+from ansible_collections.accelops.vgpu.tests.integration import conftest as integration
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ROOT, ApiServer
 
 COLLECTIONS = ROOT / ".build" / "collections"
@@ -38,7 +42,8 @@ class ModuleRun:
 
 
 def run_module(module, args, env=None, check=False):
-    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check)}
+    """The module's result carries its `invocation` (arguments), as with ANSIBLE_INJECT_INVOCATION."""
+    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check, _ansible_inject_invocation=True)}
     environ = dict((k, v) for k, v in (env or os.environ).items() if not k.startswith("K8S_AUTH_"))
     environ["PYTHONPATH"] = str(COLLECTIONS)
     proc = subprocess.run([sys.executable, "-m", MODULES + module], input=json.dumps(payload),
@@ -64,3 +69,20 @@ def stop_process(proc):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def run_playbook_verbose(tasks, tmp_path, play_vars=None, python=integration.NODE_PYTHON, verbosity="-vvv"):
+    """ansible-playbook with the default callback at `verbosity` (what an operator pastes into a
+    ticket), module invocations (their arguments) injected into the results; returns the CompletedProcess. The play is integration.playbook()'s, on localhost;
+    cluster modules need `python=sys.executable` (the controller's, with the kubernetes client)."""
+    path = tmp_path / "verbose-playbook.yml"
+    path.write_text(yaml.safe_dump(integration.playbook(tasks, None, play_vars), sort_keys=False))
+    environ = dict(os.environ)
+    environ.update(ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+                   ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"), ANSIBLE_REMOTE_TEMP=str(tmp_path / "ansible-tmp"),
+                   ANSIBLE_NOCOLOR="1", ANSIBLE_PYTHON_INTERPRETER=python,
+                   ANSIBLE_INJECT_INVOCATION="1")
+    environ.pop("ANSIBLE_STDOUT_CALLBACK", None)
+    argv = [integration.ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "--diff", verbosity, str(path)]
+    return subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=300, cwd=str(tmp_path),
+                          check=False)

@@ -110,3 +110,33 @@ def test_driver_input_is_refused_in_one_line_without_writes(row, lab, runfile_di
     assert runner.mutations == [] and created == [] and attempts == []
     assert lab.node.state()["nvidia"] == {"loaded": True, "version": build_host.DRIVER_LOADED}
     one_line_naming(str(caught.value), row["names"].format(tmp=runfile_dir))
+
+
+def placeholders(value, lab, tmp_path):
+    """{root}, {dev} and {tmp} in a case replaced by the lab node's roots and the case's tmp_path."""
+    text = json.dumps(value).replace("{root}", lab.node.root).replace("{dev}", lab.node.dev_root)
+    return build_host.fill(json.loads(text), tmp_path)
+
+
+@pytest.mark.parametrize("row", params(cases.NODE_MODULES))
+def test_node_module_input_is_refused_in_one_line_without_writes(row, lab, runfile_dir, failure_writes):
+    args = placeholders(row["args"], lab, runfile_dir)
+    lab.node.clear_log()
+    run = run_module(row["module"], args, env=lab.node.env)
+    attempts = lab.attempts()
+    failure_writes(len(attempts), "gpusim write log: %s" % attempts[:4])
+    assert run.failed and attempts == []
+    one_line_naming(run.message, placeholders(row["names"], lab, runfile_dir))
+
+
+@pytest.mark.parametrize("row", params(cases.ROLES))
+def test_role_input_is_refused_in_one_line_without_writes(row, lab, tmp_path, run_playbook, failure_writes):
+    task = {"name": "role", "ansible.builtin.include_role": {"name": "accelops.vgpu." + row["role"]}}
+    lab.node.clear_log()
+    run = run_playbook([task], lab.node, extra_vars=placeholders(row["vars"], lab, tmp_path))
+    attempts, installed = lab.attempts(), build_host.files_below(tmp_path / "node")
+    failure_writes(len(attempts) + len(installed), "gpusim write log: %s, files: %s" % (attempts[:4], installed))
+    failed = [r for r in run.results if r.get("failed")]
+    assert run.rc == 2 and len(failed) == 1, run
+    assert attempts == [] and installed == []
+    one_line_naming(failed[0]["msg"], row["names"])
