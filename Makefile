@@ -38,7 +38,8 @@ test: setup system-deps
 	@tools/test-all.sh
 
 units: setup
-	$(BIN)/pytest -q tests/unit tests/gpusim/tests
+	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/gpusim/tests
 
 sanity: setup
 	@tools/ansible-test.sh sanity

@@ -23,7 +23,9 @@ pytest_stage() {  # name, paths...
   run_stage "$name" .venv/bin/pytest -q --junitxml="$REPORTS/$name.xml" "${paths[@]}"
 }
 
-pytest_stage units tests/unit tests/gpusim/tests
+pytest_stage units tests/unit
+# the simulator's own suite runs in its own session (its test file names mirror the engine's)
+pytest_stage gpusim tests/gpusim/tests
 run_stage sanity tools/ansible-test.sh sanity
 run_stage lint .venv/bin/ansible-lint --profile production --offline -q
 # the local Debian 12 image for Molecule nodes and the image-build tests (debootstrap, ~1 min, cached)
