@@ -60,7 +60,12 @@ def framework_of(sysfs, gpu):
 
 
 class TypeNames:
-    """Names for type IDs the creatable lists no longer show: the node cache, then nvidia-smi."""
+    """Names for type IDs the creatable lists no longer show: the node cache, then nvidia-smi.
+
+    Called as `names(pf) -> (types, complete)`; `complete` says the list is every type the GPU
+    supports (a cache filled while the GPU had no vGPUs, or the driver's supported list), which
+    makes the framebuffer check possible.
+    """
 
     def __init__(self, sysfs, runner, cache_dir=None):
         self.sysfs, self.runner = sysfs, runner
@@ -70,10 +75,15 @@ class TypeNames:
                 self.cache = json.load(handle)
         except (OSError, ValueError):
             self.cache = {}
+        if not isinstance(self.cache, dict) or not isinstance(self.cache.get("types"), dict):
+            self.cache = {"types": {}, "complete": []}
 
     def __call__(self, pf):
-        known = [vt.VgpuType(int(i), n) for i, n in self.cache.get(pf, {}).items() if str(i).isdigit()]
-        return known + self._from_smi(pf)
+        known = [vt.VgpuType(int(i), n) for i, n in self.cache["types"].get(pf, {}).items() if str(i).isdigit()]
+        if pf in self.cache["complete"]:
+            return known, True
+        from_smi = self._from_smi(pf)
+        return known + from_smi, bool(from_smi)
 
     def _from_smi(self, pf):
         tool = self.runner.which(NVIDIA_SMI) if self.runner else None
@@ -82,10 +92,12 @@ class TypeNames:
         rc, out, dummy = self.runner.run([tool, "vgpu", "-s", "-v", "-i", pf], check=False)
         return vt.parse_smi_supported(out) if rc == 0 else []
 
-    def remember(self, pf, types):
-        entry = self.cache.setdefault(pf, {})
+    def remember(self, pf, types, complete=False):
+        entry = self.cache["types"].setdefault(pf, {})
         for vgpu_type in types:
             entry[str(vgpu_type.type_id)] = vgpu_type.name
+        if complete and pf not in self.cache["complete"]:
+            self.cache["complete"].append(pf)
 
     def save(self):
         tmp = self.path + ".tmp"
@@ -139,7 +151,7 @@ class Node:
     def view(self, gpu, framework, held):
         if framework == vgpu_vfio.FRAMEWORK:
             view = vgpu_vfio.VfioGpu(self.sysfs, gpu, held, self.names)
-            self.names.remember(gpu.address, list(view.catalog.values()))
+            self.names.remember(gpu.address, list(view.catalog.values()), view.lists_complete)
             return view
         return vgpu_mdev.MdevGpu(self.sysfs, gpu, held)
 

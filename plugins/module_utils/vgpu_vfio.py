@@ -35,7 +35,8 @@ class VfioGpu:
         self.current = dict((vf, vt.read_current(sysfs, vf) or 0) for vf in self.vfs)
         self.held = dict((vf, held[vf]) for vf in self.vfs if vf in held)
         self.catalog = {}
-        self.complete = not any(self.current.values())  # untouched lists show every supported type
+        # Lists of a GPU without vGPUs show every supported type; later they collapse (brief 1.4).
+        self.lists_complete = self.complete = not any(self.current.values())
         for vf in self.vfs:
             for vgpu_type in vt.read_creatable(sysfs, vf):
                 self.catalog.setdefault(vgpu_type.type_id, vgpu_type)
@@ -44,14 +45,14 @@ class VfioGpu:
             self._ask_driver()
 
     def _ask_driver(self):
-        """Complete the catalog from the driver's supported list (nvidia-smi), once."""
+        """Complete the catalog once from `supported_types(pf) -> (types, whether that is all of them)`."""
         if self._supported_types is None:
             return
         ask, self._supported_types = self._supported_types, None
-        listed = ask(self.gpu.address)
+        listed, complete = ask(self.gpu.address)
         for vgpu_type in listed:
             self.catalog.setdefault(vgpu_type.type_id, vgpu_type)
-        self.complete = self.complete or bool(listed)
+        self.complete = self.complete or complete
 
     def type_of(self, type_id):
         if not type_id:

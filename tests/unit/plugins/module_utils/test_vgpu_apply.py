@@ -180,6 +180,10 @@ def test_type_names_come_from_the_cache_then_nvidia_smi(tmp_path):
     smi = "    vGPU Type ID : 0x483\n        Name : NVIDIA L40S-24Q\n"
     names = vgpu_apply.TypeNames(Sysfs(str(tmp_path)), SmiRunner(smi), cache_dir=str(tmp_path))
     names.remember("0000:41:00.0", [VgpuType(1153, "NVIDIA L40S-12Q")])
+    names.remember("0000:42:00.0", [VgpuType(1155, "NVIDIA L40S-24Q")], complete=True)
     names.save()
     again = vgpu_apply.TypeNames(Sysfs(str(tmp_path)), SmiRunner(smi), cache_dir=str(tmp_path))
-    assert again("0000:41:00.0") == [VgpuType(1153, "NVIDIA L40S-12Q"), VgpuType(0x483, "NVIDIA L40S-24Q")]
+    assert again("0000:41:00.0") == ([VgpuType(1153, "NVIDIA L40S-12Q"), VgpuType(0x483, "NVIDIA L40S-24Q")], True)
+    assert again("0000:42:00.0") == ([VgpuType(1155, "NVIDIA L40S-24Q")], True)
+    unknown = vgpu_apply.TypeNames(Sysfs(str(tmp_path)), SmiRunner("", rc=2), cache_dir=str(tmp_path))
+    assert unknown("0000:41:00.0") == ([VgpuType(1153, "NVIDIA L40S-12Q")], False)

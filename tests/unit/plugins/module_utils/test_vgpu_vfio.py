@@ -58,7 +58,19 @@ class L40sNode:
 def remembered(pf):
     """A type-name source that knows every L40S type (the node cache or nvidia-smi)."""
     assert pf == PF
-    return list(L40S)
+    return list(L40S), True
+
+
+def seen_collapsed(pf):
+    """A cache filled from collapsed lists: it names 12Q but cannot tell the GPU's framebuffer."""
+    assert pf == PF
+    return [BY_NAME["L40S-12Q"]], False
+
+
+def forgotten(pf):
+    """A type-name source that knows nothing."""
+    assert pf == PF
+    return [], False
 
 
 def slots(plan):
@@ -84,8 +96,18 @@ def test_a_consumed_type_id_nobody_can_name_is_an_error(tmp_path):
     gpu = L40sNode(tmp_path)
     gpu.set_types({gpu.vfs[0]: "L40S-24Q", gpu.vfs[1]: "L40S-24Q"})
     with pytest.raises(LayoutError) as err:
-        gpu.plan({"L40S-24Q": 2}, names=lambda pf: [])
+        gpu.plan({"L40S-24Q": 2}, names=forgotten)
     assert str(err.value).startswith("VF %s of GPU %s has vGPU type ID 1155" % (gpu.vfs[0], PF))
+
+
+def test_the_framebuffer_check_needs_a_complete_catalog(tmp_path):
+    gpu = L40sNode(tmp_path, vfs=8)
+    gpu.set_types({gpu.vfs[0]: "L40S-12Q"})
+    dummy, plan = gpu.plan({"L40S-12Q": 4}, names=seen_collapsed)
+    assert len(plan.steps) == 3
+    with pytest.raises(LayoutError) as err:
+        gpu.plan({"L40S-12Q": 5}, names=remembered)
+    assert "5 x L40S-12Q need 60 GB of framebuffer, the GPU has 48 GB" in str(err.value)
 
 
 def test_changing_size_clears_only_what_it_must_then_fills(tmp_path):
@@ -140,7 +162,7 @@ def test_absent_clears_all_but_held_vfs(tmp_path):
     gpu = L40sNode(tmp_path)
     gpu.set_types({gpu.vfs[0]: "L40S-24Q", gpu.vfs[1]: "L40S-24Q"})
     gpu.hold(gpu.vfs[0])
-    dummy, plan = gpu.plan({}, names=lambda pf: [], absent=True)
+    dummy, plan = gpu.plan({}, names=forgotten, absent=True)
     assert plan.steps == [("clear", gpu.vfs[1], 0)]
     assert "VF %s of GPU %s is held by a VM" % (gpu.vfs[0], PF) in plan.warnings[0]
 
