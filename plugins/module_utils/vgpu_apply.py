@@ -257,6 +257,8 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
             node.verify(plans)
     result = summarize([p for dummy, dummy2, dummy3, p in plans])
     result["vfs_enabled"] = pending if not check_mode and state == "present" else []
+    if not plans:
+        result["warnings"].append("the layout selects no NVIDIA GPU on this node; nothing to do")
     return result
 
 

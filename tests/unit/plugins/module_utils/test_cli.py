@@ -79,3 +79,11 @@ def test_errors_are_one_line_on_stderr_with_exit_2(node, capsys, tmp_path):
                                                                         "mig-devices": {}}]}}))
     code, out, err = run(capsys, fake, "apply", "--config", str(bad))
     assert code == 2 and err.count("\n") == 1 and "vgpu-configs.a[0]: unknown field(s) mig-devices" in err
+
+
+def test_a_layout_that_selects_no_gpu_warns(node, capsys, tmp_path):
+    fake, dummy = node
+    other = tmp_path / "t4.json"
+    other.write_text(json.dumps([{"device_filter": "0x1EB810DE", "profiles": {"T4-1Q": 16}}]))
+    code, out, err = run(capsys, fake, "apply", "--check", "--config", str(other))
+    assert code == 0 and out == "" and err == "warning: the layout selects no NVIDIA GPU on this node; nothing to do\n"
