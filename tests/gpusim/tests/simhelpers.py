@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import os
 import subprocess
 
 import pytest
+
+from gpusim import cli
 
 
 def write(path, value):
@@ -60,3 +64,16 @@ def typed_vf(node, index, type_id):
 def creatable_ids(node, vf):
     lines = read(node.device_path(vf, "nvidia/creatable_vgpu_types")).splitlines()[1:]
     return [int(line.split(":")[0]) for line in lines]
+
+
+def gpusim_cli(*args):
+    """The gpusim CLI in this process (no interpreter start per call): returncode, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli.main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+            err.write(exc.code if isinstance(exc.code, str) else "")
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())

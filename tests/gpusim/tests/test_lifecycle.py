@@ -15,16 +15,12 @@ import pytest
 
 from gpusim import daemon
 from gpusim.testing import GpuSimNode
-from simhelpers import enable_vfs, read, sriov_manage, write, write_fails
+from simhelpers import enable_vfs, gpusim_cli as _gpusim, read, sriov_manage, write, write_fails
 
 
 def _mounted(root):
     with open("/proc/mounts") as mounts:
         return any(line.split()[1] == root for line in mounts)
-
-
-def _gpusim(*args):
-    return subprocess.run([sys.executable, "-m", "gpusim.cli", *args], capture_output=True, text=True, check=False)
 
 
 def _held(root):
@@ -34,7 +30,9 @@ def _held(root):
 
 def test_cli_up_down_leaves_no_mount(tmp_path):
     root = str(tmp_path / "sys")
-    result = _gpusim("up", root, "--gpus", "l40s:1,nic:1")
+    result = subprocess.run(["gpusim", "up", root, "--gpus", "l40s:1,nic:1"], capture_output=True, text=True,
+                            check=False, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep
+                                                  + os.environ.get("PATH", "")))
     assert result.returncode == 0, result.stderr
     try:
         assert _mounted(root)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
-from simhelpers import read, sriov_manage
+from simhelpers import gpusim_cli, read, sriov_manage
 
 
 def test_sriov_manage_enables_all_vfs_and_is_idempotent(gpusim_node):
@@ -77,10 +76,9 @@ def test_nvidia_smi_lists_supported_types(gpusim_node):
 
 
 def test_models_catalogue(tmp_path):
-    table = subprocess.run([sys.executable, "-m", "gpusim.cli", "models"], capture_output=True, text=True, check=False).stdout
+    table = gpusim_cli("models").stdout
     assert table.splitlines()[0].split()[:3] == ["MODEL", "PCI", "ID"]
-    catalogue = json.loads(subprocess.run([sys.executable, "-m", "gpusim.cli", "models", "--json"],
-                                          capture_output=True, text=True, check=False).stdout)
+    catalogue = json.loads(gpusim_cli("models", "--json").stdout)
     for key in ("l40s", "l40", "h100-pcie", "h200", "a16", "a2", "t4", "nic"):
         assert key in catalogue
     l40s = catalogue["l40s"]
@@ -93,8 +91,7 @@ def test_models_catalogue(tmp_path):
 
 
 def test_tools_are_standalone_files(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "gpusim.cli", "tools", str(tmp_path)], capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = gpusim_cli("tools", str(tmp_path)).stdout.split()
     assert sorted(os.path.basename(path) for path in out) == ["nvidia-smi", "sriov-manage"]
     for path in out:
         assert os.access(path, os.X_OK)
