@@ -2,12 +2,16 @@
 
 gpusim blocks every `sriov_numvfs` write for `--vf-enable-latency-ms` (per PF, like the kernel's
 device lock). Parallel: one `plan_vfs(devices=all)` + `apply_vfs` (PFs in parallel, sriov-manage).
-Sequential baseline: the same engine, one PF at a time. The runs alternate; the node is rebooted
-(VFs gone) before each, and each run must leave every PF with all its VFs after one enable write.
+Sequential baseline: the same engine, one PF at a time. Floor: the bare tool, `sriov-manage -e <PF>`
+for every PF started at once, no engine (what enabling costs on this machine and simulator at all).
+The runs alternate; the node is rebooted (VFs gone) before each, and each run must leave every PF
+with all its VFs after one enable write.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import sriov
@@ -45,6 +49,17 @@ def run_sequential(node):
     return elapsed, done
 
 
+def run_floor(node):
+    tool = os.path.join(node.tools_dir, sriov.SRIOV_MANAGE)
+    start = time.perf_counter()
+    procs = [subprocess.Popen([tool, "-e", pf], env=node.env, stdout=subprocess.DEVNULL) for pf in node.pfs()]
+    failed = [p.args[-1] for p in procs if p.wait() != 0]
+    elapsed = time.perf_counter() - start
+    if failed:
+        raise simnodes.BenchError("P3 floor: sriov-manage -e failed on %s" % ", ".join(failed))
+    return elapsed, len(procs)
+
+
 def reset(node):
     node.ctl("reboot")
     node.clear_log()
@@ -68,7 +83,7 @@ def check(node, changed, label):
 
 def run(settings):
     latency_s = settings.latency_ms / 1000.0
-    parallel_s, sequential_s = [], []
+    parallel_s, sequential_s, floor_s = [], [], []
     with simnodes.mounted(["%s:%d" % (MODEL, settings.gpus_p3)], latency_ms=settings.latency_ms) as nodes:
         node = nodes[0]
         for dummy in range(settings.runs["p3"]):
@@ -80,6 +95,10 @@ def run(settings):
             seconds, changed = run_sequential(node)
             check(node, changed, "P3 sequential")
             sequential_s.append(seconds)
+            reset(node)
+            seconds, changed = run_floor(node)
+            check(node, changed, "P3 floor")
+            floor_s.append(seconds)
         writes = simnodes.write_counts(node)
     parallel = stats.summary(parallel_s)
     over_latency = stats.summary([s / latency_s for s in parallel_s])
@@ -87,4 +106,5 @@ def run(settings):
             "parallel_s": parallel, "sequential_s": stats.summary(sequential_s),
             "parallel_over_latency": over_latency,
             "speedup_vs_sequential": stats.ratio_summary(sequential_s, parallel_s),
+            "floor_parallel_s": stats.summary(floor_s), "parallel_over_floor": stats.ratio_summary(parallel_s, floor_s),
             "writes_per_enable": writes, "target_vs_latency": 1.5, "met": stats.within(over_latency["median"], 1.5)}

@@ -43,6 +43,7 @@ def test_quick_bench_writes_plausible_json_and_table(tmp_path):
     assert p3["latency_s"] == latency and p3["gpus"] == 2
     # every sriov_numvfs write blocks for the latency: one PF at a time cannot beat 2 L
     assert latency <= p3["parallel_s"]["median"] and 2 * latency <= p3["sequential_s"]["median"]
+    assert latency <= p3["floor_parallel_s"]["median"] and p3["parallel_over_floor"]["median"] > 0
     assert p3["writes_per_enable"]["by_name"]["sriov_numvfs"] == 2
 
     table = (out / "bench.md").read_text()

@@ -75,6 +75,7 @@ def test_markdown_marks_missed_targets():
         "machine": {"cores": 2, "python": "3.12", "ansible_core": "2.21.5", "load_average_at_start": [1.0]},
         "results": {"p3": {"gpus": 2, "latency_s": 0.3, "parallel_s": spread, "sequential_s": spread,
                            "parallel_over_latency": stats.summary([5.0, 5.0]),
-                           "speedup_vs_sequential": stats.summary([1.0, 1.0]), "met": False}}})
+                           "speedup_vs_sequential": stats.summary([1.0, 1.0]), "floor_parallel_s": spread,
+                           "parallel_over_floor": stats.summary([1.1, 1.3]), "met": False}}})
     row = [line for line in text.splitlines() if line.startswith("| P3")]
     assert len(row) == 1 and "**no**" in row[0] and "5.00×" in row[0] and "L = 0.3 s" in row[0]
