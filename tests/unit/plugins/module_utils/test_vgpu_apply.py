@@ -187,3 +187,12 @@ def test_type_names_come_from_the_cache_then_nvidia_smi(tmp_path):
     assert again("0000:42:00.0") == ([VgpuType(1155, "NVIDIA L40S-24Q")], True)
     unknown = vgpu_apply.TypeNames(Sysfs(str(tmp_path)), SmiRunner("", rc=2), cache_dir=str(tmp_path))
     assert unknown("0000:41:00.0") == ([VgpuType(1153, "NVIDIA L40S-12Q")], False)
+
+
+def test_without_the_cache_nvidia_smi_names_the_consumed_types(l40s, monkeypatch, tmp_path):
+    node, engine = l40s
+    apply(engine, L40S_24Q)
+    fresh = engine_for(node, monkeypatch, tmp_path / "empty-cache")
+    node.clear_log()
+    assert not apply(fresh, L40S_24Q)["changed"] and node.log() == []
+    assert any(call[1:3] == ["vgpu", "-s"] for call in fresh.runner.calls)
