@@ -69,7 +69,7 @@ def run_floor(writes):
 
 
 def run_engine(node, entries, cache_dir):
-    """Seconds for one engine apply, and the engine's own write count."""
+    """Seconds for one engine apply, the engine's own write count, the commands it ran."""
     engine_node = vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=cache_dir)
     with simnodes.node_environment(node):
         start = time.perf_counter()
@@ -77,7 +77,7 @@ def run_engine(node, entries, cache_dir):
         elapsed = time.perf_counter() - start
     if not result["changed"]:
         raise simnodes.BenchError("P1: the engine reported no change on a node without vGPUs")
-    return elapsed, engine_node.sysfs.writes
+    return elapsed, engine_node.sysfs.writes, [" ".join(argv[:3]) for argv in engine_node.runner.calls]
 
 
 def enable_vfs(node):
@@ -107,10 +107,10 @@ def measure_case(node, name, case, runs, cache_dir):
     expected = expected_types(node, case)
     minimum = sum(sum(types.values()) for types in expected.values())
     writes = floor_writes(node, expected)
-    engine_s, floor_s, engine_writes = [], [], []
+    engine_s, floor_s, engine_writes, commands = [], [], [], []
     for dummy in range(runs):
         simnodes.clear_types(node)
-        seconds, counted = run_engine(node, entries, cache_dir)
+        seconds, counted, commands = run_engine(node, entries, cache_dir)
         engine_s.append(seconds)
         engine_writes.append(checked_writes(node, expected, "P1 %s engine" % name, engine_writes=counted))
         simnodes.clear_types(node)
@@ -119,7 +119,7 @@ def measure_case(node, name, case, runs, cache_dir):
     ratio = stats.ratio_summary(engine_s, floor_s)
     return {"layout": [{"gpus": list(indices), "profiles": profiles} for indices, profiles in case],
             "engine_s": stats.summary(engine_s), "floor_s": stats.summary(floor_s), "ratio": ratio,
-            "writes": max(engine_writes), "writes_min": minimum, "target_ratio": 1.3,
+            "writes": max(engine_writes), "writes_min": minimum, "engine_commands": commands, "target_ratio": 1.3,
             "met": stats.within(ratio["median"], 1.3) and max(engine_writes) == minimum}
 
 

@@ -22,7 +22,19 @@ def machine():
     return {"cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
             "python": platform.python_version(), "python_executable": sys.executable,
             "ansible_core": ansible_core, "kernel": platform.release(), "machine": platform.machine(),
-            "load_average_at_start": [round(v, 2) for v in os.getloadavg()]}
+            "load_average_at_start": [round(v, 2) for v in os.getloadavg()], "revision": _revision()}
+
+
+def _revision():
+    """The checkout's commit, with `+changes` when the working tree differs from it."""
+    def git(*args):
+        return subprocess.run(["git", "-C", REPO] + list(args), capture_output=True, text=True, check=False,
+                              timeout=60).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "") or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def _spread(summary, unit="s"):
