@@ -179,8 +179,9 @@ DRIVER = [
 ROOTS = {"sysfs_root": "{root}", "dev_root": "{dev}"}
 
 
-def module_case(case_id, module, names, bug=None, roots=ROOTS, **args):
-    return {"id": case_id, "module": module, "names": names, "args": dict(roots, **args), "bug": bug}
+def module_case(case_id, module, names, bug=None, roots=None, **args):
+    """`roots`: the node root options the module takes (default sysfs_root and dev_root)."""
+    return {"id": case_id, "module": module, "names": names, "args": dict(roots or ROOTS, **args), "bug": bug}
 
 
 NODE_MODULES = [
@@ -197,6 +198,9 @@ NODE_MODULES = [
 ]
 
 
+A16_ON_L40S = {"devices": "all", "device_filter": "0x26B910DE", "profiles": {"A16-4Q": 1}}
+
+
 def role_case(case_id, role, names, bug=None, **role_vars):
     return {"id": case_id, "role": role, "names": names, "vars": role_vars, "bug": bug}
 
@@ -205,8 +209,7 @@ ROLES = [
     role_case("role-sriov-num-vfs-above-total", "sriov", PF_FREE, sriov_devices=[PF_FREE], sriov_num_vfs=64,
               sriov_sysfs_root="{root}", sriov_dev_root="{dev}"),
     role_case("role-vgpu-profiles-profile-of-another-model", "vgpu_profiles", "A16-4Q",
-              vgpu_profiles_configs={"a16": [{"devices": "all", "device_filter": "0x26B910DE",
-                                               "profiles": {"A16-4Q": 1}}]},
+              vgpu_profiles_configs={"a16": [A16_ON_L40S]},
               vgpu_profiles_selected="a16", vgpu_profiles_sysfs_root="{root}", vgpu_profiles_dev_root="{dev}",
               vgpu_profiles_install_root="{tmp}/node", vgpu_profiles_manage_service=False),
 ]

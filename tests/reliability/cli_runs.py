@@ -47,8 +47,8 @@ class Apply:
 
     def __init__(self, pyz, node, config, *extra):
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv(pyz, node, "apply", "--config", config, *extra), env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(argv(pyz, node, "apply", "--config", config, *extra), env=node.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.stdout = self.stderr = None
         self.seconds = None
 

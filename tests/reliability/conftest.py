@@ -60,7 +60,6 @@ def lab(tmp_path_factory):
         yield node_lab.Lab(node, tmp_path_factory.mktemp("type-cache")).prepare()
 
 
-
 @pytest.fixture(scope="session")
 def api_server():
     server = module_runs.start_api_server()

@@ -19,6 +19,7 @@ HELD = "0000:41:00.4"
 START = [{"devices": [PF1], "profiles": {"L40S-12Q": 1}}, {"devices": [PF2], "profiles": {}}]
 TARGET = [{"devices": "all", "profiles": {"L40S-12Q": 4}}]  # keeps HELD, writes 3 + 4 types
 TARGET_WRITES = 7
+FAULTY_WRITES = (1, 3, 4, 7)  # first, last on the first GPU, first and last on the second
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def planned_writes(lab, layout):
             for gpu in result["gpus"] for v in gpu["vgpus"] if v["before"] != v["after"]]
 
 
-@pytest.mark.parametrize("nth", range(1, TARGET_WRITES + 1))
+@pytest.mark.parametrize("nth", FAULTY_WRITES)
 def test_eio_on_the_nth_type_write_then_the_next_run_converges(lab, nth, failure_writes):
     paths = planned_writes(lab, TARGET)
     assert len(paths) == TARGET_WRITES

@@ -23,9 +23,9 @@ foreign_name = st.builds("{}/{}".format, st.sampled_from(["intel.com", "mellanox
                          st.text("abcdefgh-_0123", min_size=1, max_size=8))
 extra_keys = st.dictionaries(st.sampled_from(["externalResourceProvider", "team", "note"]),
                              st.one_of(st.booleans(), st.text(max_size=5)), max_size=2)
-foreign_pci = st.builds(lambda name, vendor, device, extra: dict(extra, resourceName=name,
-                                                                  pciVendorSelector="%s:%s" % (vendor, device)),
-                        foreign_name, st.sampled_from(FOREIGN_VENDORS), hex4, extra_keys)
+foreign_pci = st.builds(
+    lambda name, vendor, device, extra: dict(extra, resourceName=name, pciVendorSelector="%s:%s" % (vendor, device)),
+    foreign_name, st.sampled_from(FOREIGN_VENDORS), hex4, extra_keys)
 foreign_mdev = st.builds(lambda name, selector, extra: dict(extra, resourceName=name, mdevNameSelector=selector),
                          foreign_name, st.sampled_from(["i915-GVTg_V5_4", "i915-GVTg_V5_8", "mlx5_sf"]), extra_keys)
 stale_ours = st.builds(lambda name, device: {"resourceName": name, "pciVendorSelector": "10DE:%s" % device},
