@@ -9,12 +9,12 @@ export PATH := $(BIN):$(PATH)
 # podman on the test machines needs runc and lower ulimits (see tests/containers.conf)
 export CONTAINERS_CONF := $(CURDIR)/tests/containers.conf
 
-.PHONY: help setup system-deps demo test units sanity lint integration molecule reliability bench build clean
+.PHONY: help setup system-deps demo test units sanity lint integration molecule reliability bench build cli clean
 
 help:
 	@echo "make demo   - run playbooks/site.yml against the built-in simulated GPU node"
 	@echo "make test   - the whole test suite (sets up .venv and system packages first)"
-	@echo "stages: units sanity lint integration molecule reliability; also: bench build clean"
+	@echo "stages: units sanity lint integration molecule reliability; also: bench build cli clean"
 
 $(VENV)/.stamp: requirements-dev.txt tools/find-python.sh
 	@py=$$(tools/find-python.sh) && echo "creating $(VENV) with $$py" && $$py -m venv $(VENV)
@@ -61,6 +61,9 @@ bench: setup system-deps
 
 build: setup
 	@mkdir -p .build/dist && $(BIN)/ansible-galaxy collection build --force --output-path .build/dist .
+
+cli: setup
+	@$(BIN)/python tools/build-node-cli.py .build/accelops-vgpu.pyz && echo "built .build/accelops-vgpu.pyz"
 
 clean:
 	rm -rf .build .cache tests/output
