@@ -111,6 +111,10 @@ CLUSTER = [
                  **KUBEVIRT_ARGS),
     cluster_case("kubevirt-pinned-name-absent", "kubevirt_hostdevices", "kubevirt/kv", name="kv",
                  namespace="kubevirt", **KUBEVIRT_ARGS),
+    cluster_case("kubevirt-name-path-traversal", "kubevirt_hostdevices", "../../../api/v1/nodes/gpu-a",
+                 name="../../../api/v1/nodes/gpu-a", namespace="kubevirt", **KUBEVIRT_ARGS),
+    cluster_case("node-name-path-traversal", "node_labels", "../nodes/gpu-a", name="../nodes/gpu-a",
+                 profiles={"L40S-24Q": 2}),
     cluster_case("kubevirt-too-old-for-vendor-vfio", "kubevirt_hostdevices", "kubevirt/kubevirt",
                  cluster="old-kubevirt", **KUBEVIRT_ARGS),
     cluster_case("pci-vendor-selector-malformed", "kubevirt_hostdevices", "nvidia.com/NVIDIA_L40S-24Q",
@@ -121,6 +125,11 @@ CLUSTER = [
         "plugins/module_utils/k8s_client.py build_configuration: a kubeconfig file that is not valid YAML raises "
         "yaml.YAMLError, which is not caught: the module crashes with a traceback instead of one line naming the file"),
         **KUBEVIRT_ARGS),
+    cluster_case("kubeconfig-dict-clusters-not-a-list", "kubevirt_hostdevices", "kubeconfig",
+                 kubeconfig="dict-clusters-not-a-list", bug=(
+                     "plugins/module_utils/k8s_client.py build_configuration: a dict kubeconfig whose clusters is not "
+                     "a list makes the kubernetes client raise AttributeError, which is not caught: traceback"),
+                 **KUBEVIRT_ARGS),
     cluster_case("kubeconfig-missing", "kubevirt_hostdevices", "{kubeconfig}", kubeconfig="missing", **KUBEVIRT_ARGS),
     cluster_case("kubeconfig-dict-without-context", "kubevirt_hostdevices", "kubeconfig",
                  kubeconfig="dict-without-context", **KUBEVIRT_ARGS),

@@ -50,15 +50,19 @@ def cluster_state(name):
 
 
 def kubeconfig_variant(kind, api_server, tmp_path):
-    """The value of the `kubeconfig` option for a case: a path (valid, broken, missing) or a dict."""
+    """The value of the `kubeconfig` option for a case: a path (valid, broken, missing) or a dict
+    (dict-without-context, dict-clusters-not-a-list)."""
     path = tmp_path / ("kubeconfig-" + kind)
     if kind == "valid":
         path.write_text(json.dumps(kubeconfig_dict(api_server.url)))
     elif kind == "broken":
         path.write_text("apiVersion: v1\nclusters: [\n  {name: test, cluster: {server: ")
-    elif kind == "dict-without-context":
+    elif kind.startswith("dict-"):
         config = kubeconfig_dict(api_server.url)
-        del config["current-context"], config["contexts"]
+        if kind == "dict-without-context":
+            del config["current-context"], config["contexts"]
+        else:
+            config["clusters"] = "test"
         return config
     return str(path)
 

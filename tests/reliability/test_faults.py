@@ -128,24 +128,32 @@ def test_driver_unloaded_mid_apply_then_the_next_run_converges(gpusim_node, monk
     lab.engine = vgpu_apply.Node(UnloadDriverAfter(node, 2), lab.runner, node.dev_root, "/proc", str(tmp_path))
     with pytest.raises(EngineError) as caught:
         node_lab.run_layout(lab, layout=TARGET)
-    one_line_naming(str(caught.value), "0000:4")
+    one_line_naming(str(caught.value), "0000:41:00.6")  # the second write's VF, when the driver went away
     assert node.state()["nvidia"]["loaded"] is False
     node.ctl("driver", "load")
     lab = node_lab.Lab(node, tmp_path)
     converges(lab, TARGET)
 
 
-def test_apply_killed_mid_apply_then_the_next_run_converges(gpusim_node, pyz, tmp_path):
+def test_apply_killed_mid_apply_then_the_next_run_converges(gpusim_node, monkeypatch, pyz, tmp_path, failure_writes):
+    """SIGKILL while the apply (with sriov-manage) enables the second GPU's VFs; a VM holds a VF of the first."""
     node = gpusim_node("l40s:2")
-    config = cli_runs.write_layout(tmp_path, TARGET)
+    for name, value in node_lab.environment(node).items():
+        monkeypatch.setenv(name, value)
+    lab = node_lab.Lab(node, tmp_path)
+    node_lab.run_layout(lab, layout=START[:1], enable_vfs=True)  # VFs on PF1 only
+    node.hold(HELD)
+    node.clear_log()
     node.ctl("latency", "1500")
+    config = cli_runs.write_layout(tmp_path, TARGET)
     apply = cli_runs.Apply(pyz, node, config)
-    assert cli_runs.wait_until(lambda: node.state()["pfs"][0]["driver"] == "pci-pf-stub")
+    assert cli_runs.wait_until(lambda: node.state()["pfs"][1]["driver"] == "pci-pf-stub")
     apply.kill()
     node.ctl("latency", "0")
     again = cli_runs.Apply(pyz, node, config)
     assert again.wait() == 0, again.stderr
     assert _matches(pyz, node, config)
+    held_untouched(lab, failure_writes)
 
 
 def _matches(pyz, node, config):
