@@ -36,6 +36,16 @@ def _int_list(text):
     return values
 
 
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError("expected a positive integer, not %r" % text)
+    return value
+
+
 def _parts(text):
     chosen = [p.strip().lower() for p in str(text).split(",") if p.strip()]
     unknown = [p for p in chosen if p not in PARTS]
@@ -49,20 +59,20 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", default=_env("quick", "") not in ("", "0"),
                         help="smoke run: tiny cases, one run each (defaults below are for the full run)")
-    parser.add_argument("--parts", type=_parts, default=_parts(_env("parts", ",".join(PARTS))),
+    parser.add_argument("--parts", type=_parts, default=_env("parts", ",".join(PARTS)),
                         help="which parts to run (default all: p1,p2,p3,p4)")
     parser.add_argument("--out", default=_env("out", os.path.join(REPO, "bench-results")),
                         help="output directory (default bench-results/)")
     for part in PARTS:
-        parser.add_argument("--runs-" + part, type=int, default=_env("runs_" + part),
+        parser.add_argument("--runs-" + part, type=_positive, default=_env("runs_" + part),
                             help="runs of %s (full: %d)" % (part.upper(), FULL["runs"][part]))
-    parser.add_argument("--gpus", type=int, default=_env("gpus"), help="L40S GPUs for P1/P2 (full: 8)")
-    parser.add_argument("--gpus-p3", type=int, default=_env("gpus_p3"), help="L40S GPUs for P3 (full: 8)")
-    parser.add_argument("--gpus-p4", type=int, default=_env("gpus_p4"), help="L40S GPUs per P4 host (full: 1)")
-    parser.add_argument("--latency-ms", type=int, default=_env("latency_ms"),
+    parser.add_argument("--gpus", type=_positive, default=_env("gpus"), help="L40S GPUs for P1/P2 (full: 8)")
+    parser.add_argument("--gpus-p3", type=_positive, default=_env("gpus_p3"), help="L40S GPUs for P3 (full: 8)")
+    parser.add_argument("--gpus-p4", type=_positive, default=_env("gpus_p4"), help="L40S GPUs per P4 host (full: 1)")
+    parser.add_argument("--latency-ms", type=_positive, default=_env("latency_ms"),
                         help="P3 VF-enable latency per PF (full: 1000)")
     parser.add_argument("--fleet", type=_int_list, default=_env("fleet"), help="P4 fleet sizes (full: 4,16,32)")
-    parser.add_argument("--forks-ratio", type=int, default=_env("forks_ratio"),
+    parser.add_argument("--forks-ratio", type=_positive, default=_env("forks_ratio"),
                         help="P4 hosts per fork (full: 4)")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else FULL

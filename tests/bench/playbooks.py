@@ -16,6 +16,7 @@ import collections
 import os
 import re
 import resource
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -41,7 +42,7 @@ PlayRun = collections.namedtuple("PlayRun", "wall cpu recap tasks")
 
 
 class Fleet:
-    """An inventory of mounted gpusim nodes in `workdir`; `run(playbook, forks)` -> seconds."""
+    """An inventory of mounted gpusim nodes, written to `workdir`; `run(playbook, forks)` -> PlayRun."""
 
     def __init__(self, nodes, profiles, workdir):
         self.nodes, self.workdir = nodes, workdir
@@ -64,8 +65,8 @@ class Fleet:
     def _host_vars(self, host, node):
         wrapper = os.path.join(self.workdir, "python-%s" % host)
         with open(wrapper, "w") as handle:
-            handle.write("#!/bin/sh\nGPUSIM_ROOT='%s' PATH='%s':\"$PATH\" exec '%s' \"$@\"\n"
-                         % (node.root, node.tools_dir, NODE_PYTHON))
+            handle.write("#!/bin/sh\nexport GPUSIM_ROOT=%s\nexport PATH=%s:\"$PATH\"\nexec %s \"$@\"\n"
+                         % (shlex.quote(node.root), shlex.quote(node.tools_dir), shlex.quote(NODE_PYTHON)))
         os.chmod(wrapper, 0o755)
         return {"ansible_python_interpreter": wrapper,
                 "sriov_sysfs_root": node.root, "sriov_dev_root": node.dev_root,

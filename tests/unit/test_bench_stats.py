@@ -61,7 +61,8 @@ def test_environment_sets_options(monkeypatch):
     assert args.quick and args.runs["p4"] == 7 and args.fleet == [2, 8]
 
 
-@pytest.mark.parametrize("argv", [["--parts", "p5"], ["--fleet", "0,4"], ["--parts", ""]])
+@pytest.mark.parametrize("argv", [["--parts", "p5"], ["--fleet", "0,4"], ["--parts", ""], ["--runs-p1", "0"],
+                                  ["--latency-ms", "soon"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
