@@ -9,6 +9,7 @@ every VF back; the gpusim write log gives the write counts (the floor's must be 
 
 from __future__ import annotations
 
+import collections
 import os
 import tempfile
 import time
@@ -19,6 +20,29 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
 from tests.bench import simnodes, stats
 
 MODEL = "l40s"
+# Sysfs primitives the engine reads through (read_optional/read_int/link_name go through these);
+# each is one round trip to the FUSE server on gpusim, like a kernfs call on a real node.
+READ_OPS = ("read", "readlink", "listdir", "isdir", "exists")
+
+
+def _counted(name):
+    def operation(self, *args, **kwargs):
+        self.ops[name] += 1
+        return getattr(Sysfs, name)(self, *args, **kwargs)
+    operation.__name__ = name
+    return operation
+
+
+class CountingSysfs(Sysfs):
+    """The engine's Sysfs, counting its read operations in `ops` (writes: `writes`)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.ops = collections.Counter()
+
+
+for _op in READ_OPS:
+    setattr(CountingSysfs, _op, _counted(_op))
 
 
 def cases(gpus):
@@ -69,15 +93,16 @@ def run_floor(writes):
 
 
 def run_engine(node, entries, cache_dir):
-    """Seconds for one engine apply, the engine's own write count, the commands it ran."""
-    engine_node = vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=cache_dir)
+    """Seconds for one engine apply, the engine's own write count, its reads, the commands it ran."""
+    engine_node = vgpu_apply.Node(CountingSysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=cache_dir)
     with simnodes.node_environment(node):
         start = time.perf_counter()
         result = vgpu_apply.apply(engine_node, entries)
         elapsed = time.perf_counter() - start
     if not result["changed"]:
         raise simnodes.BenchError("P1: the engine reported no change on a node without vGPUs")
-    return elapsed, engine_node.sysfs.writes, [" ".join(argv[:3]) for argv in engine_node.runner.calls]
+    return (elapsed, engine_node.sysfs.writes, dict(engine_node.sysfs.ops),
+            [" ".join(argv[:3]) for argv in engine_node.runner.calls])
 
 
 def enable_vfs(node):
@@ -110,7 +135,7 @@ def measure_case(node, name, case, runs, cache_dir):
     engine_s, floor_s, engine_writes, commands = [], [], [], []
     for dummy in range(runs):
         simnodes.clear_types(node)
-        seconds, counted, commands = run_engine(node, entries, cache_dir)
+        seconds, counted, reads, commands = run_engine(node, entries, cache_dir)
         engine_s.append(seconds)
         engine_writes.append(checked_writes(node, expected, "P1 %s engine" % name, engine_writes=counted))
         simnodes.clear_types(node)
@@ -119,7 +144,8 @@ def measure_case(node, name, case, runs, cache_dir):
     ratio = stats.ratio_summary(engine_s, floor_s)
     return {"layout": [{"gpus": list(indices), "profiles": profiles} for indices, profiles in case],
             "engine_s": stats.summary(engine_s), "floor_s": stats.summary(floor_s), "ratio": ratio,
-            "writes": max(engine_writes), "writes_min": minimum, "engine_commands": commands, "target_ratio": 1.3,
+            "writes": max(engine_writes), "writes_min": minimum, "engine_reads": reads,
+            "engine_commands": commands, "target_ratio": 1.3,
             "met": stats.within(ratio["median"], 1.3) and max(engine_writes) == minimum}
 
 

@@ -54,8 +54,8 @@ def _p1_rows(p1):
         data = p1[case]
         layout = "; ".join("%d GPUs: %s" % (len(entry["gpus"]), " + ".join(
             "%d×%s" % (n, p) for p, n in entry["profiles"].items())) for entry in data["layout"])
-        what = "%d GPUs × 32 VFs (%s per GPU); writes %d (min %d)" % (
-            p1["gpus"], layout, data["writes"], data["writes_min"])
+        what = "%d GPUs × 32 VFs (%s per GPU); writes %d (min %d); engine sysfs reads %d" % (
+            p1["gpus"], layout, data["writes"], data["writes_min"], sum(data["engine_reads"].values()))
         yield ("P1 cold converge, %s" % case, what, "engine " + _spread(data["engine_s"]),
                "floor " + _spread(data["floor_s"]), _ratio(data["ratio"]), "≤ 1.3×, writes = min", _met(data["met"]))
 
