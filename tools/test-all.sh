@@ -41,5 +41,6 @@ for i in "${!names[@]}"; do
   printf '%-5s %s\n' "${results[$i]}" "${names[$i]}"
   [ "${results[$i]}" = PASS ] || rc=1
 done
+[ -f "$REPORTS/reliability-summary.txt" ] && cat "$REPORTS/reliability-summary.txt"
 .venv/bin/python tools/junit_totals.py "$REPORTS"/*.xml || rc=1
 exit $rc
