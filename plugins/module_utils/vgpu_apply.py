@@ -8,7 +8,8 @@ validated for every selected GPU before the first write (bad input never writes)
 GPU: clears/removals, then mixed-size mode when the GPU gets several framebuffer sizes and `-ghm`
 says it is off (`nvidia-smi vgpu -i <PF> -shm 1`; sriov-manage resets it, brief 1.4; the driver
 switches only an empty GPU, so the plan then clears and re-creates its existing vGPUs), then
-creations; the node is re-read afterwards and must match the plan.
+creations. Whether each such GPU supports the mode at all (`nvidia-smi -q`: Heterogeneous Time-Slice
+Sizes; Turing does not) is asked while planning, so a T4 fails before the L40S before it is written; the node is re-read afterwards and must match the plan.
 
 Framework per GPU: the PF is an mdev parent -> mdev (Turing); its VFs have `nvidia/current_vgpu_type`
 -> vendor-VFIO (Ada/Hopper/Blackwell); its VFs are mdev parents -> mdev (Ampere SR-IOV). A GPU with
@@ -113,7 +114,7 @@ def heterogeneous_mode(runner, pf):
     """True/False from `nvidia-smi vgpu -i <PF> -ghm` (tolerant of layout and wording)."""
     rc, out, err = runner.run([_smi(runner), "vgpu", "-i", pf, "-ghm"], check=False)
     if rc != 0:
-        raise LayoutError("GPU %s: nvidia-smi vgpu -ghm failed: %s" % (pf, (err or out).strip()[:200]))
+        raise LayoutError("GPU %s: nvidia-smi vgpu -ghm failed: %s" % (pf, " ".join((err or out).split())[:200]))
     lines = [line for line in out.splitlines() if "heterogeneous" in line.lower() and ":" in line] or out.splitlines()
     for line in lines:
         value = line.rpartition(":")[2].strip().lower()
@@ -122,6 +123,19 @@ def heterogeneous_mode(runner, pf):
         if value in ("disabled", "disable", "off", "0", "false", "no"):
             return False
     raise LayoutError("GPU %s: cannot read the heterogeneous (mixed-size) mode from nvidia-smi: %r" % (pf, out[:120]))
+
+
+def mixed_mode_supported(runner, pf):
+    """`Heterogeneous Time-Slice Sizes` of `nvidia-smi -q -i <PF>` (read-only, asked while planning)."""
+    rc, out, err = runner.run([_smi(runner), "-q", "-i", pf], check=False)
+    if rc != 0:
+        raise LayoutError("GPU %s: nvidia-smi -q failed: %s" % (pf, " ".join((err or out).split())[:200]))
+    for line in out.splitlines():
+        name, dummy, value = line.partition(":")
+        if "heterogeneous time-slice sizes" in name.lower():
+            return value.strip().lower() == "supported"
+    raise LayoutError("GPU %s: nvidia-smi -q does not say whether the GPU supports mixed-size mode "
+                      "(no 'Heterogeneous Time-Slice Sizes' line)" % pf)
 
 
 def _smi(runner):
@@ -182,6 +196,10 @@ class Node:
             if plan.model is None:
                 plan.model = model_name(gpu.vendor, gpu.device)
             if _needs_mixed_mode(plan) and not heterogeneous_mode(self.runner, gpu.address):
+                if not mixed_mode_supported(self.runner, gpu.address):
+                    raise LayoutError("GPU %s (%s) does not support mixed-size mode (nvidia-smi -q: Heterogeneous "
+                                      "Time-Slice Sizes: Not Supported); give it one framebuffer size"
+                                      % (gpu.address, plan.model))
                 plan.switch_mode = True
                 BACKENDS[framework].rebuild(view, plan)
             plans.append((gpu, framework, view, plan))

@@ -162,12 +162,18 @@ def _same_type(view, parent, vgpu_type):
 
 
 def rebuild(view, gpu_plan):
-    """Mixed-size mode switches only on a GPU without vGPUs; kept mdevs are not re-created here."""
+    """Remove and re-create (same UUID) every kept mdev: the driver switches mixed-size mode only on an
+    empty GPU; a kept mdev a VM holds makes this fail before any write."""
+    del view  # the plan's VgpuChanges carry the mdevs; the signature matches the VFIO backend
     kept = [v for v in gpu_plan.vgpus if v.before is not None and v.after is not None]
-    if kept:
-        raise LayoutError("GPU %s needs mixed-size mode, which the driver only switches on a GPU without vGPUs; "
-                          "remove its mdevs first (state absent), e.g. %s on %s"
-                          % (view.gpu.address, kept[0].uuid, kept[0].address))
+    for change in kept:
+        if change.held:
+            raise LayoutError("GPU %s needs mixed-size mode, which the driver only switches on a GPU without "
+                              "vGPUs, but mdev %s on %s is held by a VM" % (gpu_plan.address, change.uuid, change.address))
+    removes = [("remove", v.uuid, v.address) for v in kept]
+    creates = [("create", v.uuid, v.address, v.after.dirname) for v in kept]
+    gpu_plan.steps = ([s for s in gpu_plan.steps if s[0] == "remove"] + removes + creates
+                      + [s for s in gpu_plan.steps if s[0] == "create"])
 
 
 def execute(sysfs, view, gpu_plan, steps=None):

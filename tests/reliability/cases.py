@@ -76,10 +76,7 @@ NODE = [
          config=vdm(dict(VDM_24Q, other=VDM_24Q["l40s-24q"]))),
     case("vdm-unknown-key-with-a-newline", "layout", "bad", config=vdm(VDM_24Q, **{"bad\nkey": 1}),
          selected="l40s-24q", bug=UNKNOWN_KEYS_BUG),
-    case("mixed-size-on-a-turing-gpu-after-another-gpu", "layout", PF_T4, mixed_size=True, bug=(
-        "plugins/module_utils/vgpu_apply.py Node.execute/heterogeneous_mode: with mixed_size, whether a GPU has "
-        "mixed-size mode (nvidia-smi vgpu -ghm) is first asked while executing, GPU by GPU, so a T4 (no such "
-        "mode) fails only after the L40S before it got its current_vgpu_type writes"), layout=[
+    case("mixed-size-on-a-turing-gpu-after-another-gpu", "layout", PF_T4, mixed_size=True, layout=[
         {"devices": [PF_EMPTY], "profiles": {"L40S-24Q": 1, "L40S-12Q": 1}},
         {"devices": [PF_T4], "profiles": {"T4-4Q": 1, "T4-2Q": 2}}]),
     case("config-file-missing", "config_file", "{tmp}/absent.yaml", path="{tmp}/absent.yaml"),

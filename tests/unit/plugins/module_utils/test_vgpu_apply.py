@@ -2,10 +2,11 @@
 
 import pytest
 
-from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply, vgpu_mdev, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
-from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_layout import LayoutError, from_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_layout import (
+    GpuPlan, LayoutError, VgpuChange, from_layout)
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_types import VgpuType
 
 L40S_24Q = [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}}]
@@ -106,6 +107,59 @@ def test_switching_to_mixed_sizes_rebuilds_the_gpu_around_the_mode_change(l40s):
     assert type_writes(node) == [("0000:41:00.4", "0"), ("0000:41:00.5", "0"), ("0000:41:00.4", "1155"),
                                  ("0000:41:00.5", "1153"), ("0000:41:00.6", "1153")]
     assert node.state()["pfs"][0]["mixed_size"] is True
+
+
+def test_switching_to_mixed_sizes_plans_the_same_in_check_mode(l40s):
+    node, engine = l40s
+    apply(engine, L40S_24Q)
+    node.clear_log()
+    mixed = [{"devices": ["0000:41:00.0"], "profiles": {"L40S-24Q": 1, "L40S-12Q": 2}}]
+    check = apply(engine, mixed, mixed_size=True, check_mode=True)
+    assert node.log() == [] and node.state()["pfs"][0]["mixed_size"] is False
+    real = apply(engine, mixed, mixed_size=True)
+    assert check["changed"] is real["changed"] is True and check["diff"] == real["diff"]
+
+
+def test_mixed_sizes_on_a_gpu_with_a_held_vgpu_fail_before_any_write(l40s):
+    node, engine = l40s
+    apply(engine, L40S_24Q)
+    node.hold("0000:41:00.4")
+    node.clear_log()
+    with pytest.raises(LayoutError) as err:
+        apply(engine, [{"devices": ["0000:41:00.0"], "profiles": {"L40S-24Q": 1, "L40S-12Q": 2}}], mixed_size=True)
+    assert "VF 0000:41:00.4 is held by a VM" in str(err.value) and node.log() == []
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_gpu_without_mixed_size_mode_fails_before_the_gpu_before_it_is_written(
+        gpusim_node, monkeypatch, tmp_path, check_mode):
+    node = gpusim_node("l40s:1,t4:1")
+    engine = engine_for(node, monkeypatch, tmp_path)
+    apply(engine, [{"device_filter": "0x26B910DE", "profiles": {}}], enable_vfs=True)
+    node.clear_log()
+    layout = [{"devices": ["0000:41:00.0"], "profiles": {"L40S-24Q": 1, "L40S-12Q": 1}},
+              {"devices": ["0000:42:00.0"], "profiles": {"T4-4Q": 1, "T4-2Q": 2}}]
+    with pytest.raises(LayoutError) as err:
+        apply(engine, layout, mixed_size=True, check_mode=check_mode)
+    assert str(err.value).startswith("GPU 0000:42:00.0 (T4) does not support mixed-size mode")
+    assert node.log() == [] and not any("-shm" in call for call in engine.runner.calls)
+
+
+def test_mixed_sizes_on_an_mdev_gpu_re_create_its_mdevs_around_the_mode_switch():
+    view = vgpu_mdev.MdevGpu.__new__(vgpu_mdev.MdevGpu)
+    kept_type = vgpu_types.MdevType("0000:42:00.0", "nvidia-222", "GRID X-4Q", 1, "")
+    plan = GpuPlan("0000:42:00.0", vgpu_mdev.FRAMEWORK, "X", "10de:0000")
+    plan.vgpus = [VgpuChange("0000:42:00.0", kept_type, kept_type, "u-kept"),
+                  VgpuChange("0000:42:00.0", kept_type, None, "u-gone")]
+    plan.steps = [("remove", "u-gone", "0000:42:00.0"), ("create", "u-new", "0000:42:00.0", "nvidia-221")]
+    vgpu_mdev.rebuild(view, plan)
+    assert plan.steps == [("remove", "u-gone", "0000:42:00.0"), ("remove", "u-kept", "0000:42:00.0"),
+                          ("create", "u-kept", "0000:42:00.0", "nvidia-222"),
+                          ("create", "u-new", "0000:42:00.0", "nvidia-221")]
+    plan.vgpus[0].held = [4242]
+    with pytest.raises(LayoutError) as err:
+        vgpu_mdev.rebuild(view, plan)
+    assert "mdev u-kept on 0000:42:00.0 is held by a VM" in str(err.value)
 
 
 def test_absent_keeps_what_a_vm_holds(l40s):
