@@ -61,8 +61,9 @@ def _p1_rows(p1):
 
 
 def _p2_rows(p2):
-    what = "nodes.yml on a converged node (%d GPUs); sysfs writes %d, tasks changed %d" % (
-        p2["gpus"], p2["writes"], p2["tasks_changed"])
+    what = "nodes.yml on a converged node (%d GPUs); sysfs writes %d, tasks changed %d%s" % (
+        p2["gpus"], p2["writes"], p2["tasks_changed"],
+        " (%s)" % ", ".join(p2["changed_task_names"]) if p2["changed_task_names"] else "")
     yield ("P2 no-op re-run", what, "nodes.yml " + _spread(p2["node_playbook_s"]),
            "ping " + _spread(p2["ping_playbook_s"]), _ratio(p2["ratio"]), "≤ 2×, 0 writes", _met(p2["met"]))
 

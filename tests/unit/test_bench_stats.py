@@ -10,7 +10,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from tests.bench import report, stats  # noqa: E402
+from tests.bench import playbooks, report, stats  # noqa: E402
 from tests.bench.__main__ import FULL, QUICK, parse_args  # noqa: E402
 
 
@@ -80,3 +80,13 @@ def test_markdown_marks_missed_targets():
                            "parallel_over_floor": stats.summary([1.1, 1.3]), "met": False}}})
     row = [line for line in text.splitlines() if line.startswith("| P3")]
     assert len(row) == 1 and "**no**" in row[0] and "5.00×" in row[0] and "L = 0.3 s" in row[0]
+
+
+def test_changed_tasks_from_the_default_callback():
+    output = "\n".join([
+        "TASK [accelops.vgpu.sriov : Enable SR-IOV virtual functions] ***", "ok: [node-001]",
+        "TASK [accelops.vgpu.vgpu_profiles : Install the node CLI] ***", "changed: [node-001]", "changed: [node-002]",
+        "TASK [accelops.vgpu.vgpu_profiles : Install the boot unit] ***", "ok: [node-001]",
+        "PLAY RECAP ***", "node-001 : ok=3 changed=1 unreachable=0 failed=0"])
+    assert playbooks.changed_tasks(output) == ["accelops.vgpu.vgpu_profiles : Install the node CLI"]
+    assert playbooks.RECAP.findall(output) == [("node-001", "3", "1", "0", "0")]
