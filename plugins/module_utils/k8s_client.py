@@ -21,6 +21,7 @@ try:
     from kubernetes.client.rest import ApiException
     from kubernetes.config.config_exception import ConfigException
     import urllib3
+    import yaml
 except ImportError:
     HAS_KUBERNETES = False
     KUBERNETES_IMPORT_ERROR = traceback.format_exc()
@@ -120,20 +121,88 @@ def _describe_kubeconfig(kubeconfig):
     return "kubeconfig (dict)" if isinstance(kubeconfig, dict) else "kubeconfig %s" % kubeconfig
 
 
+_SECTIONS = (("clusters", "cluster"), ("contexts", "context"), ("users", "user"))
+
+
+def _read_kubeconfig(path):
+    """The parsed kubeconfig file; a K8sError naming it when it cannot be read or is not YAML."""
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except OSError as exc:
+        raise K8sError("kubeconfig %s: cannot read: %s" % (path, exc.strerror or type(exc).__name__)) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        # Only the problem and its position: the YAML error's snippet could quote a token or key.
+        mark = getattr(exc, "problem_mark", None)
+        where = " at line %d, column %d" % (mark.line + 1, mark.column + 1) if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise K8sError("kubeconfig %s: not valid YAML%s: %s" % (path, where, " ".join(str(problem).split())))
+
+
+def kubeconfig_problem(doc, context=None):
+    """Why a parsed kubeconfig is unusable, in a few words, or None: the malformed shapes on which the
+    kubernetes client raises AttributeError/TypeError/KeyError instead of a ConfigException. Names only
+    keys and entry names, never values (they may be secrets)."""
+    if not isinstance(doc, dict):
+        return "not a kubeconfig mapping (top level is %s)" % type(doc).__name__
+    named = {}
+    for key, inner in _SECTIONS:
+        entries = doc.get(key)
+        if entries is None:
+            entries = []
+        if not isinstance(entries, list):
+            return "%s is %s, not a list" % (key, type(entries).__name__)
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                return "%s[%d] is not a mapping with a name" % (key, index)
+            if not isinstance(entry.get(inner), dict):
+                return "%s[%d] (%r) has no %s mapping" % (key, index, entry["name"], inner)
+        named[key] = dict((entry["name"], entry[inner]) for entry in entries)
+    name = context or doc.get("current-context")
+    if not name:
+        return "no context to use (current-context is not set and no context option was given)"
+    if not isinstance(name, str) or name not in named["contexts"]:
+        return "context %r is not one of its contexts (%s)" % (name, ", ".join(map(repr, named["contexts"])) or "none")
+    cluster = named["contexts"][name].get("cluster")
+    if not isinstance(cluster, str) or cluster not in named["clusters"]:
+        return "context %r names cluster %r, which is not one of its clusters" % (name, cluster)
+    user = named["contexts"][name].get("user")
+    if user is not None and not isinstance(user, str):
+        return "context %r: user is %s, not a name" % (name, type(user).__name__)
+    return None
+
+
+def _first_line(exc):
+    text = str(exc).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(exc).__name__
+
+
 def build_configuration(auth):
-    """A kubernetes.client.Configuration from the auth options, as kubernetes.core builds it."""
+    """A kubernetes.client.Configuration from the auth options, as kubernetes.core builds it.
+
+    A given kubeconfig (dict or one file) is checked here first, in one place, so that every malformed
+    shape becomes one K8sError line naming it instead of an exception from inside the client.
+    """
     config = kubernetes.client.Configuration()
     kubeconfig, context = auth.get("kubeconfig"), auth.get("context")
     explicit = auth.get("host") or auth.get("api_key") or auth.get("username")
+    described = _describe_kubeconfig(kubeconfig)
     try:
         if isinstance(kubeconfig, dict):
+            problem = kubeconfig_problem(kubeconfig, context)
+            if problem:
+                raise K8sError("%s: %s" % (described, problem))
             kubernetes.config.load_kube_config_from_dict(
                 config_dict=kubeconfig, context=context, client_configuration=config,
                 persist_config=bool(auth.get("persist_config")))
         elif kubeconfig:
             path = str(kubeconfig)
-            if ":" not in path and not os.path.exists(os.path.expanduser(path)):
-                raise K8sError("kubeconfig %s: file not found" % path)
+            if ":" not in path:  # a KUBECONFIG-style list of files is merged by the client itself
+                if not os.path.exists(os.path.expanduser(path)):
+                    raise K8sError("kubeconfig %s: file not found" % path)
+                problem = kubeconfig_problem(_read_kubeconfig(path), context)
+                if problem:
+                    raise K8sError("%s: %s" % (described, problem))
             kubernetes.config.load_kube_config(config_file=os.path.expanduser(path), context=context,
                                                client_configuration=config,
                                                persist_config=bool(auth.get("persist_config")))
@@ -144,9 +213,9 @@ def build_configuration(auth):
                 kubernetes.config.load_kube_config(context=context, client_configuration=config)
     except K8sError:
         raise
-    except (ConfigException, ValueError, TypeError, KeyError, OSError) as exc:
-        raise K8sError("%s: cannot load: %s" % (_describe_kubeconfig(kubeconfig),
-                                                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__))
+    except (ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError, yaml.YAMLError) as exc:
+        # Merged or default kubeconfigs are not pre-checked: whatever the client raises is one line.
+        raise K8sError("%s: cannot load: %s" % (described, _first_line(exc))) from None
     for option, attribute in (("host", "host"), ("username", "username"), ("password", "password"),
                               ("validate_certs", "verify_ssl"), ("ca_cert", "ssl_ca_cert"),
                               ("client_cert", "cert_file"), ("client_key", "key_file"),

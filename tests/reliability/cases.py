@@ -118,15 +118,9 @@ CLUSTER = [
                  pci_host_devices=[dict(L40S, pci_vendor_selector="10de-26b9")]),
     cluster_case("duplicate-resource-different-fields", "kubevirt_hostdevices", "nvidia.com/NVIDIA_L40S-24Q",
                  pci_host_devices=[L40S, dict(L40S, pci_vendor_selector="10de:26b5")]),
-    cluster_case("kubeconfig-broken", "kubevirt_hostdevices", "{kubeconfig}", kubeconfig="broken", bug=(
-        "plugins/module_utils/k8s_client.py build_configuration: a kubeconfig file that is not valid YAML raises "
-        "yaml.YAMLError, which is not caught: the module crashes with a traceback instead of one line naming the file"),
-        **KUBEVIRT_ARGS),
-    cluster_case("kubeconfig-dict-clusters-not-a-list", "kubevirt_hostdevices", "kubeconfig",
-                 kubeconfig="dict-clusters-not-a-list", bug=(
-                     "plugins/module_utils/k8s_client.py build_configuration: a dict kubeconfig whose clusters is not "
-                     "a list makes the kubernetes client raise AttributeError, which is not caught: traceback"),
-                 **KUBEVIRT_ARGS),
+    cluster_case("kubeconfig-broken", "kubevirt_hostdevices", "{kubeconfig}", kubeconfig="broken", **KUBEVIRT_ARGS),
+    cluster_case("kubeconfig-dict-clusters-not-a-list", "kubevirt_hostdevices", "kubeconfig (dict)",
+                 kubeconfig="dict-clusters-not-a-list", **KUBEVIRT_ARGS),
     cluster_case("kubeconfig-missing", "kubevirt_hostdevices", "{kubeconfig}", kubeconfig="missing", **KUBEVIRT_ARGS),
     cluster_case("kubeconfig-dict-without-context", "kubevirt_hostdevices", "kubeconfig",
                  kubeconfig="dict-without-context", **KUBEVIRT_ARGS),

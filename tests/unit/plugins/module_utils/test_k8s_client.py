@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import k8s_client as kc
@@ -35,6 +37,63 @@ def test_dict_kubeconfig_and_its_secrets():
     assert config.host == "https://k:6443"
     assert sorted(kc.kubeconfig_secrets(kubeconfig)) == ["S0ME", "T0K"]
     assert kc.kubeconfig_secrets("/path/to/file") == []
+
+
+def good_kubeconfig():
+    return {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "k", "cluster": {"server": "https://k:6443"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": "T0K"}}]}
+
+
+@pytest.mark.parametrize("change,reason", [
+    (lambda d: d.update(clusters="k"), "clusters is str, not a list"),
+    (lambda d: d.update(users={"u": {"token": "T0K"}}), "users is dict, not a list"),
+    (lambda d: d.update(users=["T0K"]), "users[0] is not a mapping with a name"),
+    (lambda d: d["users"][0].update(user="T0K"), "users[0] ('u') has no user mapping"),
+    (lambda d: d.update(contexts=[{"name": "c", "context": "k"}]), "contexts[0] ('c') has no context mapping"),
+    (lambda d: d.pop("contexts"), "context 'c' is not one of its contexts (none)"),
+    (lambda d: d.pop("current-context"), "no context to use"),
+    (lambda d: d.update({"current-context": "nope"}), "context 'nope' is not one of its contexts ('c')"),
+    (lambda d: d["contexts"][0]["context"].update(cluster="gone"), "names cluster 'gone'"),
+    (lambda d: d["contexts"][0]["context"].update(user=["T0K"]), "context 'c': user is list"),
+    (lambda d: d.clear() or d.update(kind=["T0K"]), "no context to use"),
+])
+def test_malformed_dict_kubeconfig_is_one_line_without_secrets(change, reason):
+    kubeconfig = good_kubeconfig()
+    change(kubeconfig)
+    with pytest.raises(kc.K8sError) as err:
+        kc.build_configuration(kc.auth_from_params({"kubeconfig": kubeconfig}, {}))
+    message = str(err.value)
+    assert message.startswith("kubeconfig (dict): ") and reason in message
+    assert "\n" not in message and "T0K" not in message
+
+
+@pytest.mark.parametrize("content,reason", [
+    ("apiVersion: v1\nusers: [{name: u, user: {token: T0K}}\nclusters: [\n", "not valid YAML at line "),
+    ("token: T0K: x\n", "not valid YAML at line 1"),
+    ("- T0K\n", "not a kubeconfig mapping (top level is list)"),
+    ("", "not a kubeconfig mapping (top level is NoneType)"),
+    ("clusters: T0K\n", "clusters is str, not a list"),
+])
+def test_malformed_kubeconfig_file_is_one_line_naming_it(tmp_path, content, reason):
+    path = tmp_path / "kubeconfig"
+    path.write_text(content)
+    with pytest.raises(kc.K8sError) as err:
+        kc.build_configuration(kc.auth_from_params({"kubeconfig": str(path)}, {}))
+    message = str(err.value)
+    assert message.startswith("kubeconfig %s: " % path) and reason in message
+    assert "\n" not in message and "T0K" not in message
+
+
+def test_a_valid_kubeconfig_file_with_a_chosen_context_loads(tmp_path):
+    path = tmp_path / "kubeconfig"
+    kubeconfig = good_kubeconfig()
+    kubeconfig["contexts"].append({"name": "other", "context": {"cluster": "k"}})
+    path.write_text(json.dumps(kubeconfig))
+    config = kc.build_configuration(kc.auth_from_params({"kubeconfig": str(path), "context": "other"}, {}))
+    assert config.host == "https://k:6443"
+    assert kc.kubeconfig_problem(kubeconfig, "other") is None
 
 
 def test_two_impersonated_groups_are_rejected():
