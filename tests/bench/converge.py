@@ -14,10 +14,10 @@ import os
 import tempfile
 import time
 
-from ansible_collections.accelops.vgpu.plugins.module_utils import sriov, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
-from tests.bench import simnodes, stats
+from tests.bench import simnodes, stats, vf_enable
 
 MODEL = "l40s"
 # Sysfs primitives the engine reads through (read_optional/read_int/link_name go through these);
@@ -107,9 +107,8 @@ def run_engine(node, entries, cache_dir):
 
 def enable_vfs(node):
     """Untimed setup: every GPU gets its VFs through the sriov engine (sriov-manage)."""
-    sysfs, runner = Sysfs(node.root), CommandRunner()
     with simnodes.node_environment(node):
-        sriov.apply_vfs(sysfs, runner, sriov.plan_vfs(sysfs, runner, devices="all", num_vfs="max", held={}))
+        vf_enable.enable(Sysfs(node.root), "all")
     node.clear_log()
 
 

@@ -33,7 +33,7 @@ def type_id(model, profile):
 @contextlib.contextmanager
 def mounted(specs, latency_ms=0):
     """Mount one GpuSimNode per spec; yields the list. All are unmounted on exit, also on failure."""
-    nodes, lock = [], threading.Lock()
+    lock = threading.Lock()
     with contextlib.ExitStack() as stack:
         def start(spec):
             node = GpuSimNode(spec, latency_ms=latency_ms)

@@ -23,7 +23,8 @@ MODEL = "l40s"
 TOTAL_VFS = 32
 
 
-def _enable(sysfs, devices):
+def enable(sysfs, devices):
+    """The sriov engine's plan + apply for `devices` (max VFs, method auto); returns the PFs changed."""
     runner = CommandRunner()
     plan = sriov.plan_vfs(sysfs, runner, devices=devices, num_vfs="max", held={})
     return sriov.apply_vfs(sysfs, runner, plan)
@@ -33,18 +34,17 @@ def run_parallel(node):
     sysfs = Sysfs(node.root)
     with simnodes.node_environment(node):
         start = time.perf_counter()
-        done = _enable(sysfs, "all")
+        done = enable(sysfs, "all")
         elapsed = time.perf_counter() - start
     return elapsed, len(done)
 
 
 def run_sequential(node):
-    sysfs = Sysfs(node.root)
-    done = 0
+    sysfs, pfs, done = Sysfs(node.root), node.pfs(), 0
     with simnodes.node_environment(node):
         start = time.perf_counter()
-        for pf in node.pfs():
-            done += len(_enable(sysfs, [pf]))
+        for pf in pfs:
+            done += len(enable(sysfs, [pf]))
         elapsed = time.perf_counter() - start
     return elapsed, done
 
