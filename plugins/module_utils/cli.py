@@ -73,7 +73,7 @@ def _node(args):
 def _entries(args):
     if not args.config:
         raise vgpu_layout.LayoutError("--config FILE is required (or ACCELOPS_VGPU_CONFIG)")
-    return vgpu_layout.from_document(vgpu_layout.load_file(args.config), args.selected)
+    return vgpu_layout.from_file(args.config, args.selected)
 
 
 def _print_apply(result, check):

@@ -218,15 +218,27 @@ def entries(config=None, selected=None, layout=None):
     raise LayoutError("no layout given: pass a vGPU config (and the selected config name) or a layout")
 
 
-def from_document(document, selected=None):
-    """A parsed file: a VDM config (has `vgpu-configs`), a layout list, or `{layout: [...]}`."""
-    if isinstance(document, dict) and "vgpu-configs" in document:
-        return entries(config=document, selected=selected)
-    if isinstance(document, dict) and list(document) == ["layout"]:
-        return entries(layout=document["layout"], selected=selected)
-    if isinstance(document, list):
-        return entries(layout=document, selected=selected)
-    raise LayoutError("the file is neither a vGPU config (version/vgpu-configs) nor a layout list")
+def from_document(document, selected=None, source="the file"):
+    """A parsed file: a VDM config (has `vgpu-configs`), a layout list, or `{layout: [...]}`.
+
+    `source` (the path or a label) starts every error, so a message always names the file.
+    """
+    try:
+        if isinstance(document, dict) and "vgpu-configs" in document:
+            return entries(config=document, selected=selected)
+        if isinstance(document, dict) and list(document) == ["layout"]:
+            return entries(layout=document["layout"], selected=selected)
+        if isinstance(document, list):
+            return entries(layout=document, selected=selected)
+    except LayoutError as exc:
+        raise LayoutError("%s: %s" % (source, exc)) from None
+    raise LayoutError("%s is neither a vGPU config (version/vgpu-configs) nor a layout list (it parses as %s)"
+                      % (source, type(document).__name__))
+
+
+def from_file(path, selected=None):
+    """[LayoutEntry] from a config or layout file (`-` = standard input); errors name the file."""
+    return from_document(load_file(path), selected, "standard input" if path == "-" else path)
 
 
 def load_file(path):

@@ -177,7 +177,7 @@ def main():
     node = NodeContext(module)
     with engine_errors(module):
         if params["config_file"]:
-            entries = vgpu_layout.from_document(vgpu_layout.load_file(params["config_file"]), params["selected"])
+            entries = vgpu_layout.from_file(params["config_file"], params["selected"])
         else:
             entries = vgpu_layout.entries(params["config"], params["selected"], params["layout"])
         result = vgpu_apply.apply(vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root), entries,

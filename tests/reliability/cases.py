@@ -21,9 +21,6 @@ def vdm(configs, version="v1", **extra):
 
 UNKNOWN_KEYS_BUG = ("plugins/module_utils/vgpu_layout.py _unknown_keys: an unknown key is inserted with %s, so a "
                     "key containing a newline makes a two-line error (use %r, as the other messages do)")
-FROM_DOCUMENT_BUG = ("plugins/module_utils/vgpu_layout.py from_document (called by vgpu_profile main and cli._entries "
-                     "after load_file): a file that parses but is no config says 'the file is neither a vGPU config "
-                     "... nor a layout list' without naming the file")
 VDM_24Q = {"l40s-24q": [{"devices": "all", "device-filter": "0x26B910DE", "vgpu-devices": {"L40S-24Q": 2}}]}
 
 # --- node side: sriov_vfs and vgpu_profile through the engine, on the lab node (node_lab.py) -----
@@ -83,9 +80,9 @@ NODE = [
     case("config-file-invalid-yaml", "config_file", "{tmp}/broken.yaml", path="{tmp}/broken.yaml",
          files={"broken.yaml": "version: v1\nvgpu-configs: {l40s: [\n"}),
     case("config-file-not-a-config", "config_file", "{tmp}/hosts.yaml", path="{tmp}/hosts.yaml",
-         files={"hosts.yaml": "all:\n  hosts:\n    gpu-a: {}\n"}, bug=FROM_DOCUMENT_BUG),
+         files={"hosts.yaml": "all:\n  hosts:\n    gpu-a: {}\n"}),
     case("config-file-path-traversal", "config_file", "../../../../../../etc/hostname",
-         path="{tmp}/../../../../../../etc/hostname", bug=FROM_DOCUMENT_BUG),
+         path="{tmp}/../../../../../../etc/hostname"),
 ]
 
 # --- cluster side: the modules as Ansible runs them, against the API server process --------------

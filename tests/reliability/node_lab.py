@@ -83,7 +83,7 @@ def run_config_file(lab, path, selected=None, files=None, tmp_path=None):
         with open(os.path.join(str(tmp_path), name), "w", encoding="utf-8") as handle:
             handle.write(content)
     real = path.format(tmp=tmp_path)
-    entries = vgpu_layout.from_document(vgpu_layout.load_file(real), selected)
+    entries = vgpu_layout.from_file(real, selected)
     return vgpu_apply.apply(lab.engine, entries, lock_timeout=LOCK_TIMEOUT)
 
 

@@ -118,6 +118,23 @@ def test_documents_are_recognised():
     assert "selected" in str(err.value)
 
 
+@pytest.mark.parametrize("content,message", [
+    ("all:\n  hosts:\n    gpu-a: {}\n", "is neither a vGPU config (version/vgpu-configs) nor a layout list (it parses as dict)"),
+    ("gpu-a\n", "is neither a vGPU config (version/vgpu-configs) nor a layout list (it parses as str)"),
+    ("version: v2\nvgpu-configs: {a: []}\n", ": vGPU config: version must be 'v1'"),
+    ("- {profiles: {L40S-24Q: -1}}\n", ": layout[0]: profile L40S-24Q: count -1"),
+])
+def test_file_errors_name_the_file(tmp_path, content, message):
+    path = tmp_path / "hosts.yaml"
+    path.write_text(content)
+    with pytest.raises(vl.LayoutError) as err:
+        vl.from_file(str(path))
+    assert str(err.value).startswith(str(path)) and message in str(err.value)
+    with pytest.raises(vl.LayoutError) as err:
+        vl.from_document(vl.load_file(str(path)), source="ConfigMap vgpu/configs")
+    assert str(err.value).startswith("ConfigMap vgpu/configs")
+
+
 def test_json_and_yaml_files(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(DEFAULT_CONFIG))
