@@ -24,7 +24,7 @@ import os
 import sys
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
 
@@ -137,5 +137,5 @@ def main(argv=None):
     try:
         return VERBS[args.verb](args)
     except EngineError as err:
-        _say("%s %s: %s" % (PROG, args.verb, err), sys.stderr)
+        _say("%s %s: %s" % (PROG, args.verb, one_line(err)), sys.stderr)
         return EXIT_ERROR

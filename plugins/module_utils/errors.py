@@ -8,3 +8,18 @@ from __future__ import annotations
 
 class EngineError(Exception):
     """Base of all engine errors. str(err) is the one-line message shown to users."""
+
+
+def shown(value):
+    """A user-given name for a message: as is when it prints on one line, else quoted with repr()
+    (`'bad\\nkey'`), so the message stays one line and the odd characters stay visible."""
+    text = str(value)
+    return text if text.isprintable() else repr(text)
+
+
+def one_line(message):
+    """The safety net where an engine error becomes a user message (module fail_json, CLI stderr):
+    newlines and other control characters are escaped (`\\n`). Sources quote such input themselves
+    (shown(), %r); this only keeps a message one line when one slipped through."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+                   for char in str(message))

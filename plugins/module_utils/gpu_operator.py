@@ -21,7 +21,7 @@ Decisions (domain brief section 5):
 from __future__ import annotations
 
 import re
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_client import WritePlan, read_modify_write
 
 POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL = "nvidia.com", "v1", "clusterpolicies"
@@ -30,9 +30,10 @@ SANDBOX_VALIDATOR_LABEL = "nvidia.com/gpu.deploy.sandbox-validator"
 DEFAULT_PROFILE_PREFIX = "accelops.io/vgpu.profile."
 # OS tags the operator appends (gpu-driver-container dirs and the usual node OS ids).
 _OS_SUFFIX_RE = re.compile(r"-(ubuntu\d+(\.\d+)?|rhel\d+(\.\d+)?|rhcos\d+(\.\d+)*|centos\d+|sles\d+(\.\d+)?|"
-                           r"debian\d+|rocky\d+(\.\d+)?)$", re.IGNORECASE)
-_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+                           r"debian\d+|rocky\d+(\.\d+)?)\Z", re.IGNORECASE)
+# \Z, not $: `$` also matches before a final newline, so "gpu\n" would pass as a label.
+_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
 class GpuOperatorError(EngineError):
@@ -45,7 +46,7 @@ def validate_vgpu_manager_version(version):
     if version and not version.startswith("sha256:") and _OS_SUFFIX_RE.search(version):
         base = _OS_SUFFIX_RE.sub("", version)
         raise GpuOperatorError("ClusterPolicy vgpuManager.version %s: ends in an OS tag; the GPU Operator appends "
-                               "it per node, give %s" % (version, base))
+                               "it per node, give %s" % (shown(version), shown(base)))
 
 
 def _leaves(tree, prefix=()):
@@ -128,9 +129,10 @@ def run_cluster_policy(api, params, check_mode):
 def validate_label(key, value, node):
     prefix, name = key.rpartition("/")[::2]
     if not _LABEL_NAME_RE.match(name) or len(name) > 63 or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix))):
-        raise GpuOperatorError("Node %s: label key %r is not a valid Kubernetes label key" % (node, key))
+        raise GpuOperatorError("Node %s: label key %r is not a valid Kubernetes label key" % (shown(node), key))
     if value is not None and (len(value) > 63 or (value and not _LABEL_NAME_RE.match(value))):
-        raise GpuOperatorError("Node %s: label %s value %r is not a valid Kubernetes label value" % (node, key, value))
+        raise GpuOperatorError("Node %s: label %s value %r is not a valid Kubernetes label value"
+                               % (shown(node), key, value))
 
 
 def profile_labels(profiles, prefix=DEFAULT_PROFILE_PREFIX):

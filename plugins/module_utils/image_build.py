@@ -26,7 +26,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.nvdriver import Runfile
 
 HASH_LABEL = "io.accelops.vgpu.input-hash"
@@ -40,8 +40,9 @@ PUBLIC_REGISTRIES = frozenset((
 PUBLIC_SUFFIXES = (".gcr.io", ".docker.io", ".quay.io")
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
-NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
-TAG_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+# \Z, not $: `$` also matches before a final newline.
+NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*\Z")
+TAG_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 
 
 class ImageError(EngineError):
@@ -177,7 +178,7 @@ class ImageBuild:
         name = params["name"]
         self.host, self.repository = split_name(name)
         if not NAME_PATTERN.match(self.repository):
-            raise ImageError("image %s: not a valid image name (registry/path/name, lower case)" % name)
+            raise ImageError("image %s: not a valid image name (registry/path/name, lower case)" % shown(name))
         if is_public_registry(self.host) and not params["allow_public_registry"]:
             raise ImageError("image %s: %s is a public registry and the image contains the licensed NVIDIA "
                              "runfile; push to a private registry (or set allow_public_registry)"
@@ -188,7 +189,7 @@ class ImageBuild:
                              % (name, params["driver_version"], params["runfile"], self.runfile.version))
         self.tag = "%s-%s" % (self.runfile.version, params["os_tag"])
         if not TAG_PATTERN.match(self.tag):
-            raise ImageError("image %s: tag %s is not a valid image tag (check os_tag)" % (name, self.tag))
+            raise ImageError("image %s: tag %s is not a valid image tag (check os_tag)" % (name, shown(self.tag)))
         self.ref = "%s:%s" % (name, self.tag)
         reserved = ("Containerfile", os.path.basename(self.runfile.path))
         for file_name in list(params["context_files"]) + list(params["context_paths"]):

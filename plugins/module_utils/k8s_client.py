@@ -14,7 +14,7 @@ import os
 import traceback
 from dataclasses import dataclass, field
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 
 try:
     import kubernetes
@@ -371,7 +371,7 @@ def run_cluster_module(module, engine, missing_lib_message):
         api = KubeApi(new_api_client(auth_from_params(params)))
         result = engine(api, params, module.check_mode)
     except EngineError as exc:
-        module.fail_json(msg=str(exc))
+        module.fail_json(msg=one_line(exc))
     for warning in result.pop("warnings", []):
         module.warn(warning)
     if not module._diff:  # pylint: disable=protected-access

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import re
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_client import K8sError, WritePlan, read_modify_write
 
 GROUP, VERSION, PLURAL, KIND = "kubevirt.io", "v1", "kubevirts", "KubeVirt"
@@ -33,7 +33,8 @@ VIRT_HANDLER_ENV = "VIRT_HANDLER_IMAGE"
 
 PCI, MDEV = "pciHostDevices", "mediatedDevices"
 SELECTOR = {PCI: "pciVendorSelector", MDEV: "mdevNameSelector"}
-_PCI_SELECTOR_RE = re.compile(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}$")
+# \Z, not $: `$` also matches before a final newline.
+_PCI_SELECTOR_RE = re.compile(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}\Z")
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 
 
@@ -51,7 +52,7 @@ def select_kubevirt(items, name=None, namespace=None):
     found = [cr for cr in items
              if (name is None or cr["metadata"]["name"] == name)
              and (namespace is None or cr["metadata"].get("namespace") == namespace)]
-    pinned = "%s/%s" % (namespace or "*", name or "*")
+    pinned = "%s/%s" % (shown(namespace or "*"), shown(name or "*"))
     if not found:
         raise KubeVirtError("KubeVirt %s: no KubeVirt CR found (is KubeVirt installed?)" % pinned)
     if len(found) > 1:
@@ -87,16 +88,16 @@ def validate_entries(kind, entries, state):
         if not name:
             raise KubeVirtError("%s entry %r: resourceName is required" % (kind, entry))
         if name in seen and seen[name] != entry:
-            raise KubeVirtError("%s %s: listed twice with different fields" % (kind, name))
+            raise KubeVirtError("%s %s: listed twice with different fields" % (kind, shown(name)))
         seen[name] = entry
         if state != "present":
             continue
         selector = entry.get(SELECTOR[kind])
         if not selector:
-            raise KubeVirtError("%s %s: %s is required" % (kind, name, SELECTOR[kind]))
+            raise KubeVirtError("%s %s: %s is required" % (kind, shown(name), SELECTOR[kind]))
         if kind == PCI and not _PCI_SELECTOR_RE.match(selector):
             raise KubeVirtError("%s %s: pciVendorSelector %r is not VVVV:DDDD (e.g. 10DE:26B9)"
-                                % (kind, name, selector))
+                                % (kind, shown(name), selector))
     return list(seen.values())
 
 

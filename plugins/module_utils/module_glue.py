@@ -22,7 +22,7 @@ import contextlib
 import copy
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import inuse
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
@@ -66,12 +66,13 @@ class NodeContext:
 
 @contextlib.contextmanager
 def engine_errors(module):
-    """Yield a result dict; an EngineError becomes fail_json(msg=<its one line>, **result)."""
+    """Yield a result dict; an EngineError becomes fail_json(msg=<its one line>, **result) (one_line:
+    the safety net against a control character that slipped into a message)."""
     result = {}
     try:
         yield result
     except EngineError as err:
-        module.fail_json(msg=str(err), **result)
+        module.fail_json(msg=one_line(err), **result)
 
 
 def exit_with_diff(module, changed, diff, **result):

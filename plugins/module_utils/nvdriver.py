@@ -28,7 +28,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.errors import Engine
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
 
 RUNFILE_NAME = re.compile(
-    r"^NVIDIA-Linux-(?P<arch>x86_64|aarch64)-(?P<version>\d+(?:\.\d+){1,2})-vgpu-kvm(?P<aie>-aie)?\.run$")
+    r"^NVIDIA-Linux-(?P<arch>x86_64|aarch64)-(?P<version>\d+(?:\.\d+){1,2})-vgpu-kvm(?P<aie>-aie)?\.run\Z")
 RUNFILE_PATTERN = "NVIDIA-Linux-<arch>-<version>-vgpu-kvm[-aie].run"
 VERSION_OUTPUT = re.compile(r"version:?\s+(\d+(?:\.\d+){1,2})")
 # makeself writes its shell header (with a "Makeself" banner) before the payload; NVIDIA's is ~20 KiB.

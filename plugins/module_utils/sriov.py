@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import inuse, pci, vgpu_types
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import SysfsError
 
 SRIOV_MANAGE = "sriov-manage"
@@ -149,7 +149,7 @@ def select_pfs(sysfs, devices="all"):
     items = _as_items(devices)
     if any(item.lower() == "all" for item in items):
         if len(items) != 1:
-            raise SriovError("devices: 'all' cannot be combined with other entries (%s)" % ", ".join(items))
+            raise SriovError("devices: 'all' cannot be combined with other entries (%s)" % ", ".join(map(shown, items)))
         return [dev for dev in _sriov_pfs(sysfs) if dev.is_display]
     if not items:
         raise SriovError("devices: the list is empty; give 'all', PCI addresses or vendor/device filters")
@@ -176,7 +176,7 @@ def select_pfs(sysfs, devices="all"):
                                  % (dev.address, chosen[dev.address][1], item))
             chosen[dev.address] = (dev, item)
     if not chosen:
-        raise SriovError("devices: %s match no SR-IOV physical function on this node" % ", ".join(items))
+        raise SriovError("devices: %s match no SR-IOV physical function on this node" % ", ".join(map(shown, items)))
     return [chosen[address][0] for address in sorted(chosen)]
 
 

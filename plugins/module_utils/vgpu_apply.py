@@ -9,7 +9,8 @@ GPU: clears/removals, then mixed-size mode when the GPU gets several framebuffer
 says it is off (`nvidia-smi vgpu -i <PF> -shm 1`; sriov-manage resets it, brief 1.4; the driver
 switches only an empty GPU, so the plan then clears and re-creates its existing vGPUs), then
 creations. Whether each such GPU supports the mode at all (`nvidia-smi -q`: Heterogeneous Time-Slice
-Sizes; Turing does not) is asked while planning, so a T4 fails before the L40S before it is written; the node is re-read afterwards and must match the plan.
+Sizes; Turing does not) is asked while planning, so a T4 fails before the L40S before it is
+written. The node is re-read afterwards and must match the plan.
 
 Framework per GPU: the PF is an mdev parent -> mdev (Turing); its VFs have `nvidia/current_vgpu_type`
 -> vendor-VFIO (Ada/Hopper/Blackwell); its VFs are mdev parents -> mdev (Ampere SR-IOV). A GPU with

@@ -27,7 +27,7 @@ import sys
 from collections import OrderedDict, namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import pci
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_types import VgpuTypeError, parse_profile
 
 VDM_TOP_KEYS = ("version", "vgpu-configs")
@@ -108,7 +108,7 @@ def _profiles(value, origin, field):
         raise LayoutError("%s: %s must be a mapping of profile name to count" % (origin, field))
     result = OrderedDict()
     for name, count in value.items():
-        label = "%s: profile %s" % (origin, name)
+        label = "%s: profile %s" % (origin, shown(name))
         try:
             parse_profile(name)
         except VgpuTypeError as exc:
@@ -124,9 +124,10 @@ def _profiles(value, origin, field):
 def _unknown_keys(entry, allowed, origin):
     if not isinstance(entry, dict):
         raise LayoutError("%s must be a mapping, not %s" % (origin, type(entry).__name__))
-    unknown = sorted(str(k) for k in entry if k not in allowed)
+    unknown = sorted((k for k in entry if k not in allowed), key=str)
     if unknown:
-        raise LayoutError("%s: unknown field(s) %s (allowed: %s)" % (origin, ", ".join(unknown), ", ".join(allowed)))
+        raise LayoutError("%s: unknown field(s) %s (allowed: %s)" % (origin, ", ".join(repr(k) for k in unknown),
+                                                                    ", ".join(allowed)))
 
 
 def _vdm_devices(value, origin):
@@ -168,15 +169,17 @@ def from_vdm_config(config, selected=None):
         raise LayoutError("vGPU config: vgpu-configs must be a non-empty mapping of config name to entries")
     if not selected:
         if len(configs) != 1:
-            raise LayoutError("vGPU config: select one of %s (several configs, none selected)" % ", ".join(sorted(configs)))
+            raise LayoutError("vGPU config: select one of %s (several configs, none selected)"
+                              % ", ".join(shown(c) for c in sorted(configs, key=str)))
         selected = next(iter(configs))
     if selected not in configs:
-        raise LayoutError("vGPU config: selected config %r not present (configs: %s)" % (selected, ", ".join(sorted(configs))))
+        raise LayoutError("vGPU config: selected config %r not present (configs: %s)"
+                          % (selected, ", ".join(shown(c) for c in sorted(configs, key=str))))
     parsed = {}
     for name, entries in configs.items():
         if not isinstance(entries, list) or not entries:
-            raise LayoutError("vgpu-configs.%s must be a non-empty list of entries" % name)
-        parsed[name] = [_vdm_entry(entry, "vgpu-configs.%s[%d]" % (name, pos)) for pos, entry in enumerate(entries)]
+            raise LayoutError("vgpu-configs.%s must be a non-empty list of entries" % shown(name))
+        parsed[name] = [_vdm_entry(entry, "vgpu-configs.%s[%d]" % (shown(name), pos)) for pos, entry in enumerate(entries)]
     return parsed[selected]
 
 

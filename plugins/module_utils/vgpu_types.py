@@ -27,7 +27,7 @@ MDEV_BUS = "class/mdev_bus"
 MDEV_DEVICES = "bus/mdev/devices"
 VDM_SUFFIXES = ("MEALL", "NOME", "ME", "GFX")
 _PROFILE = re.compile(
-    r"^(?P<model>.+?)-(?:(?P<slices>\d+)-)?(?P<size>\d+)(?P<series>[A-Z])(?P<suffix>MEALL|NOME|ME|GFX)?$")
+    r"^(?P<model>.+?)-(?:(?P<slices>\d+)-)?(?P<size>\d+)(?P<series>[A-Z])(?P<suffix>MEALL|NOME|ME|GFX)?\Z")
 _HEADER_KEYS = ("id", "vgpu name")
 
 

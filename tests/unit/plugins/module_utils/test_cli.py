@@ -78,7 +78,16 @@ def test_errors_are_one_line_on_stderr_with_exit_2(node, capsys, tmp_path):
     bad.write_text(json.dumps({"version": "v1", "vgpu-configs": {"a": [{"devices": "all", "vgpu-devices": {},
                                                                         "mig-devices": {}}]}}))
     code, out, err = run(capsys, fake, "apply", "--config", str(bad))
-    assert code == 2 and err.count("\n") == 1 and "vgpu-configs.a[0]: unknown field(s) mig-devices" in err
+    assert code == 2 and err.count("\n") == 1 and "vgpu-configs.a[0]: unknown field(s) 'mig-devices'" in err
+
+
+def test_a_multi_line_engine_error_is_still_printed_as_one_line(node, capsys, monkeypatch):
+    def from_file(path, selected=None):
+        raise cli.vgpu_layout.LayoutError("%s: first\nsecond" % path)
+
+    monkeypatch.setattr(cli.vgpu_layout, "from_file", from_file)
+    code, out, err = run(capsys, node[0], "apply", "--config", "c.json")
+    assert code == 2 and err == "accelops-vgpu apply: c.json: first\\nsecond\n"
 
 
 def test_a_layout_that_selects_no_gpu_warns(node, capsys, tmp_path):

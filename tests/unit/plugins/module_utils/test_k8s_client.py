@@ -128,3 +128,19 @@ def write_always_conflicts(obj, patch):
 def test_nothing_to_do_means_no_write():
     obj, plan, attempts = kc.read_modify_write(dict, lambda cur: Plan(None), write_always_conflicts, retries=0)
     assert attempts == 1 and plan.patch is None
+
+
+def test_cluster_module_glue_folds_a_multi_line_engine_error():
+    class Module:
+        params = {"host": "http://127.0.0.1:9", "kubeconfig": None}
+        check_mode, _diff, no_log_values = False, False, set()
+
+        def fail_json(self, **result):
+            raise SystemExit(result)
+
+    def engine(api, params, check_mode):
+        raise kc.K8sError("Node gpu-a: first\nsecond")
+
+    with pytest.raises(SystemExit) as exited:
+        kc.run_cluster_module(Module(), engine, "kubernetes missing")
+    assert exited.value.args[0] == {"msg": "Node gpu-a: first\\nsecond"}

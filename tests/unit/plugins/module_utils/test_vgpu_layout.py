@@ -52,11 +52,11 @@ def test_single_config_needs_no_selection():
 
 @pytest.mark.parametrize("config,selected,message", [
     (dict(DEFAULT_CONFIG, version="v2"), "default", "version must be 'v1'"),
-    (dict(DEFAULT_CONFIG, extra=1), "default", "unknown field(s) extra"),
+    (dict(DEFAULT_CONFIG, extra=1), "default", "unknown field(s) 'extra'"),
     (DEFAULT_CONFIG, "nope", "selected config 'nope' not present"),
     (DEFAULT_CONFIG, None, "select one of T4-small, default"),
     ({"version": "v1", "vgpu-configs": {"x": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}, "mig": 1}]}},
-     "x", "vgpu-configs.x[0]: unknown field(s) mig"),
+     "x", "vgpu-configs.x[0]: unknown field(s) 'mig'"),
     ({"version": "v1", "vgpu-configs": {"x": [{"vgpu-devices": {"L40S-24Q": 2}}]}}, "x",
      "vgpu-configs.x[0]: devices is required"),
     ({"version": "v1", "vgpu-configs": {"x": [{"devices": [-1], "vgpu-devices": {}}]}}, "x",
@@ -98,7 +98,7 @@ def test_simple_layout_by_address_index_and_filter():
     ([{"devices": [5], "profiles": {}}], "layout[0]: GPU index 5 does not exist"),
     ([{"devices": ["gpu0"], "profiles": {}}], "layout[0]: devices: 'gpu0' is not a PCI address"),
     ([{"devices": "all"}], "layout[0]: profiles is required"),
-    ([{"profiles": {}, "count": 1}], "layout[0]: unknown field(s) count"),
+    ([{"profiles": {}, "count": 1}], "layout[0]: unknown field(s) 'count'"),
     ([], "layout must be a non-empty list"),
 ])
 def test_bad_simple_layouts(layout, message):
