@@ -1,12 +1,12 @@
 """accelops.vgpu.sriov_vfs against a simulated node: two L40S (sriov-manage) and a NIC (sysfs)."""
 
 import os
-import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import inuse, sriov
 from ansible_collections.accelops.vgpu.plugins.module_utils.node_lock import lock_path, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.fake_node import Rendezvous
 
 SPEC = "l40s:2,nic:1"
 
@@ -132,19 +132,44 @@ def test_bad_inputs_fail_in_one_line_naming_the_object_with_zero_writes(gpusim_n
     assert sysfs_writes(node) == []
 
 
+class MeetingRunner(CommandRunner):
+    """The real fake tools, but every `sriov-manage -e` first waits for the other enables."""
+
+    def __init__(self, rendezvous):
+        super().__init__()
+        self.rendezvous = rendezvous
+
+    def _execute(self, argv):
+        if argv[1:2] == ["-e"]:
+            self.rendezvous.enable()
+        return super()._execute(argv)
+
+
+class MeetingSysfs(Sysfs):
+    def __init__(self, root, rendezvous):
+        super().__init__(root)
+        self.rendezvous = rendezvous
+
+    def write(self, rel, value):
+        if rel.endswith("/sriov_numvfs") and str(value) != "0":
+            self.rendezvous.enable()
+        super().write(rel, value)
+
+
 def test_pfs_are_enabled_in_parallel(gpusim_node, monkeypatch):
-    latency = 1.0
-    node = gpusim_node("l40s:2,nic:1", latency_ms=int(latency * 1000))
+    """No wall clock: the three enables (two sriov-manage, one sysfs) only return once all three are
+    in flight together; one after another they break the rendezvous and the apply fails."""
+    node = gpusim_node("l40s:2,nic:1", latency_ms=200)
     monkeypatch.setenv("GPUSIM_ROOT", node.root)
     monkeypatch.setenv("PATH", node.env["PATH"])
-    sysfs, runner = Sysfs(node.root), CommandRunner()
+    rendezvous = Rendezvous(3)
+    sysfs, runner = MeetingSysfs(node.root, rendezvous), MeetingRunner(rendezvous)
     plan = sriov.plan_vfs(sysfs, runner, [node.pfs("nic")[0], "10de:26b9"], method="auto",
                           held=lambda: inuse.held_devices(sysfs, node.dev_root))
-    start = time.monotonic()
+    assert sorted(p.method for p in plan.pfs) == ["sriov_manage", "sriov_manage", "sysfs"]
     sriov.apply_vfs(sysfs, runner, plan, timeout=30)
-    elapsed = time.monotonic() - start
     assert [numvfs(node, pf) for pf in node.pfs()] == [32, 32, 64]
-    assert elapsed < 2.5 * latency, "3 PFs took %.1f s with %.1f s latency each" % (elapsed, latency)
+    assert rendezvous.most_in_flight == 3 and not rendezvous.barrier.broken
 
 
 def test_a_failed_sriov_manage_is_retried_and_enoent_suggests_sriov_manage(gpusim_node, run_playbook):

@@ -171,8 +171,11 @@ def test_driver_unload_and_load(gpusim_node):
 
 
 def test_enable_latency_does_not_serialise_pfs(gpusim_node):
-    latency = 0.4
-    node = gpusim_node("nic:2", latency_ms=int(latency * 1000))
+    """Eight PFs enable at once, each store sleeping `latency` in the server: one after another they
+    take 8 x latency. The bound (4 x latency) is loose on purpose: it tells overlapping stores from
+    serial ones without timing how fast they overlap (speed belongs to tests/bench)."""
+    latency, count = 1.0, 8
+    node = gpusim_node("nic:%d" % count, latency_ms=int(latency * 1000))
     errors = []
 
     def enable(pf):
@@ -188,9 +191,9 @@ def test_enable_latency_does_not_serialise_pfs(gpusim_node):
     for thread in threads:
         thread.join()
     elapsed = time.monotonic() - start
-    assert not errors
-    assert latency <= elapsed < 1.6 * latency, elapsed
+    assert not errors and len(threads) == count
     assert all(len(node.vfs(pf)) == 4 for pf in node.pfs())
+    assert elapsed < count / 2 * latency, "%d stores of %.1f s took %.1f s: serialised" % (count, latency, elapsed)
 
 
 def test_reset_returns_to_the_freshly_started_state(gpusim_node):

@@ -8,6 +8,7 @@ import errno
 import itertools
 import os
 import shutil
+import threading
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -201,3 +202,23 @@ class FakeSriovManage(CommandRunner):
         total = int((self.node.dir(pf) / "sriov_totalvfs").read_text())
         self.node.set_numvfs(pf, total if flag == "-e" else 0)
         return 0, "", ""
+
+
+class Rendezvous:
+    """Enables that wait for each other: each returns only once `parties` enables are in flight at the
+    same time. PFs applied one after another never get there: the barrier breaks after `timeout`
+    (a bound that only catches a hang, not a speed) and the enable fails."""
+
+    def __init__(self, parties, timeout=10.0):
+        self.barrier = threading.Barrier(parties, timeout=timeout)
+        self.lock, self.in_flight, self.most_in_flight = threading.Lock(), 0, 0
+
+    def enable(self):
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            self.barrier.wait()
+        finally:
+            with self.lock:
+                self.in_flight -= 1

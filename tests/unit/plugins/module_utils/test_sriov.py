@@ -1,8 +1,8 @@
-import time
+import threading
 
 import pytest
 
-from fake_node import FakeNode, FakeSriovManage, KernelSysfs
+from fake_node import FakeNode, FakeSriovManage, KernelSysfs, Rendezvous
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import inuse, sriov
 
@@ -286,13 +286,44 @@ def test_sriov_manage_that_never_enables_fails_naming_the_pf(node):
                               "after 3 attempts (last exit 0: Enabling VFs on %s)" % (GPU_A, GPU_A, GPU_A))
 
 
+class MeetingSysfs(KernelSysfs):
+    def __init__(self, node, rendezvous):
+        super().__init__(node)
+        self.rendezvous = rendezvous
+
+    def write(self, rel, value):
+        if rel.endswith("/sriov_numvfs") and str(value) != "0":
+            self.rendezvous.enable()
+        super().write(rel, value)
+
+
+class MeetingSriovManage(FakeSriovManage):
+    def __init__(self, node, rendezvous):
+        super().__init__(node)
+        self.rendezvous = rendezvous
+
+    def _execute(self, argv):
+        if argv[1] == "-e":
+            self.rendezvous.enable()
+        return super()._execute(argv)
+
+
 def test_pfs_are_applied_in_parallel(node):
-    sysfs, runner = KernelSysfs(node, latency=0.4), FakeSriovManage(node, latency=0.4)
+    rendezvous = Rendezvous(3)
+    sysfs, runner = MeetingSysfs(node, rendezvous), MeetingSriovManage(node, rendezvous)
     the_plan = plan(sysfs, runner, node, devices=[GPU_A, GPU_B, NIC])
-    start = time.monotonic()
+    assert [p.method for p in the_plan.pfs] == ["sriov_manage", "sriov_manage", "sysfs"]
     sriov.apply_vfs(sysfs, runner, the_plan, timeout=5, poll_interval=0.01)
-    assert time.monotonic() - start < 1.0      # three PFs at 0.4 s each, serially >= 1.2 s
+    assert rendezvous.most_in_flight == 3 and not rendezvous.barrier.broken
     assert [node.numvfs(pf) for pf in (GPU_A, GPU_B, NIC)] == [32, 32, 8]
+
+
+def test_the_rendezvous_fails_serial_enabling():
+    """The check above can fail: enables one after another break the barrier."""
+    rendezvous = Rendezvous(2, timeout=0.05)
+    with pytest.raises(threading.BrokenBarrierError):
+        rendezvous.enable()
+    assert rendezvous.most_in_flight == 1
 
 
 def test_driver_without_sriov_configure_suggests_sriov_manage(node):
