@@ -4,14 +4,16 @@
 """`accelops-vgpu`: the node CLI (boot-time unit, vGPU manager image entrypoint), stdlib only.
 
     accelops-vgpu apply  --config FILE [--selected NAME] [--mixed-size] [--check] [--json]
+                         [--lock-timeout S] [--wait-timeout S]
     accelops-vgpu assert --config FILE [--selected NAME]
     accelops-vgpu export [--format layout|vdm]
 
 FILE (`-` = stdin) is a vgpu-device-manager config (`version: v1`, `vgpu-configs`) or a layout
 list (`[{devices, device_filter, profiles}]`, optionally under a `layout:` key), JSON or YAML when
 PyYAML is importable. `apply` first enables the maximum number of VFs on selected SR-IOV GPUs that
-have none (sriov-manage when present), then programs the profiles. `assert` exits 0 when the node
-matches, 1 (printing each difference) when not. Errors exit 2 with one line on stderr.
+have none (sriov-manage when present), then programs the profiles; --wait-timeout (default 120 s)
+bounds the wait for those VFs, separately from --lock-timeout (the wait for another apply's node
+lock). `assert` exits 0 when the node matches, 1 (printing each difference) when not. Errors exit 2 with one line on stderr.
 Roots: --sysfs-root/--dev-root/--proc-root (defaults /sys, /dev, /proc).
 Environment defaults: ACCELOPS_VGPU_CONFIG, ACCELOPS_VGPU_SELECTED.
 """
@@ -37,6 +39,16 @@ def _say(text, stream=None):
     (stream or sys.stdout).write(text + "\n")
 
 
+def _positive_seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError("%r is not a positive number of seconds" % text)
+    return value
+
+
 def _parser():
     roots = argparse.ArgumentParser(add_help=False)
     roots.add_argument("--sysfs-root", default="/sys", help="node sysfs (default /sys)")
@@ -57,6 +69,9 @@ def _parser():
     apply_p.add_argument("--state", choices=vgpu_apply.STATES, default="present",
                          help="absent removes the selected GPUs' vGPUs that no VM holds")
     apply_p.add_argument("--lock-timeout", type=float, default=120.0, help="seconds to wait for the node lock")
+    apply_p.add_argument("--wait-timeout", type=_positive_seconds, default=vgpu_apply.WAIT_TIMEOUT,
+                         help="seconds enabled VFs may take to appear (default 120); a PF that loses its driver "
+                              "fails at once")
     apply_p.add_argument("--no-enable-vfs", dest="enable_vfs", action="store_false",
                          help="fail instead of enabling VFs on GPUs that have none")
     verbs.add_parser("assert", parents=[roots, layout], help="exit 0 when the node matches the layout")
@@ -95,7 +110,8 @@ def _print_apply(result, check):
 
 def cmd_apply(args):
     result = vgpu_apply.apply(_node(args), _entries(args), state=args.state, mixed_size=args.mixed_size,
-                              check_mode=args.check, lock_timeout=args.lock_timeout, enable_vfs=args.enable_vfs)
+                              check_mode=args.check, lock_timeout=args.lock_timeout, enable_vfs=args.enable_vfs,
+                              wait_timeout=args.wait_timeout)
     if args.json:
         _say(json.dumps(result, indent=2))
     else:

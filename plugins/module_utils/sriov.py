@@ -298,6 +298,7 @@ def _run_sriov_manage(sysfs, runner, plan, flag, count, retries, retry_delay):
         now = sysfs.read_int(_numvfs_path(plan.address), 0)
         if now == count:
             return
+        _fail_without_driver(sysfs, plan, " ".join(argv))
         if attempt < retries:
             time.sleep(retry_delay)
     said = (err or out or "").strip().splitlines()
@@ -324,12 +325,21 @@ def not_ready(sysfs, plan):
     return None
 
 
+def _fail_without_driver(sysfs, plan, doing):
+    """A PF whose `driver` link vanished (driver unloaded or unbound) gets no VFs: fail now, naming it,
+    instead of retrying or waiting out the timeout."""
+    if plan.desired and pci.PciDevice(sysfs, plan.address).driver is None:
+        raise SriovError("%s: lost its driver (no driver link) during %s; VFs cannot appear (is the "
+                         "NVIDIA vGPU host driver still loaded?)" % (plan.address, doing))
+
+
 def _wait_ready(sysfs, plan, timeout, poll_interval):
     deadline = time.monotonic() + timeout
     while True:
         why = not_ready(sysfs, plan)
         if why is None:
             return
+        _fail_without_driver(sysfs, plan, "the wait for %d VFs (%s)" % (plan.desired, why))
         if time.monotonic() >= deadline:
             raise SriovError("%s: VFs not ready after %g s: %s" % (plan.address, timeout, why))
         time.sleep(poll_interval)

@@ -42,6 +42,7 @@ NVIDIA_SMI = "nvidia-smi"
 STATES = ("present", "absent")
 BACKENDS = {vgpu_vfio.FRAMEWORK: vgpu_vfio, vgpu_mdev.FRAMEWORK: vgpu_mdev}
 NEEDS_VFS = "needs-vfs"
+WAIT_TIMEOUT = 120.0  # seconds for enabled VFs to become ready (the node CLI's --wait-timeout)
 
 
 def framework_of(sysfs, gpu):
@@ -170,10 +171,11 @@ class Node:
             return view
         return vgpu_mdev.MdevGpu(self.sysfs, gpu, held)
 
-    def enable_vfs(self, addresses, lock_timeout):
-        """Enable the maximum VF count on GPUs that have none (sriov engine, method auto)."""
+    def enable_vfs(self, addresses, wait_timeout=WAIT_TIMEOUT):
+        """Enable the maximum VF count on GPUs that have none (sriov engine, method auto); the VFs must
+        be ready within `wait_timeout` s (a PF that loses its driver fails at once)."""
         plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs="max", held=self.held)
-        return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=max(lock_timeout, 120.0))
+        return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
 
     def plan(self, entries, state="present", mixed_size=False, enable_vfs=False):
         """[(gpu, framework, view, GpuPlan)] for every GPU the layout selects; raises before writes."""
@@ -261,14 +263,17 @@ def _text(counts):
 
 
 def apply(node, entries, state="present", mixed_size=False, check_mode=False, lock_timeout=120.0,
-          enable_vfs=False):
-    """The whole flow; returns the result dict (changed, gpus, resources, diff, warnings)."""
+          enable_vfs=False, wait_timeout=WAIT_TIMEOUT):
+    """The whole flow; returns the result dict (changed, gpus, resources, diff, warnings).
+
+    `lock_timeout`: seconds to wait for the node lock; `wait_timeout`: for VFs it enables to be ready.
+    """
     lock = contextlib.nullcontext() if check_mode else node_lock(node.sysfs.root, lock_timeout)
     with lock:
         plans = node.plan(entries, state, mixed_size, enable_vfs)
         pending = [gpu.address for gpu, framework, dummy, dummy2 in plans if framework == NEEDS_VFS]
         if pending and not check_mode and state == "present":
-            node.enable_vfs(pending, lock_timeout)
+            node.enable_vfs(pending, wait_timeout)
             plans = node.plan(entries, state, mixed_size, enable_vfs=False)
         if not check_mode:
             node.names.save()

@@ -80,6 +80,8 @@ options:
   wait_timeout:
     description:
       - Seconds to wait for the node lock, and for the VFs of each PF to be ready after the change.
+      - A PF that loses its driver (its C(driver) link vanishes, e.g. the NVIDIA driver is unloaded) while
+        its VFs are enabled fails at once, naming it, instead of waiting out this timeout.
     type: int
     default: 120
 notes:

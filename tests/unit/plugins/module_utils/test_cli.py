@@ -81,6 +81,20 @@ def test_errors_are_one_line_on_stderr_with_exit_2(node, capsys, tmp_path):
     assert code == 2 and err.count("\n") == 1 and "vgpu-configs.a[0]: unknown field(s) 'mig-devices'" in err
 
 
+def test_wait_timeout_is_separate_from_the_lock_timeout(node, capsys, monkeypatch):
+    fake, layout = node
+    seen = []
+    monkeypatch.setattr(cli.vgpu_apply, "apply", lambda *a, **kwargs: seen.append(kwargs) or {
+        "vfs_enabled": [], "gpus": [], "warnings": []})
+    assert run(capsys, fake, "apply", "--config", layout)[0] == 0
+    assert run(capsys, fake, "apply", "--config", layout, "--wait-timeout", "7.5", "--lock-timeout", "3")[0] == 0
+    assert [(k["wait_timeout"], k["lock_timeout"]) for k in seen] == [(120.0, 120.0), (7.5, 3.0)]
+    for bad in ("0", "-1", "soon", "nan"):
+        with pytest.raises(SystemExit) as exited:
+            run(capsys, fake, "apply", "--config", layout, "--wait-timeout", bad)
+        assert exited.value.code == 2 and "is not a positive number of seconds" in capsys.readouterr()[1]
+
+
 def test_a_multi_line_engine_error_is_still_printed_as_one_line(node, capsys, monkeypatch):
     def from_file(path, selected=None):
         raise cli.vgpu_layout.LayoutError("%s: first\nsecond" % path)

@@ -5,6 +5,7 @@ import pytest
 from fake_node import FakeNode, FakeSriovManage, KernelSysfs, Rendezvous
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import inuse, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
 
 GPU_A, GPU_B, NIC = "0000:41:00.0", "0000:42:00.0", "0000:61:00.0"
 T4 = "0000:81:00.0"   # a display device without SR-IOV
@@ -324,6 +325,35 @@ def test_the_rendezvous_fails_serial_enabling():
     with pytest.raises(threading.BrokenBarrierError):
         rendezvous.enable()
     assert rendezvous.most_in_flight == 1
+
+
+class DriverUnloadingSriovManage(FakeSriovManage):
+    """sriov-manage -e during which the PF's driver goes away: exit 0, no VFs, no driver link."""
+
+    def _execute(self, argv):
+        (self.node.dir(argv[2]) / "driver").unlink()
+        return 0, "", ""
+
+
+class DriverUnloadingSysfs(KernelSysfs):
+    """The sriov_numvfs store is accepted, then the driver is unbound before any VF appears."""
+
+    def write(self, rel, value):
+        if not (rel.endswith("/sriov_numvfs") and str(value) != "0"):
+            super().write(rel, value)
+            return
+        Sysfs.write(self, rel, value)
+        (self.node.dir(rel.split("/")[-2]) / "driver").unlink()
+
+
+@pytest.mark.parametrize("method,pf", [("sriov_manage", GPU_A), ("sysfs", NIC)])
+def test_a_pf_that_loses_its_driver_fails_at_once_naming_it(node, method, pf):
+    sysfs, runner = DriverUnloadingSysfs(node), DriverUnloadingSriovManage(node)
+    the_plan = plan(sysfs, runner, node, devices=[pf], method=method)
+    with pytest.raises(sriov.SriovError) as err:
+        sriov.apply_vfs(sysfs, runner, the_plan, timeout=3600, poll_interval=0.01, retries=3, retry_delay=3600)
+    assert str(err.value).startswith("%s: lost its driver (no driver link) during " % pf)
+    assert len(runner.calls) == (1 if method == "sriov_manage" else 0)
 
 
 def test_driver_without_sriov_configure_suggests_sriov_manage(node):

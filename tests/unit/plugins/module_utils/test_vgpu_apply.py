@@ -1,8 +1,12 @@
 """The orchestrator against gpusim: the driver's shrinking creatable lists, EBUSY, mixed-size mode."""
 
+import threading
+import time
+
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply, vgpu_mdev, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_layout import (
@@ -182,6 +186,21 @@ def test_after_a_reboot_assert_differs_and_apply_restores(l40s):
     restored = apply(engine, L40S_24Q, enable_vfs=True)
     assert restored["vfs_enabled"] == ["0000:41:00.0", "0000:42:00.0"]
     assert vgpu_apply.check(engine, from_layout(L40S_24Q)) == []
+
+
+def test_a_driver_unloaded_while_vfs_are_enabled_fails_at_once_naming_the_pf(gpusim_node, monkeypatch, tmp_path):
+    node = gpusim_node("l40s:1", latency_ms=500, fresh=True)
+    engine = engine_for(node, monkeypatch, tmp_path)
+    unload = threading.Timer(0.2, node.ctl, ("driver", "unload"))
+    unload.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(EngineError) as err:
+            apply(engine, L40S_24Q, enable_vfs=True, wait_timeout=600)
+    finally:
+        unload.join()
+    assert str(err.value).startswith("0000:41:00.0: lost its driver (no driver link) during ")
+    assert time.monotonic() - started < 60  # not hung: far below the 600 s wait_timeout
 
 
 def test_mdev_gpus_share_the_flow(gpusim_node, monkeypatch, tmp_path):
