@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from gpusim.models import MODELS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_TASKS = [
@@ -24,7 +25,7 @@ LAYOUTS = {
     "large": [{"device_filter": "0x26B910DE", "profiles": {"L40S-48Q": 1}},
               {"device_filter": "0x1EB810DE", "profiles": {"T4-16Q": 1}}],
 }
-TYPE_IDS = {"L40S-24Q": 1155}
+TYPE_IDS = {vgpu_type.short_name: vgpu_type.type_id for vgpu_type in MODELS["l40s"].types}
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,19 @@ def role_vars(node, install_root, **overrides):
     }
     variables.update(overrides)
     return variables
+
+
+def boot_command(root, verb="apply"):
+    """The ExecStart of the installed unit, pointed at the files below the install root."""
+    unit = (root / "etc/systemd/system/accelops-vgpu.service").read_text()
+    argv = [line.split("=", 1)[1].split() for line in unit.splitlines() if line.startswith("ExecStart=")][0]
+    assert argv[:4] == ["/usr/local/bin/accelops-vgpu", "apply", "--config", "/etc/accelops-vgpu/layout.json"]
+    return [str(root / "usr/local/bin/accelops-vgpu"), verb, "--config", str(root / "etc/accelops-vgpu/layout.json")] \
+        + argv[4:]
+
+
+def run_cli(argv, node):
+    return subprocess.run(argv, env=node.env, stdout=subprocess.DEVNULL, check=False).returncode
 
 
 def changed_tasks(run):
@@ -124,14 +138,28 @@ def test_cli_built_by_the_role_asserts_the_layout(gpusim_node, run_playbook, tmp
     again = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert changed_tasks(again) == []
 
-    unit = (root / "etc/systemd/system/accelops-vgpu.service").read_text()
-    exec_start = [line.split("=", 1)[1].split() for line in unit.splitlines() if line.startswith("ExecStart=")][0]
-    assert exec_start[:2] == ["/usr/local/bin/accelops-vgpu", "apply"]
-    argv = [str(root / "usr/local/bin/accelops-vgpu"), "assert"] + exec_start[2:]
-    argv[argv.index("--config") + 1] = str(root / "etc/accelops-vgpu/layout.json")
-    assert subprocess.run(argv, env=node.env, stdout=subprocess.DEVNULL, check=False).returncode == 0
+    argv = boot_command(root, "assert")
+    assert run_cli(argv, node) == 0
     argv[argv.index("--selected") + 1] = "large"
-    assert subprocess.run(argv, env=node.env, stdout=subprocess.DEVNULL, check=False).returncode == 1
+    assert run_cli(argv, node) == 1
+
+
+def test_mixed_sizes_come_back_after_a_reboot(gpusim_node, run_playbook, tmp_path, node_cli):
+    node = gpusim_node("l40s:1")
+    root = tmp_path / "root"
+    mixed = {"mixed": [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 1, "L40S-12Q": 2}}]}
+    variables = role_vars(node, root, vgpu_profiles_cli_src=node_cli, vgpu_profiles_configs=mixed,
+                          vgpu_profiles_selected="mixed", vgpu_profiles_mixed_size=True)
+    run = run_playbook(ROLE_TASKS, node, extra_vars=variables)
+    assert run.rc == 0, run
+    assert "--mixed-size" in boot_command(root)
+
+    node.ctl("reboot")
+    assert run_cli([arg for arg in boot_command(root, "assert") if arg != "--mixed-size"], node) == 1
+    assert run_cli(boot_command(root), node) == 0
+    pf = node.pfs("l40s")[0]
+    types = sorted(int(node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf)) for vf in node.vfs(pf))
+    assert [type_id for type_id in types if type_id] == sorted([TYPE_IDS["L40S-12Q"]] * 2 + [TYPE_IDS["L40S-24Q"]])
 
 
 def test_absent_removes_the_vgpus_and_the_boot_files(gpusim_node, run_playbook, tmp_path, node_cli):
