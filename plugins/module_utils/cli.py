@@ -4,7 +4,7 @@
 """`accelops-vgpu`: the node CLI (boot-time unit, vGPU manager image entrypoint), stdlib only.
 
     accelops-vgpu apply  --config FILE [--selected NAME] [--mixed-size] [--check] [--json]
-                         [--lock-timeout S] [--wait-timeout S]
+                         [--lock-timeout S] [--wait-timeout S] [--sriov-manage PATH]
     accelops-vgpu assert --config FILE [--selected NAME]
     accelops-vgpu export [--format layout|vdm]
 
@@ -13,7 +13,9 @@ list (`[{devices, device_filter, profiles}]`, optionally under a `layout:` key),
 PyYAML is importable. `apply` first enables the maximum number of VFs on selected SR-IOV GPUs that
 have none (sriov-manage when present), then programs the profiles; --wait-timeout (default 120 s)
 bounds the wait for those VFs, separately from --lock-timeout (the wait for another apply's node
-lock). `assert` exits 0 when the node matches, 1 (printing each difference) when not. Errors exit 2 with one line on stderr.
+lock). --sriov-manage names the tool when it is not /usr/lib/nvidia/sriov-manage or on PATH (GPU
+Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage). `assert` exits 0 when the node
+matches, 1 (printing each difference) when not. Errors exit 2 with one line on stderr.
 Roots: --sysfs-root/--dev-root/--proc-root (defaults /sys, /dev, /proc).
 Environment defaults: ACCELOPS_VGPU_CONFIG, ACCELOPS_VGPU_SELECTED.
 """
@@ -72,6 +74,9 @@ def _parser():
     apply_p.add_argument("--wait-timeout", type=_positive_seconds, default=vgpu_apply.WAIT_TIMEOUT,
                          help="seconds enabled VFs may take to appear (default 120); a PF that loses its driver "
                               "fails at once")
+    apply_p.add_argument("--sriov-manage", metavar="PATH", default=None,
+                         help="sriov-manage to enable VFs with (default: /usr/lib/nvidia/sriov-manage, then PATH; "
+                              "GPU Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage)")
     apply_p.add_argument("--no-enable-vfs", dest="enable_vfs", action="store_false",
                          help="fail instead of enabling VFs on GPUs that have none")
     verbs.add_parser("assert", parents=[roots, layout], help="exit 0 when the node matches the layout")
@@ -82,7 +87,8 @@ def _parser():
 
 
 def _node(args):
-    return vgpu_apply.Node(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root)
+    return vgpu_apply.Node(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
+                           sriov_manage_path=getattr(args, "sriov_manage", None))
 
 
 def _entries(args):

@@ -27,6 +27,8 @@ API (also used by the node CLI):
                     force=False, held=lambda: inuse.held_devices(sysfs, dev_root, proc_root))
     plan.changed; plan.as_list(); plan.diff()      # check mode / diff
     apply_vfs(sysfs, runner, plan, timeout=120)   # writes; raises SriovError naming the PF
+sriov-manage is found at /usr/lib/nvidia/sriov-manage, then on PATH; `plan_vfs(...,
+sriov_manage_path=...)` names it instead (GPU Operator: /run/nvidia/driver/usr/lib/nvidia/sriov-manage).
 `held` is the mapping from inuse.held_devices() or a callable returning it; it is only evaluated
 when a plan removes existing VFs. Callers hold node_lock around plan + apply.
 """
@@ -34,6 +36,7 @@ when a plan removes existing VFs. Callers hold node_lock around plan + apply.
 from __future__ import annotations
 
 import errno
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -180,8 +183,17 @@ def select_pfs(sysfs, devices="all"):
     return [chosen[address][0] for address in sorted(chosen)]
 
 
-def find_sriov_manage(runner):
-    return runner.which(SRIOV_MANAGE, SRIOV_MANAGE_PATHS)
+def find_sriov_manage(runner, path=None):
+    """The sriov-manage to run: `path` when given (GPU Operator nodes mount the host driver root at
+    /run/nvidia/driver, so the tool is /run/nvidia/driver/usr/lib/nvidia/sriov-manage), else
+    /usr/lib/nvidia/sriov-manage, else sriov-manage on PATH (None when there is none)."""
+    if not path:
+        return runner.which(SRIOV_MANAGE, SRIOV_MANAGE_PATHS)
+    if not os.path.isabs(path):
+        raise SriovError("sriov_manage_path %s: not an absolute path" % shown(path))
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise SriovError("sriov_manage_path %s: no executable file there" % shown(path))
+    return path
 
 
 def _choose_method(dev, method, tool, desired, total):
@@ -237,15 +249,19 @@ def _check_removals(sysfs, plans, held, force):
 
 
 def plan_vfs(sysfs, runner, devices="all", num_vfs="max", state="present", method="auto", force=False,
-             held=None):
-    """Validate everything and return a SriovPlan; nothing is written."""
+             held=None, sriov_manage_path=None):
+    """Validate everything and return a SriovPlan; nothing is written.
+
+    `sriov_manage_path`: the sriov-manage to use (checked when NVIDIA PFs may need it); None finds it.
+    """
     if state not in STATES:
         raise SriovError("state %r is not one of %s" % (state, ", ".join(STATES)))
     if method not in METHODS:
         raise SriovError("method %r is not one of %s" % (method, ", ".join(METHODS)))
     wanted = parse_num_vfs(num_vfs) if state == "present" else 0
     pfs = select_pfs(sysfs, devices)
-    tool = find_sriov_manage(runner) if method != "sysfs" and any(d.vendor == pci.NVIDIA_VENDOR for d in pfs) else None
+    nvidia = method != "sysfs" and any(d.vendor == pci.NVIDIA_VENDOR for d in pfs)
+    tool = find_sriov_manage(runner, sriov_manage_path) if nvidia else None
     plans = []
     for dev in pfs:
         total = dev.sriov_totalvfs

@@ -156,9 +156,10 @@ def _needs_mixed_mode(plan):
 class Node:
     """One node seen through its roots; `apply()` runs the whole flow."""
 
-    def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None):
+    def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None):
         self.sysfs, self.runner = sysfs, runner
         self.dev_root, self.proc_root = dev_root, proc_root
+        self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage
         self.names = TypeNames(sysfs, runner, cache_dir)
 
     def held(self):
@@ -174,7 +175,8 @@ class Node:
     def enable_vfs(self, addresses, wait_timeout=WAIT_TIMEOUT):
         """Enable the maximum VF count on GPUs that have none (sriov engine, method auto); the VFs must
         be ready within `wait_timeout` s (a PF that loses its driver fails at once)."""
-        plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs="max", held=self.held)
+        plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs="max", held=self.held,
+                              sriov_manage_path=self.sriov_manage_path)
         return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
 
     def plan(self, entries, state="present", mixed_size=False, enable_vfs=False):

@@ -68,6 +68,7 @@ options:
         result is checked in sysfs and the tool is retried up to three times.
       - V(sysfs) writes C(sriov_numvfs), going through zero when a count changes.
       - V(auto) uses V(sriov_manage) for NVIDIA PFs when the tool is found, V(sysfs) otherwise.
+      - Where the tool is looked for is set by O(sriov_manage_path).
     type: str
     choices: [auto, sysfs, sriov_manage]
     default: auto
@@ -77,6 +78,15 @@ options:
       - Never discards a VF that a VM holds open; that is always an error.
     type: bool
     default: false
+  sriov_manage_path:
+    description:
+      - Absolute path of NVIDIA's C(sriov-manage).
+      - Default (unset) finds C(/usr/lib/nvidia/sriov-manage), then C(sriov-manage) on C(PATH).
+      - With the NVIDIA GPU Operator the host driver root is mounted at C(/run/nvidia/driver), so the tool is
+        C(/run/nvidia/driver/usr/lib/nvidia/sriov-manage).
+      - When set and NVIDIA PFs may use it (O(method) V(auto) or V(sriov_manage)), it must be an executable
+        file, else the module fails naming it before any write.
+    type: path
   wait_timeout:
     description:
       - Seconds to wait for the node lock, and for the VFs of each PF to be ready after the change.
@@ -117,6 +127,11 @@ EXAMPLES = r"""
     sysfs_root: /host/sys
     dev_root: /host/dev
     proc_root: /host/proc
+
+- name: Enable VFs on a GPU Operator node, whose host driver root is mounted at /run/nvidia/driver
+  accelops.vgpu.sriov_vfs:
+    devices: all
+    sriov_manage_path: /run/nvidia/driver/usr/lib/nvidia/sriov-manage
 """
 
 RETURN = r"""
@@ -166,6 +181,7 @@ def main():
             state=dict(type="str", choices=["present", "absent"], default="present"),
             method=dict(type="str", choices=list(sriov.METHODS), default="auto"),
             force=dict(type="bool", default=False),
+            sriov_manage_path=dict(type="path"),
             wait_timeout=dict(type="int", default=120),
         ),
         supports_check_mode=True,
@@ -174,7 +190,8 @@ def main():
     node = module_glue.NodeContext(module)
     with module_glue.engine_errors(module) as result, node.apply_lock(params["wait_timeout"]):
         plan = sriov.plan_vfs(node.sysfs, node.runner, params["devices"], params["num_vfs"], params["state"],
-                              params["method"], params["force"], held=node.held)
+                              params["method"], params["force"], held=node.held,
+                              sriov_manage_path=params["sriov_manage_path"])
         result["pfs"] = plan.as_list()
         if not module.check_mode:
             sriov.apply_vfs(node.sysfs, node.runner, plan, timeout=params["wait_timeout"])

@@ -107,6 +107,21 @@ def test_force_discards_profiles_but_not_held_vfs(gpusim_node, run_playbook):
     assert (numvfs(node, first), numvfs(node, second)) == (0, 32)
 
 
+def test_sriov_manage_path_runs_the_tool_where_the_gpu_operator_mounts_it(gpusim_node, run_playbook, tmp_path):
+    node = gpusim_node("l40s:1", fresh=True)
+    calls = tmp_path / "calls"
+    tool = tmp_path / "run/nvidia/driver/usr/lib/nvidia/sriov-manage"
+    tool.parent.mkdir(parents=True)
+    tool.write_text('#!/bin/sh\necho "$@" >> %s\nexec %s "$@"\n'
+                    % (calls, os.path.join(node.tools_dir, "sriov-manage")))
+    tool.chmod(0o755)
+    run = run_playbook([{"name": "enable", "accelops.vgpu.sriov_vfs": {
+        "devices": "all", "sriov_manage_path": str(tool)}}], node)
+    assert run.rc == 0, run
+    assert run.task("enable")["pfs"][0]["method"] == "sriov_manage"
+    assert calls.read_text() == "-e %s\n" % node.pfs()[0] and numvfs(node, node.pfs()[0]) == 32
+
+
 def test_bad_inputs_fail_in_one_line_naming_the_object_with_zero_writes(gpusim_node, run_playbook):
     node = gpusim_node(SPEC)
     gpu, nic = node.pfs("l40s")[0], node.pfs("nic")[0]
@@ -118,6 +133,8 @@ def test_bad_inputs_fail_in_one_line_naming_the_object_with_zero_writes(gpusim_n
                       "devices: %s is selected twice (by '%s' and '10de:26b9')" % (gpu, gpu)),
         "too many vfs": ({"devices": [nic], "num_vfs": 65, "method": "sysfs"},
                          "%s: num_vfs 65 exceeds sriov_totalvfs 64" % nic),
+        "sriov-manage path missing": ({"devices": "all", "sriov_manage_path": "/run/nvidia/driver/none"},
+                                      "sriov_manage_path /run/nvidia/driver/none: no executable file there"),
         "partial with sriov-manage": ({"devices": [gpu], "num_vfs": 4, "method": "sriov_manage"},
                                       "%s: sriov-manage always enables all 32 VFs; num_vfs 4 needs method sysfs" % gpu),
         "not a number": ({"devices": "all", "num_vfs": "lots"}, "num_vfs 'lots' is not a number of VFs or 'max'"),

@@ -95,6 +95,17 @@ def test_wait_timeout_is_separate_from_the_lock_timeout(node, capsys, monkeypatc
         assert exited.value.code == 2 and "is not a positive number of seconds" in capsys.readouterr()[1]
 
 
+def test_sriov_manage_option_reaches_the_vf_enabling(node, capsys, monkeypatch):
+    fake, layout = node
+    nodes = []
+    monkeypatch.setattr(cli.vgpu_apply, "apply", lambda engine, *a, **k: nodes.append(engine) or {
+        "vfs_enabled": [], "gpus": [], "warnings": []})
+    tool = "/run/nvidia/driver/usr/lib/nvidia/sriov-manage"
+    assert run(capsys, fake, "apply", "--config", layout, "--sriov-manage", tool)[0] == 0
+    assert run(capsys, fake, "apply", "--config", layout)[0] == 0
+    assert [n.sriov_manage_path for n in nodes] == [tool, None]
+
+
 def test_a_multi_line_engine_error_is_still_printed_as_one_line(node, capsys, monkeypatch):
     def from_file(path, selected=None):
         raise cli.vgpu_layout.LayoutError("%s: first\nsecond" % path)

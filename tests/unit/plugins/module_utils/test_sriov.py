@@ -119,6 +119,32 @@ def test_auto_uses_sriov_manage_for_nvidia_and_sysfs_for_the_nic(node):
     assert the_plan.pfs[0].tool == FakeSriovManage.PATH
 
 
+def test_sriov_manage_path_names_the_tool(node, tmp_path):
+    tool = tmp_path / "run/nvidia/driver/usr/lib/nvidia/sriov-manage"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    sysfs, runner = KernelSysfs(node), FakeSriovManage(node, installed=False)
+    runner.PATH = str(tool)
+    the_plan = plan(sysfs, runner, node, devices=[GPU_A], sriov_manage_path=str(tool))
+    assert (the_plan.pfs[0].method, the_plan.pfs[0].tool) == ("sriov_manage", str(tool))
+    sriov.apply_vfs(sysfs, runner, the_plan, timeout=2, poll_interval=0.01)
+    assert runner.calls == [[str(tool), "-e", GPU_A]] and node.numvfs(GPU_A) == 32
+
+
+@pytest.mark.parametrize("name,message", [
+    ("absent", "no executable file there"), ("not-executable", "no executable file there"),
+    ("relative", "not an absolute path")])
+def test_a_bad_sriov_manage_path_fails_naming_it_before_any_write(node, tmp_path, name, message):
+    (tmp_path / "not-executable").write_text("#!/bin/sh\n")
+    path = "usr/lib/nvidia/sriov-manage" if name == "relative" else str(tmp_path / name)
+    sysfs, runner = make(node)
+    with pytest.raises(sriov.SriovError) as err:
+        plan(sysfs, runner, node, devices=[GPU_A], sriov_manage_path=path)
+    assert str(err.value) == "sriov_manage_path %s: %s" % (path, message) and sysfs.writes == 0
+    assert plan(sysfs, runner, node, devices=[NIC], sriov_manage_path=path).pfs[0].method == "sysfs"
+
+
 def test_auto_falls_back_to_sysfs_without_the_tool(node):
     sysfs = KernelSysfs(node)
     the_plan = plan(sysfs, FakeSriovManage(node, installed=False), node, devices=[GPU_A])
