@@ -32,7 +32,7 @@ system-deps:
 	@tools/system-deps.sh
 
 demo: setup system-deps
-	@tools/demo.sh
+	@tools/demo.sh $(ARGS)
 
 test: setup system-deps
 	@tools/test-all.sh
