@@ -126,8 +126,8 @@ def _unknown_keys(entry, allowed, origin):
         raise LayoutError("%s must be a mapping, not %s" % (origin, type(entry).__name__))
     unknown = sorted((k for k in entry if k not in allowed), key=str)
     if unknown:
-        raise LayoutError("%s: unknown field(s) %s (allowed: %s)" % (origin, ", ".join(repr(k) for k in unknown),
-                                                                    ", ".join(allowed)))
+        raise LayoutError("%s: unknown field(s) %s (allowed: %s)"
+                          % (origin, ", ".join(repr(k) for k in unknown), ", ".join(allowed)))
 
 
 def _vdm_devices(value, origin):
