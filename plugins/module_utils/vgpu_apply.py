@@ -45,13 +45,16 @@ NEEDS_VFS = "needs-vfs"
 WAIT_TIMEOUT = 120.0  # seconds for enabled VFs to become ready (the node CLI's --wait-timeout)
 
 
-def framework_of(sysfs, gpu):
-    """`vendor-vfio`, `mdev`, or NEEDS_VFS (SR-IOV GPU without VFs); else a LayoutError."""
+def framework_of(sysfs, gpu, vfs=None):
+    """`vendor-vfio`, `mdev`, or NEEDS_VFS (SR-IOV GPU without VFs); else a LayoutError.
+
+    `vfs`: the GPU's VF addresses when already read (nvidia_gpus gives them).
+    """
     parents = set(vt.mdev_parents(sysfs))
     if gpu.address in parents:
         return vgpu_mdev.FRAMEWORK
     dev = pci.PciDevice(sysfs, gpu.address)
-    vfs = dev.virtfns()
+    vfs = dev.virtfns() if vfs is None else vfs
     if any(vt.has_vfio_types(sysfs, vf) for vf in vfs):
         return vgpu_vfio.FRAMEWORK
     if any(vf in parents for vf in vfs):
@@ -165,9 +168,9 @@ class Node:
     def held(self):
         return inuse.held_devices(self.sysfs, self.dev_root, self.proc_root)
 
-    def view(self, gpu, framework, held):
+    def view(self, gpu, framework, held, vfs=None):
         if framework == vgpu_vfio.FRAMEWORK:
-            view = vgpu_vfio.VfioGpu(self.sysfs, gpu, held, self.names)
+            view = vgpu_vfio.VfioGpu(self.sysfs, gpu, held, self.names, vfs)
             self.names.remember(gpu.address, list(view.catalog.values()), view.lists_complete)
             return view
         return vgpu_mdev.MdevGpu(self.sysfs, gpu, held)
@@ -179,24 +182,29 @@ class Node:
                               sriov_manage_path=self.sriov_manage_path)
         return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
 
-    def plan(self, entries, state="present", mixed_size=False, enable_vfs=False):
-        """[(gpu, framework, view, GpuPlan)] for every GPU the layout selects; raises before writes."""
+    def plan(self, entries, state="present", mixed_size=False, enable_vfs=False, check_mode=False):
+        """[(gpu, framework, view, GpuPlan)] for every GPU the layout selects; raises before writes.
+
+        A GPU without VFs is planned as pending when they will be enabled first: by apply itself
+        (`enable_vfs`) or, in check mode, by the sriov_vfs task before it (which only plans then).
+        """
         if state not in STATES:
             raise LayoutError("state %r is not one of %s" % (state, ", ".join(STATES)))
-        gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs))
+        vfs_of = {}  # PF -> VF addresses, read once per plan (a readlink each)
+        gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs, vfs_of))
         selection = resolve(entries, list(gpus.values()))
         held = self.held()
         plans = []
         for address, gpu_entries in selection.items():
             gpu = gpus[address]
-            framework = framework_of(self.sysfs, gpu)
+            framework = framework_of(self.sysfs, gpu, vfs_of.get(address))
             if framework == NEEDS_VFS:
-                if not enable_vfs:
+                if not (enable_vfs or check_mode):
                     raise LayoutError("GPU %s: SR-IOV VFs are not enabled; enable them first (accelops.vgpu.sriov_vfs, "
                                       "or accelops-vgpu apply which enables them)" % address)
-                plans.append((gpu, framework, None, self._pending_plan(gpu, gpu_entries, state)))
+                plans.append((gpu, framework, None, self._pending_plan(gpu, gpu_entries, state, enable_vfs)))
                 continue
-            view = self.view(gpu, framework, held)
+            view = self.view(gpu, framework, held, vfs_of.get(address))
             plan = BACKENDS[framework].plan(view, gpu_entries, mixed_size, state == "absent")
             if plan.model is None:
                 plan.model = model_name(gpu.vendor, gpu.device)
@@ -210,15 +218,24 @@ class Node:
             plans.append((gpu, framework, view, plan))
         return plans
 
-    def _pending_plan(self, gpu, entries, state):
-        """A GPU whose VFs `apply` would enable first: its vGPUs can only be planned afterwards."""
+    def _pending_plan(self, gpu, entries, state, by_apply=True):
+        """A GPU whose VFs are enabled first (by apply, or by sriov_vfs before a check-mode run): its
+        vGPUs can only be planned afterwards, so every requested vGPU counts as to be created."""
         plan = GpuPlan(gpu.address, None, model_name(gpu.vendor, gpu.device), "%s:%s" % (gpu.vendor, gpu.device),
                        entries[-1].origin)
+        if state == "absent" and not by_apply:
+            return plan
+        plan.pending = OrderedDict(entries[-1].profiles)
         plan.steps.append(("enable-vfs", gpu.address))
-        plan.warnings.append("GPU %s: VFs are disabled; apply enables them, then creates %s" % (
-            gpu.address, ", ".join("%d x %s" % (n, p) for p, n in entries[-1].profiles.items()) or "nothing"))
+        creates = ", ".join("%d x %s" % (n, p) for p, n in plan.pending.items()) or "nothing"
+        if by_apply:
+            plan.warnings.append("GPU %s: VFs are disabled; apply enables them, then creates %s" % (gpu.address, creates))
+        else:
+            plan.warnings.append("GPU %s: SR-IOV VFs are not enabled yet; once accelops.vgpu.sriov_vfs has enabled "
+                                 "them, %s will be created (check mode: the layout could not be validated against "
+                                 "the driver's creatable lists yet)" % (gpu.address, creates))
         if state == "absent":
-            plan.steps = []
+            plan.steps, plan.pending = [], None
         return plan
 
     def execute(self, plans):
@@ -233,12 +250,18 @@ class Node:
             backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("set", "create")])
 
     def verify(self, plans):
-        """Re-read every changed GPU; its vGPUs must now be what the plan said."""
-        held = self.held()
-        for gpu, framework, dummy, plan in plans:
+        """Every changed GPU's vGPUs must now be what the plan said.
+
+        Vendor-VFIO: execute read back every write into the view, and the VFs it did not write were
+        read at plan time under the node lock, so the view is the node; mdev GPUs are read again.
+        """
+        held = None
+        for gpu, framework, view, plan in plans:
             if not plan.steps:
                 continue
-            view = self.view(gpu, framework, held)
+            if framework != vgpu_vfio.FRAMEWORK:
+                held = self.held() if held is None else held
+                view = self.view(gpu, framework, held)
             wanted = _counts(v.after for v in plan.vgpus)
             have = BACKENDS[framework].current_profiles(view)
             if wanted != have:
@@ -272,7 +295,7 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
     """
     lock = contextlib.nullcontext() if check_mode else node_lock(node.sysfs.root, lock_timeout)
     with lock:
-        plans = node.plan(entries, state, mixed_size, enable_vfs)
+        plans = node.plan(entries, state, mixed_size, enable_vfs, check_mode)
         pending = [gpu.address for gpu, framework, dummy, dummy2 in plans if framework == NEEDS_VFS]
         if pending and not check_mode and state == "present":
             node.enable_vfs(pending, wait_timeout)
@@ -322,6 +345,10 @@ def diff(plans):
     before, after = OrderedDict(), OrderedDict()
     for plan in plans:
         if not plan.changed:
+            continue
+        if plan.pending is not None:  # VFs not enabled yet: no VF to name, only the GPU and its profiles
+            before[plan.address] = OrderedDict([("vfs", "disabled")])
+            after[plan.address] = OrderedDict([("vfs", "enabled"), ("profiles", OrderedDict(plan.pending))])
             continue
         slots_before, slots_after = OrderedDict(), OrderedDict()
         for change in plan.vgpus:

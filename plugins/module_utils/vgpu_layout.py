@@ -67,13 +67,24 @@ class LayoutEntry(namedtuple("LayoutEntry", "origin devices filters profiles str
         return self.devices is None or gpu.index in self.devices or gpu.address in self.devices
 
 
-def nvidia_gpus(sysfs):
-    """The node's NVIDIA GPUs (display-class PFs, VFs excluded) in PCI address order, indexed."""
-    found = []
+def nvidia_gpus(sysfs, virtfns=None):
+    """The node's NVIDIA GPUs (display-class PFs, VFs excluded) in PCI address order, indexed.
+
+    Every sysfs read is a round trip (FUSE, or a slow driver attribute), and a node has far more VFs
+    than PFs: a GPU's VFs are taken from its virtfn links (which a PF lists before its VFs come up in
+    address order) and skipped without reading them; any other function costs its vendor first.
+    `virtfns`, a dict, receives {PF address: [VF address, ...]} so callers need not read them again.
+    """
+    found, vfs_seen = [], set()
+    virtfns = {} if virtfns is None else virtfns
     for address in pci.list_addresses(sysfs):
+        if address in vfs_seen:
+            continue
         dev = pci.PciDevice(sysfs, address)
         if dev.vendor != pci.NVIDIA_VENDOR or not dev.is_display or dev.is_vf:
             continue
+        virtfns[address] = dev.virtfns()
+        vfs_seen.update(virtfns[address])
         subvendor = sysfs.read_int(dev.attr("subsystem_vendor"))
         subdevice = sysfs.read_int(dev.attr("subsystem_device"))
         subsystem = ("%04x" % subvendor, "%04x" % subdevice) if subvendor is not None and subdevice is not None else None
@@ -424,6 +435,7 @@ class GpuPlan:
         self.steps = []
         self.mixed_size = False
         self.switch_mode = False  # put the GPU into mixed-size mode between clears and creations
+        self.pending = None  # {profile: count} a GPU whose VFs are not enabled yet is to get
         self.warnings = []
 
     @property

@@ -29,15 +29,17 @@ FRAMEWORK = "vendor-vfio"
 class VfioGpu:
     """What the driver shows for one GPU before any write: VFs, their types, the type catalog."""
 
-    def __init__(self, sysfs, gpu, held, supported_types=None):
+    def __init__(self, sysfs, gpu, held, supported_types=None, vfs=None):
+        """`vfs`: the GPU's VF addresses when the caller has read them already (they cost a readlink each)."""
         self.sysfs, self.gpu = sysfs, gpu
-        self.vfs = PciDevice(sysfs, gpu.address).virtfns()
+        self.vfs = PciDevice(sysfs, gpu.address).virtfns() if vfs is None else list(vfs)
         self.current = dict((vf, vt.read_current(sysfs, vf) or 0) for vf in self.vfs)
         self.held = dict((vf, held[vf]) for vf in self.vfs if vf in held)
         self.catalog = {}
-        # Lists of a GPU without vGPUs show every supported type; later they collapse (brief 1.4).
+        # Lists of a GPU without vGPUs show every supported type, the same on every VF: one read
+        # does. Once some are set the lists collapse and differ (brief 1.4): all are needed.
         self.lists_complete = self.complete = not any(self.current.values())
-        for vf in self.vfs:
+        for vf in self.vfs[:1] if self.lists_complete else self.vfs:
             for vgpu_type in vt.read_creatable(sysfs, vf):
                 self.catalog.setdefault(vgpu_type.type_id, vgpu_type)
         self._supported_types = supported_types
@@ -164,7 +166,11 @@ def rebuild(view, gpu_plan):
 
 
 def execute(sysfs, view, gpu_plan, steps=None):
-    """Run the plan's writes: clears, then fills with the VF's creatable list re-read before each."""
+    """Run the plan's writes: clears, then fills with the VF's creatable list re-read before each.
+
+    Every write is read back; `view.current` follows, so it shows the node after the apply without
+    reading the VFs again (the others were read at plan time, under the node lock).
+    """
     for action, vf, type_id in gpu_plan.steps if steps is None else steps:
         path = vt.vfio_dir(vf) + "/current_vgpu_type"
         if action == "set":
@@ -179,6 +185,7 @@ def execute(sysfs, view, gpu_plan, steps=None):
         if now != type_id:
             raise LayoutError("VF %s of GPU %s: wrote %d to current_vgpu_type but it reads %s"
                               % (vf, gpu_plan.address, type_id, now))
+        view.current[vf] = now
 
 
 def current_profiles(view):

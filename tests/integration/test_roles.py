@@ -89,14 +89,23 @@ def test_check_mode_predicts_a_layout_change_and_writes_nothing(gpusim_node, run
     assert len(node.writes()) == writes
 
 
-@pytest.mark.xfail(strict=True, reason="vgpu_profile in check mode needs the VFs that sriov_vfs only "
-                                       "plans in check mode: 'VFs are not enabled; enable them first'")
 def test_check_mode_on_a_fresh_node(gpusim_node, run_playbook, tmp_path, node_cli):
+    """VFs are only planned by sriov_vfs in check mode: vgpu_profile predicts every vGPU, writes nothing."""
     node = gpusim_node("l40s:1,t4:1")
-    check = run_playbook(ROLE_TASKS, node, check=True,
-                         extra_vars=role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli))
+    variables = role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli)
+    check = run_playbook(ROLE_TASKS, node, check=True, diff=True, extra_vars=variables)
     assert node.writes() == []
     assert check.rc == 0, check
+    assert not (tmp_path / "root").exists()
+    layout = next(result for result in check.results if "resources" in result)
+    assert layout["changed"] is True
+    l40s = node.pfs("l40s")[0]
+    assert layout["diff"]["after"][l40s] == {"vfs": "enabled", "profiles": {"L40S-24Q": 2}}
+    assert any(l40s in warning and "could not be validated" in warning for warning in layout["warnings"])
+
+    real = run_playbook(ROLE_TASKS, node, extra_vars=variables)
+    assert real.rc == 0, real
+    assert changed_tasks(real) == changed_tasks(check)
 
 
 def test_resources_are_published_for_the_cluster_role(gpusim_node, run_playbook, tmp_path, node_cli):
