@@ -188,3 +188,23 @@ def test_absent_removes_the_vgpus_and_the_boot_files(gpusim_node, run_playbook, 
     for path in ("etc/systemd/system/accelops-vgpu.service", "etc/accelops-vgpu", "usr/local/bin/accelops-vgpu"):
         assert not (root / path).exists(), path
     assert changed_tasks(run_playbook(ROLE_TASKS[1:], node, extra_vars=absent)) == []
+
+
+def test_boot_files_changed_on_the_node_are_put_back(gpusim_node, run_playbook, tmp_path, node_cli):
+    """The no-op path only looks (one find): a file edited, removed or re-moded on the node is still rewritten."""
+    node = gpusim_node("l40s:1")
+    root = tmp_path / "root"
+    variables = role_vars(node, root, vgpu_profiles_cli_src=node_cli)
+    assert run_playbook(ROLE_TASKS, node, extra_vars=variables).rc == 0
+    layout, cli, unit = (root / "etc/accelops-vgpu/layout.json", root / "usr/local/bin/accelops-vgpu",
+                         root / "etc/systemd/system/accelops-vgpu.service")
+    installed = dict((path, path.read_bytes()) for path in (layout, cli, unit))
+    layout.write_text("{}\n")
+    os.chmod(cli, 0o644)
+    unit.unlink()
+    again = run_playbook(ROLE_TASKS, node, extra_vars=variables)
+    assert again.rc == 0, again
+    assert changed_tasks(again) == ["accelops.vgpu.vgpu_profiles : Install the layout, the node CLI and the boot unit"]
+    assert dict((path, path.read_bytes()) for path in (layout, cli, unit)) == installed
+    assert os.stat(cli).st_mode & 0o777 == 0o755
+    assert changed_tasks(run_playbook(ROLE_TASKS, node, extra_vars=variables)) == []
