@@ -12,7 +12,8 @@ import os
 import pytest
 
 from ansible_collections.accelops.vgpu.tests.integration import conftest as integration
-from ansible_collections.accelops.vgpu.tests.reliability import module_runs, node_lab
+from ansible_collections.accelops.vgpu.tests.reliability import node_lab
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
 from ansible_collections.accelops.vgpu.tests.reliability.summary import Tally
 from gpusim.testing import GpuSimNode
 
@@ -62,6 +63,8 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def api_server():
-    server = module_runs.start_api_server()
-    yield server
-    module_runs.stop_process(server.proc)
+    server = ApiServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -15,7 +15,7 @@ import sys
 import yaml
 
 from ansible_collections.accelops.vgpu.tests.integration import conftest as integration
-from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ROOT, ApiServer
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ROOT
 
 COLLECTIONS = ROOT / ".build" / "collections"
 MODULES = "ansible_collections.accelops.vgpu.plugins.modules."
@@ -49,26 +49,6 @@ def run_module(module, args, env=None, check=False):
     proc = subprocess.run([sys.executable, "-m", MODULES + module], input=json.dumps(payload),
                           capture_output=True, text=True, env=environ, timeout=120, check=False)
     return ModuleRun(proc.returncode, proc.stdout, proc.stderr)
-
-
-def start_api_server():
-    """The Kubernetes API server double (tests/fakes/kmock_serve.py) on a free port; stop() it after."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fakes" / "kmock_serve.py")],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline().split()
-    if line[:1] != ["ready"]:
-        stop_process(proc)
-        raise RuntimeError("kmock_serve did not start: %r" % line)
-    return ApiServer(proc, int(line[1]))
-
-
-def stop_process(proc):
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def run_playbook_verbose(tasks, tmp_path, play_vars=None, python=integration.NODE_PYTHON, verbosity="-vvv"):

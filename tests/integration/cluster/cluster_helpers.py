@@ -87,6 +87,25 @@ class ApiServer:
         self.proc, self.port = proc, port
         self.url = "http://127.0.0.1:%d" % port
 
+    @classmethod
+    def start(cls):
+        """tests/fakes/kmock_serve.py on a free loopback port, once it says "ready <port>"."""
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fakes" / "kmock_serve.py")],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = proc.stdout.readline().split()
+        if line[:1] != ["ready"]:
+            cls(proc, 0).stop()
+            raise RuntimeError("kmock_serve did not start: %r" % line)
+        return cls(proc, int(line[1]))
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
     def _ctl(self, path, body=None):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + "/_ctl/" + path, data=data, method="GET" if data is None else "POST",

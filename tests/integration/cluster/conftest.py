@@ -6,31 +6,20 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from cluster_helpers import ROOT, ApiServer, default_state, kubeconfig_dict
+from cluster_helpers import ApiServer, default_state, kubeconfig_dict
 
 
 @pytest.fixture(scope="session")
 def api_server():
     before = set(glob.glob("/tmp/osrcp-*.json"))
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests/fakes/kmock_serve.py")],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = ApiServer.start()
     try:
-        line = proc.stdout.readline().split()
-        if line[:1] != ["ready"]:
-            raise RuntimeError("kmock_serve did not start: %r" % line)
-        yield ApiServer(proc, int(line[1]))
+        yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
         # the modules use no discovery, so no DynamicClient cache may appear; remove any that did
         for leftover in set(glob.glob("/tmp/osrcp-*.json")) - before:
             os.unlink(leftover)
