@@ -31,10 +31,10 @@ setup: $(VENV)/.stamp $(COLLECTIONS)/ansible_collections/accelops/vgpu
 system-deps:
 	@tools/system-deps.sh
 
-demo: setup system-deps
+demo: system-deps setup
 	@tools/demo.sh $(ARGS)
 
-test: setup system-deps
+test: system-deps setup
 	@tools/test-all.sh
 
 units: setup
@@ -47,16 +47,16 @@ sanity: setup
 lint: setup
 	$(BIN)/ansible-lint --profile production --offline
 
-integration: setup system-deps
+integration: system-deps setup
 	$(BIN)/pytest -q tests/integration
 
-molecule: setup system-deps
+molecule: system-deps setup
 	@tools/molecule-all.sh
 
-reliability: setup system-deps
+reliability: system-deps setup
 	$(BIN)/pytest -q tests/reliability
 
-bench: setup system-deps
+bench: system-deps setup
 	@$(BIN)/python -m tests.bench
 
 build: setup

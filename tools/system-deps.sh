@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install (as root) or list the Debian packages the test suite and the demo need.
+#   python3-venv       the .venv on a plain Debian python3 (ensurepip)
 #   fuse3/libfuse3-3   gpusim mounts its simulated /sys with FUSE
 #   podman, runc       Molecule nodes and the vGPU manager image build (runc: see tests/containers.conf)
 #   docker-registry    a registry on 127.0.0.1 for the image push test
 #   debootstrap        builds the local Debian 12 base image (no registry pulls here)
 set -eu
-pkgs=(fuse3 libfuse3-3 podman runc docker-registry debootstrap uidmap)
+pkgs=(python3-venv fuse3 libfuse3-3 podman runc docker-registry debootstrap uidmap)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
