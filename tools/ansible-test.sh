@@ -9,13 +9,15 @@ cd "$(dirname "$0")/.."
 top=$PWD
 venv_py=$top/.venv/bin/python
 pyver=$("$venv_py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+# the pip version ansible-test bootstraps into its venvs (get_venv_packages' default_packages)
 pip_ver=$("$venv_py" - <<'PY'
-import ansible_test._util.target.setup.requirements as r, re, inspect
-src = inspect.getsource(r)
-m = re.search(r"PIP_VERSION\s*=\s*['\"]([0-9.]+)", src) or re.search(r"get-pip-([0-9.]+)\.py", src)
-print(m.group(1) if m else "25.2")
+import inspect, re
+import ansible_test._internal.python_requirements as r
+m = re.search(r"pip=['\"]([0-9.]+)['\"]", inspect.getsource(r.get_venv_packages))
+print(m.group(1) if m else "")
 PY
 )
+[ -n "$pip_ver" ] || { echo "tools/ansible-test.sh: cannot tell which pip ansible-test bootstraps" >&2; exit 1; }
 export HOME=$top/.cache/ansible-test-home
 wheels=$top/.cache/wheels
 mkdir -p "$HOME/.ansible/test/cache" "$wheels"
