@@ -15,7 +15,7 @@ import sys
 import yaml
 
 from ansible_collections.accelops.vgpu.tests.integration import conftest as integration
-from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ROOT
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import INJECT_INVOCATION, ROOT
 
 COLLECTIONS = ROOT / ".build" / "collections"
 MODULES = "ansible_collections.accelops.vgpu.plugins.modules."
@@ -43,7 +43,7 @@ class ModuleRun:
 
 def run_module(module, args, env=None, check=False):
     """The module's result carries its `invocation` (arguments), as with ANSIBLE_INJECT_INVOCATION."""
-    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check, _ansible_inject_invocation=True)}
+    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check, **INJECT_INVOCATION)}
     environ = dict((k, v) for k, v in (env or os.environ).items() if not k.startswith("K8S_AUTH_"))
     environ["PYTHONPATH"] = str(COLLECTIONS)
     proc = subprocess.run([sys.executable, "-m", MODULES + module], input=json.dumps(payload),

@@ -11,6 +11,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ansible.module_utils.common.parameters import PASS_VARS
+
+# Ask a module to return its arguments (`invocation`), as ansible-playbook -vvv shows them: ansible-core
+# 2.20+ does so only on request, older versions always do and reject the request.
+INJECT_INVOCATION = {"_ansible_inject_invocation": True} if "inject_invocation" in PASS_VARS else {}
+
 ROOT = Path(__file__).resolve().parents[3]
 COLLECTIONS = ROOT / ".build" / "collections"
 MODULES = "ansible_collections.accelops.vgpu.plugins.modules."

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from cluster_helpers import (COLLECTIONS, DEPLOYMENTS, FOREIGN_MDEV, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, MODULES,
-                             RESOURCES, TOKEN, default_state, kubeconfig_dict, kubevirt_cr, run_module)
+                             INJECT_INVOCATION, RESOURCES, TOKEN, default_state, kubeconfig_dict, kubevirt_cr, run_module)
 
 L40S = {"pci_vendor_selector": "10de:26b9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q"}
 L40S_ENTRY = {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q"}
@@ -185,7 +185,7 @@ def test_bad_selector_fails_before_any_write(cluster, kubeconfig):
 def test_dict_kubeconfig_token_never_appears_in_output(cluster):
     args = {"kubeconfig": kubeconfig_dict(cluster.url), "pci_host_devices": [L40S]}
     # ask for the invocation (module args) in the result, as ansible-playbook -vvv does
-    rc, result = run_module("kubevirt_hostdevices", dict(args, _ansible_inject_invocation=True), diff=True)
+    rc, result = run_module("kubevirt_hostdevices", dict(args, **INJECT_INVOCATION), diff=True)
     raw = result["_raw"]
     assert rc == 0 and result["changed"]
     assert TOKEN not in raw
