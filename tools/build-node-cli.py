@@ -7,7 +7,7 @@ The output is reproducible: the same sources give the same bytes (fixed zip time
     python3 tools/build-node-cli.py [OUT]        # default OUT: .build/accelops-vgpu.pyz
     python3 OUT apply --config vgpu.yaml --selected default
 
-The archive holds `cli.py` and the module_utils it imports (followed transitively), under their
+The archive holds `node/cli.py` and the module_utils it imports (followed transitively), under their
 `ansible_collections/accelops/vgpu/plugins/module_utils/` paths with empty `__init__.py` files, and a
 `__main__.py` calling `cli.main()`. Ansible itself is not needed on the node.
 """
@@ -20,31 +20,33 @@ import zipfile
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "ansible_collections/accelops/vgpu/plugins/module_utils"
 SOURCE = os.path.join(TOP, "plugins", "module_utils")
-IMPORT = re.compile(r"^from ansible_collections\.accelops\.vgpu\.plugins\.module_utils(?:\.(\w+))? import "
+IMPORT = re.compile(r"^from ansible_collections\.accelops\.vgpu\.plugins\.module_utils((?:\.\w+)*) import "
                     r"(\([^)]*\)|[\w, ]+)", re.MULTILINE)
 MAIN = """import sys
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.cli import main
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.cli import main
 
 sys.exit(main(sys.argv[1:]))
 """
 
 
 def closure(start):
-    """Module names (files in module_utils) that `start` needs, itself included."""
+    """Dotted module paths below module_utils (e.g. `node.sysfs`) that `start` needs, itself included."""
     todo, seen = [start], set()
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
-        with open(os.path.join(SOURCE, name + ".py")) as handle:
+        with open(os.path.join(SOURCE, *name.split(".")) + ".py") as handle:
             text = handle.read()
-        for module, names in IMPORT.findall(text):
-            if module:
-                todo.append(module)
-            else:  # `from ...module_utils import a, b`
-                todo.extend(n.split()[0] for n in names.strip("()").split(",") if n.strip())
+        for package, names in IMPORT.findall(text):
+            package = package.lstrip(".")
+            candidates = [n.split()[0] for n in names.strip("()").split(",") if n.strip()]
+            if package and os.path.isfile(os.path.join(SOURCE, *package.split(".")) + ".py"):
+                todo.append(package)  # `from ...module_utils.node.sysfs import Sysfs`
+            else:  # `from ...module_utils[.node] import a, b`: a and b are modules
+                todo.extend(".".join(filter(None, [package, n])) for n in candidates)
     return sorted(seen)
 
 
@@ -53,9 +55,12 @@ def build(out):
     files = {"__main__.py": MAIN}
     for depth in range(1, len(PACKAGE.split("/")) + 1):
         files["/".join(PACKAGE.split("/")[:depth]) + "/__init__.py"] = ""
-    for name in closure("cli"):
-        with open(os.path.join(SOURCE, name + ".py")) as handle:
-            files["%s/%s.py" % (PACKAGE, name)] = handle.read()
+    for name in closure("node.cli"):
+        parts = name.split(".")
+        for depth in range(1, len(parts)):
+            files["%s/%s/__init__.py" % (PACKAGE, "/".join(parts[:depth]))] = ""
+        with open(os.path.join(SOURCE, *parts) + ".py") as handle:
+            files["%s/%s.py" % (PACKAGE, "/".join(parts))] = handle.read()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     tmp = out + ".tmp"
     with open(tmp, "wb") as handle:

@@ -53,7 +53,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubevirt import plan_cluster_resources
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.kubevirt import plan_cluster_resources
 
 
 def vgpu_cluster_plan(hosts, hostvars, naming="profile", mdev_external_provider=True):

@@ -12,7 +12,7 @@ VFs too. A2 and A16 share 0x25b6 and cannot be told apart by ID.
 
 from __future__ import annotations
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.pci import NVIDIA_VENDOR
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import NVIDIA_VENDOR
 
 # device ID (lower-case hex) -> model name, vendor 10de
 NVIDIA_MODELS = {

@@ -90,9 +90,9 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_operator import run_node_labels
-from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_args import cluster_argspec
-from ansible_collections.accelops.vgpu.plugins.module_utils.k8s_client import run_cluster_module
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.gpu_operator import run_node_labels
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_args import cluster_argspec
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_client import run_cluster_module
 
 
 def argspec():

@@ -170,7 +170,7 @@ pfs:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.accelops.vgpu.plugins.module_utils import module_glue, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue, sriov
 
 
 def main():

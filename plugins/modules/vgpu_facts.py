@@ -145,7 +145,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.accelops.vgpu.plugins.module_utils import facts, module_glue, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, module_glue, vgpu_apply
 
 
 def main():

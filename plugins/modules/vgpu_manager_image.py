@@ -177,8 +177,8 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.image_build import ImageBuild
-from ansible_collections.accelops.vgpu.plugins.module_utils.module_glue import engine_errors, exit_with_diff
+from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import ImageBuild
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import engine_errors, exit_with_diff
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
 
 

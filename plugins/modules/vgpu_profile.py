@@ -155,8 +155,8 @@ resources:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.module_glue import (
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, engine_errors, exit_with_diff, node_argspec)
 
 LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(type="raw"),

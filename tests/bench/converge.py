@@ -14,9 +14,9 @@ import os
 import tempfile
 import time
 
-from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
-from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from tests.bench import simnodes, stats, vf_enable
 
 MODEL = "l40s"

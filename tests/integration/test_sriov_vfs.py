@@ -2,11 +2,11 @@
 
 import os
 
-from ansible_collections.accelops.vgpu.plugins.module_utils import inuse, sriov
-from ansible_collections.accelops.vgpu.plugins.module_utils.node_lock import lock_path, node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_path, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
-from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
-from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.fake_node import Rendezvous
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.node.fake_node import Rendezvous
 
 SPEC = "l40s:2,nic:1"
 

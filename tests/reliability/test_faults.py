@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_apply, vgpu_layout, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.reliability import cli_runs, node_lab
 from ansible_collections.accelops.vgpu.tests.reliability.assertions import one_line_naming
 

@@ -13,7 +13,7 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubevirt import MDEV, PCI, plan_host_devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.kubevirt import MDEV, PCI, plan_host_devices
 
 OURS = ["nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/NVIDIA_L40S-12Q", "nvidia.com/NVIDIA_A16-4Q", "nvidia.com/GRID_T4-4Q"]
 FOREIGN_VENDORS = ["8086", "15B3", "1002", "14E4"]   # never NVIDIA: exclusive 10DE must keep them

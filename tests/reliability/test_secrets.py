@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.image_build import HASH_LABEL, ImageBuild
+from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import HASH_LABEL, ImageBuild
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import (
     default_state, kubeconfig_dict)
 from ansible_collections.accelops.vgpu.tests.reliability import build_host

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.accelops.vgpu.plugins.module_utils import gpu_operator, kubevirt, module_glue, sriov
-from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_layout as vl
-from ansible_collections.accelops.vgpu.plugins.module_utils import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import gpu_operator, kubevirt
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_layout as vl
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line, shown
-from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.test_module_glue import Exited, FakeModule
+from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.node.test_module_glue import Exited, FakeModule
 
 ENTRY = [{"devices": "all", "vgpu-devices": {"L40S-24Q": 1}}]
 

@@ -1,0 +1,406 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""KubeVirt CR planning: permittedHostDevices entries keyed by resourceName, feature gates, versions.
+
+Everything here is pure: it takes the CR as a dict and returns plain data. The I/O (read, patch,
+retry on 409) lives in k8s_client.py, so the merge rules are tested without any server.
+
+Merge rules for `pciHostDevices` and `mediatedDevices` (a JSON merge patch would replace the
+lists wholesale and wipe other teams' entries, so we compute the whole new list ourselves and
+send it guarded by the resourceVersion we read):
+- an entry is *ours* when its resourceName is in the desired list;
+- ours are updated in place (unknown extra keys of the existing entry are kept), missing ones are
+  appended in the desired order; `state: absent` removes ours;
+- with an exclusive vendor (`10DE`) / mdev name prefix, entries of that vendor that are not ours
+  (present) are removed; every other entry is kept untouched, in its order.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_client import K8sError, WritePlan, read_modify_write
+
+GROUP, VERSION, PLURAL, KIND = "kubevirt.io", "v1", "kubevirts", "KubeVirt"
+HOST_DEVICES_GATE = "HostDevices"
+# kubevirt/kubevirt PR #16890 (nvidia-bound VFs) and PR #18112 (display) shipped together in
+# v1.9.0; the backports to 1.6-1.8 are disputed (domain brief section 7.3).
+VENDOR_VFIO_MIN_VERSION = "1.9.0"
+VIRT_HANDLER_ENV = "VIRT_HANDLER_IMAGE"
+
+PCI, MDEV = "pciHostDevices", "mediatedDevices"
+SELECTOR = {PCI: "pciVendorSelector", MDEV: "mdevNameSelector"}
+# \Z, not $: `$` also matches before a final newline.
+_PCI_SELECTOR_RE = re.compile(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}\Z")
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+
+
+class KubeVirtError(EngineError):
+    """A KubeVirt CR or desired entry problem; the message names the object."""
+
+
+def cr_ref(cr):
+    meta = cr.get("metadata") or {}
+    return "KubeVirt %s/%s" % (meta.get("namespace"), meta.get("name"))
+
+
+def select_kubevirt(items, name=None, namespace=None):
+    """The one KubeVirt CR among `items` (a LIST result), optionally pinned by name/namespace."""
+    found = [cr for cr in items
+             if (name is None or cr["metadata"]["name"] == name)
+             and (namespace is None or cr["metadata"].get("namespace") == namespace)]
+    pinned = "%s/%s" % (shown(namespace or "*"), shown(name or "*"))
+    if not found:
+        raise KubeVirtError("KubeVirt %s: no KubeVirt CR found (is KubeVirt installed?)" % pinned)
+    if len(found) > 1:
+        raise KubeVirtError("KubeVirt %s: %d KubeVirt CRs found (%s); set name and namespace to pick one"
+                            % (pinned, len(found), ", ".join(cr_ref(cr)[len(KIND) + 1:] for cr in found)))
+    return found[0]
+
+
+def pci_entry(resource_name, pci_vendor_selector=None, external_resource_provider=False):
+    """A pciHostDevices entry as KubeVirt spells it (externalResourceProvider only when true)."""
+    entry = {"resourceName": resource_name}
+    if pci_vendor_selector is not None:
+        entry["pciVendorSelector"] = pci_vendor_selector.upper()
+    if external_resource_provider:
+        entry["externalResourceProvider"] = True
+    return entry
+
+
+def mdev_entry(resource_name, mdev_name_selector=None, external_resource_provider=False):
+    entry = {"resourceName": resource_name}
+    if mdev_name_selector is not None:
+        entry["mdevNameSelector"] = mdev_name_selector
+    if external_resource_provider:
+        entry["externalResourceProvider"] = True
+    return entry
+
+
+def validate_entries(kind, entries, state):
+    """Desired entries of one list: unique resourceNames, selectors present and well formed."""
+    seen = {}
+    for entry in entries:
+        name = entry.get("resourceName")
+        if not name:
+            raise KubeVirtError("%s entry %r: resourceName is required" % (kind, entry))
+        if name in seen and seen[name] != entry:
+            raise KubeVirtError("%s %s: listed twice with different fields" % (kind, shown(name)))
+        seen[name] = entry
+        if state != "present":
+            continue
+        selector = entry.get(SELECTOR[kind])
+        if not selector:
+            raise KubeVirtError("%s %s: %s is required" % (kind, shown(name), SELECTOR[kind]))
+        if kind == PCI and not _PCI_SELECTOR_RE.match(selector):
+            raise KubeVirtError("%s %s: pciVendorSelector %r is not VVVV:DDDD (e.g. 10DE:26B9)"
+                                % (kind, shown(name), selector))
+    return list(seen.values())
+
+
+def _vendor(entry):
+    return str(entry.get("pciVendorSelector", "")).split(":", 1)[0].upper()
+
+
+def _is_exclusive(kind, entry, exclusive):
+    if kind == PCI:
+        return _vendor(entry) in {v.upper() for v in exclusive}
+    return any(str(entry.get("mdevNameSelector", "")).startswith(p) for p in exclusive)
+
+
+def _same(existing, wanted):
+    """Equal for KubeVirt: a missing externalResourceProvider means false."""
+    def norm(entry):
+        out = dict(entry)
+        if not out.get("externalResourceProvider"):
+            out.pop("externalResourceProvider", None)
+        return out
+    return norm(existing) == norm(wanted)
+
+
+def merge_entries(kind, current, desired, state="present", exclusive=()):
+    """(new list, change lines) for one permittedHostDevices list. Pure; inputs are not modified."""
+    ours = {e["resourceName"]: e for e in desired}
+    result, changes, done = [], [], set()
+    for entry in current or []:
+        name = entry.get("resourceName")
+        if name in ours:
+            if state == "absent" or name in done:
+                changes.append("%s: remove %s" % (kind, name))
+                continue
+            merged = {k: v for k, v in entry.items() if k != "externalResourceProvider"}
+            merged.update(ours[name])
+            if _same(entry, merged):
+                merged = copy.deepcopy(entry)  # keep an explicit `externalResourceProvider: false`
+            else:
+                changes.append("%s: update %s" % (kind, name))
+            result.append(merged)
+            done.add(name)
+        elif exclusive and _is_exclusive(kind, entry, exclusive):
+            changes.append("%s: remove %s (not ours, exclusive %s)" % (kind, name, _exclusive_label(kind, entry)))
+        else:
+            result.append(copy.deepcopy(entry))
+    if state == "present":
+        for name, entry in ours.items():
+            if name not in done:
+                result.append(dict(entry))
+                changes.append("%s: add %s" % (kind, name))
+    return result, changes
+
+
+def _exclusive_label(kind, entry):
+    return "vendor " + _vendor(entry) if kind == PCI else "mdev name"
+
+
+def merge_feature_gates(current, wanted):
+    gates = list(current or [])
+    added = [g for g in wanted if g not in gates]
+    return gates + added, ["featureGates: add %s" % g for g in added]
+
+
+def managed_view(cr):
+    """The subtree this module manages, for diff before/after."""
+    conf = (cr.get("spec") or {}).get("configuration") or {}
+    permitted = conf.get("permittedHostDevices") or {}
+    return {
+        "permittedHostDevices": {PCI: list(permitted.get(PCI) or []), MDEV: list(permitted.get(MDEV) or [])},
+        "featureGates": list((conf.get("developerConfiguration") or {}).get("featureGates") or []),
+    }
+
+
+def plan_host_devices(current_cr, pci=(), mdev=(), state="present", exclusive_pci_vendors=(),
+                      exclusive_mdev_prefixes=(), feature_gate=True):
+    """Plan the KubeVirt CR change.
+
+    current_cr: the CR as read (dict). pci / mdev: desired entries in KubeVirt spelling
+    (`pci_entry()` / `mdev_entry()`). Returns a WritePlan whose `patch` is a JSON merge
+    patch carrying metadata.resourceVersion (so a concurrent writer makes the server answer 409)
+    and the complete new lists, or None when the CR already matches.
+    """
+    if state not in ("present", "absent"):
+        raise KubeVirtError("%s: state must be present or absent, not %r" % (cr_ref(current_cr), state))
+    pci = validate_entries(PCI, list(pci), state)
+    mdev = validate_entries(MDEV, list(mdev), state)
+    before = managed_view(current_cr)
+    new_pci, pci_changes = merge_entries(PCI, before["permittedHostDevices"][PCI], pci, state,
+                                         exclusive_pci_vendors)
+    new_mdev, mdev_changes = merge_entries(MDEV, before["permittedHostDevices"][MDEV], mdev, state,
+                                           exclusive_mdev_prefixes)
+    wants_gate = feature_gate and state == "present" and (pci or mdev)
+    gates, gate_changes = merge_feature_gates(before["featureGates"], [HOST_DEVICES_GATE] if wants_gate else [])
+    after = {"permittedHostDevices": {PCI: new_pci, MDEV: new_mdev}, "featureGates": gates}
+    changes = pci_changes + mdev_changes + gate_changes
+    configuration = {}
+    permitted = {}
+    if new_pci != before["permittedHostDevices"][PCI]:
+        permitted[PCI] = new_pci
+    if new_mdev != before["permittedHostDevices"][MDEV]:
+        permitted[MDEV] = new_mdev
+    if permitted:
+        configuration["permittedHostDevices"] = permitted
+    if gates != before["featureGates"]:
+        configuration["developerConfiguration"] = {"featureGates": gates}
+    patch = None
+    if configuration:
+        meta = current_cr.get("metadata") or {}
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+                 "spec": {"configuration": configuration}}
+    return WritePlan(patch=patch, changes=changes, before=before, after=after)
+
+
+def parse_version(text):
+    """(major, minor, patch) from 'v1.9.0', '1.9.0-rc.1', ...; None when unparseable."""
+    match = _VERSION_RE.match(str(text or "").strip())
+    return tuple(int(x) for x in match.groups()) if match else None
+
+
+def deployed_version(cr):
+    status = cr.get("status") or {}
+    return status.get("observedKubeVirtVersion") or status.get("operatorVersion")
+
+
+def check_vendor_vfio_version(cr, minimum=VENDOR_VFIO_MIN_VERSION):
+    """Fail unless the deployed KubeVirt serves nvidia-bound VFs (>= minimum)."""
+    text = deployed_version(cr)
+    have, want = parse_version(text), parse_version(minimum)
+    if want is None:
+        raise KubeVirtError("minimum KubeVirt version %r is not X.Y.Z" % minimum)
+    if have is None:
+        raise KubeVirtError("%s: deployed version unknown (status.observedKubeVirtVersion=%r); vendor-VFIO "
+                            "vGPU needs KubeVirt >= %s (set skip_version_check to proceed)"
+                            % (cr_ref(cr), text, minimum))
+    if have < want:
+        raise KubeVirtError("%s: KubeVirt %s cannot serve nvidia-bound vGPU VFs (needs KubeVirt >= %s); upgrade, "
+                            "or set skip_version_check if its virt-handler carries PR #16890"
+                            % (cr_ref(cr), text, minimum))
+    return text
+
+
+# --- I/O around the plan (the api object is k8s_client.KubeApi or a test double) -------------
+
+def _desired_from_params(params):
+    pci = [pci_entry(e["resource_name"], e.get("pci_vendor_selector"), e.get("external_resource_provider"))
+           for e in params.get("pci_host_devices") or []]
+    mdev = [mdev_entry(e["resource_name"], e.get("mdev_name_selector"), e.get("external_resource_provider"))
+            for e in params.get("mediated_devices") or []]
+    vendor_vfio = params.get("state", "present") == "present" and any(
+        e.get("vendor_vfio", True) and not e.get("external_resource_provider")
+        for e in params.get("pci_host_devices") or [])
+    return pci, mdev, vendor_vfio
+
+
+def read_kubevirt(api, name=None, namespace=None):
+    """The KubeVirt CR: GET when pinned by name and namespace, else LIST in all namespaces."""
+    if name and namespace:
+        return api.get_custom("KubeVirt %s/%s" % (namespace, name), GROUP, VERSION, PLURAL, name, namespace)
+    try:
+        items = api.list_custom("KubeVirt CRs", GROUP, VERSION, PLURAL)
+    except K8sError as exc:
+        if exc.status == 404:
+            raise KubeVirtError("KubeVirt CRD kubevirts.kubevirt.io: not served by the API server (HTTP 404); "
+                                "is KubeVirt installed?") from None
+        raise
+    return select_kubevirt(items, name, namespace)
+
+
+def plan_virt_handler_image(deployment, image, container="virt-operator"):
+    """Set (or with image "" remove) VIRT_HANDLER_IMAGE on the virt-operator container.
+
+    A per-component override: spec.imageRegistry/imageTag of the KubeVirt CR would switch every
+    component, while virt-operator reads VIRT_HANDLER_IMAGE for virt-handler alone (brief 7.1).
+    """
+    meta = deployment.get("metadata") or {}
+    what = "Deployment %s/%s" % (meta.get("namespace"), meta.get("name"))
+    containers = copy.deepcopy(((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [])
+    target = next((c for c in containers if c.get("name") == container), None)
+    if target is None:
+        raise KubeVirtError("%s: no container %r to set VIRT_HANDLER_IMAGE on" % (what, container))
+    env = target.get("env") or []
+    old = next((e.get("value") for e in env if e.get("name") == VIRT_HANDLER_ENV), None)
+    new = image or None
+    if old == new:
+        return WritePlan(None, [], {"virtHandlerImage": old}, {"virtHandlerImage": new})
+    env = [e for e in env if e.get("name") != VIRT_HANDLER_ENV]
+    if new:
+        env.append({"name": VIRT_HANDLER_ENV, "value": new})
+    target["env"] = env
+    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+             "spec": {"template": {"spec": {"containers": containers}}}}
+    change = "%s: %s %s" % (what, "set" if new else "remove", VIRT_HANDLER_ENV + ("=" + new if new else ""))
+    return WritePlan(patch, [change], {"virtHandlerImage": old}, {"virtHandlerImage": new})
+
+
+def _run_virt_handler_image(api, params, check_mode, namespace):
+    name = params.get("virt_operator_deployment") or "virt-operator"
+
+    def write(current, patch):
+        if not (check_mode and params.get("dry_run") == "client"):
+            api.patch_deployment(name, namespace, patch, dry_run=check_mode)
+
+    return read_modify_write(lambda: api.get_deployment(name, namespace),
+                             lambda dep: plan_virt_handler_image(dep, params["virt_handler_image"]),
+                             write, params.get("conflict_retries", 5))[1]
+
+
+def run_hostdevices(api, params, check_mode):
+    """kubevirt_hostdevices: read the CR, plan, write with resourceVersion, retry on 409."""
+    pci, mdev, vendor_vfio = _desired_from_params(params)
+    warnings = []
+
+    def plan(cr):
+        if vendor_vfio:
+            if params.get("skip_version_check"):
+                warnings.append("%s: KubeVirt version check skipped (deployed: %s)" % (cr_ref(cr), deployed_version(cr)))
+            else:
+                check_vendor_vfio_version(cr, params.get("minimum_version") or VENDOR_VFIO_MIN_VERSION)
+        return plan_host_devices(cr, pci, mdev, params.get("state", "present"),
+                                 params.get("exclusive_pci_vendors") or (),
+                                 params.get("exclusive_mdev_prefixes") or (),
+                                 params.get("feature_gate", True))
+
+    def write(cr, patch):
+        if check_mode and params.get("dry_run") == "client":
+            return
+        meta = cr["metadata"]
+        api.patch_custom(cr_ref(cr), GROUP, VERSION, PLURAL, meta["name"], patch,
+                         namespace=meta.get("namespace"), dry_run=check_mode)
+
+    cr, result, attempts = read_modify_write(
+        lambda: read_kubevirt(api, params.get("name"), params.get("namespace")), plan, write,
+        params.get("conflict_retries", 5))
+    meta = cr["metadata"]
+    before, after, changes = dict(result.before), dict(result.after), list(result.changes)
+    changed = result.changed
+    if params.get("virt_handler_image") is not None:
+        image = _run_virt_handler_image(api, params, check_mode, meta.get("namespace"))
+        before.update(image.before)
+        after.update(image.after)
+        changes += image.changes
+        changed = changed or image.changed
+    return {"changed": changed, "changes": changes, "attempts": attempts,
+            "kubevirt": {"name": meta["name"], "namespace": meta.get("namespace"), "version": deployed_version(cr)},
+            "diff": {"before": before, "after": after}, "warnings": sorted(set(warnings))}
+
+
+# --- from per-node vgpu_profile results to cluster entries (roles/kubevirt_vgpu) -------------
+
+def model_resource_name(type_name):
+    """`NVIDIA L40S-24Q` -> `nvidia.com/NVIDIA_L40S` (the design's Harvester-style spelling)."""
+    model = re.sub(r"-(\d+-)?\d+[A-Za-z]+$", "", type_name.strip())
+    return "nvidia.com/" + re.sub(r"[\s/.]", "_", model)
+
+
+def plan_cluster_resources(nodes, naming="profile", mdev_external_provider=True):
+    """Cluster entries and node profiles from the nodes' `vgpu_profiles_resources`.
+
+    nodes: [{"name": node, "resources": [vgpu_profile resource dicts] or None}].
+    Vendor-VFIO VFs of one GPU model share one PCI ID, so KubeVirt advertises them under one
+    resourceName: a node may carry one profile per PCI ID, and with naming=profile the whole
+    cluster may (with naming=model the resource is per model and VMs pick the profile by node
+    label). mdev types are told apart by mdevNameSelector, so they have no such limit.
+    Returns {"errors", "pci_host_devices", "mediated_devices", "nodes", "vendor_vfio"}.
+    """
+    errors, pci, mdev, out_nodes = [], {}, {}, []
+    by_pci_id = {}  # pci id -> {profile: [nodes]}
+    for node in nodes:
+        name, resources = node["name"], node.get("resources")
+        if resources is None:
+            errors.append("node %s: no vgpu_profiles_resources (run the vgpu_profiles role on it first)" % name)
+            continue
+        vfio = [r for r in resources if r.get("framework") != "mdev"]
+        per_id = {}
+        for res in vfio:
+            per_id.setdefault(res["pci_vendor_selector"].upper(), []).append(res["profile"])
+        for pci_id, profiles in sorted(per_id.items()):
+            if len(set(profiles)) > 1:
+                errors.append("node %s: GPU model %s carries %d profiles (%s); KubeVirt cannot tell vGPU profiles "
+                              "of one PCI ID apart: use one profile per GPU model on a node"
+                              % (name, pci_id, len(set(profiles)), ", ".join(sorted(set(profiles)))))
+            for profile in set(profiles):
+                by_pci_id.setdefault(pci_id, {}).setdefault(profile, []).append(name)
+        for res in vfio:
+            resource = model_resource_name(res["type_name"]) if naming == "model" else res["resource_name"]
+            pci.setdefault(resource, {"pci_vendor_selector": res["pci_vendor_selector"].upper(),
+                                      "resource_name": resource, "vendor_vfio": True})
+        for res in resources:
+            if res.get("framework") == "mdev":
+                mdev.setdefault(res["resource_name"], {"mdev_name_selector": res["mdev_name_selector"],
+                                                       "resource_name": res["resource_name"],
+                                                       "external_resource_provider": bool(mdev_external_provider)})
+        profiles = {}
+        for res in resources:
+            profiles[res["profile"]] = profiles.get(res["profile"], 0) + int(res.get("count") or 0)
+        out_nodes.append({"name": name, "profiles": profiles,
+                          "vendor_vfio": bool(vfio) and len(vfio) == len(resources)})
+    if naming == "profile":
+        for pci_id, profiles in sorted(by_pci_id.items()):
+            if len(profiles) > 1:
+                where = ", ".join("%s: %s" % (",".join(sorted(set(n))), p) for p, n in sorted(profiles.items()))
+                errors.append("GPU model %s has several profiles across nodes (%s); KubeVirt permits one resource "
+                              "per PCI ID: use one profile per model cluster-wide or resource naming 'model'"
+                              % (pci_id, where))
+    return {"errors": errors, "pci_host_devices": list(pci.values()), "mediated_devices": list(mdev.values()),
+            "nodes": out_nodes, "vendor_vfio": bool(pci)}

@@ -1,0 +1,163 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""`accelops-vgpu`: the node CLI (boot-time unit, vGPU manager image entrypoint), stdlib only.
+
+    accelops-vgpu apply  --config FILE [--selected NAME] [--mixed-size] [--check] [--json]
+                         [--lock-timeout S] [--wait-timeout S] [--sriov-manage PATH]
+    accelops-vgpu assert --config FILE [--selected NAME]
+    accelops-vgpu export [--format layout|vdm]
+
+FILE (`-` = stdin) is a vgpu-device-manager config (`version: v1`, `vgpu-configs`) or a layout
+list (`[{devices, device_filter, profiles}]`, optionally under a `layout:` key), JSON or YAML when
+PyYAML is importable. `apply` first enables the maximum number of VFs on selected SR-IOV GPUs that
+have none (sriov-manage when present), then programs the profiles; --wait-timeout (default 120 s)
+bounds the wait for those VFs, separately from --lock-timeout (the wait for another apply's node
+lock). --sriov-manage names the tool when it is not /usr/lib/nvidia/sriov-manage or on PATH (GPU
+Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage). `assert` exits 0 when the node
+matches, 1 (printing each difference) when not. Errors exit 2 with one line on stderr.
+Roots: --sysfs-root/--dev-root/--proc-root (defaults /sys, /dev, /proc).
+Environment defaults: ACCELOPS_VGPU_CONFIG, ACCELOPS_VGPU_SELECTED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+
+PROG = "accelops-vgpu"
+EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
+
+
+def _say(text, stream=None):
+    """One line of output (the CLI's own channel; modules never import this file)."""
+    (stream or sys.stdout).write(text + "\n")
+
+
+def _positive_seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError("%r is not a positive number of seconds" % text)
+    return value
+
+
+def _parser():
+    roots = argparse.ArgumentParser(add_help=False)
+    roots.add_argument("--sysfs-root", default="/sys", help="node sysfs (default /sys)")
+    roots.add_argument("--dev-root", default="/dev", help="node /dev, for VFIO device nodes (default /dev)")
+    roots.add_argument("--proc-root", default="/proc", help="node /proc, to find open VFIO handles (default /proc)")
+    roots.add_argument("--json", action="store_true", help="print the result as JSON")
+    layout = argparse.ArgumentParser(add_help=False)
+    layout.add_argument("--config", "-f", default=os.environ.get("ACCELOPS_VGPU_CONFIG"),
+                        help="vgpu-device-manager config or layout file, - for stdin (env ACCELOPS_VGPU_CONFIG)")
+    layout.add_argument("--selected", "-c", default=os.environ.get("ACCELOPS_VGPU_SELECTED"),
+                        help="config name in a vgpu-device-manager file (env ACCELOPS_VGPU_SELECTED)")
+    parser = argparse.ArgumentParser(prog=PROG, description="Program NVIDIA vGPU profiles on this node.")
+    verbs = parser.add_subparsers(dest="verb", metavar="{apply,assert,export}")
+    verbs.required = True
+    apply_p = verbs.add_parser("apply", parents=[roots, layout], help="enable VFs and program the layout")
+    apply_p.add_argument("--mixed-size", action="store_true", help="allow different framebuffer sizes per GPU")
+    apply_p.add_argument("--check", action="store_true", help="plan and validate only, write nothing")
+    apply_p.add_argument("--state", choices=vgpu_apply.STATES, default="present",
+                         help="absent removes the selected GPUs' vGPUs that no VM holds")
+    apply_p.add_argument("--lock-timeout", type=float, default=120.0, help="seconds to wait for the node lock")
+    apply_p.add_argument("--wait-timeout", type=_positive_seconds, default=vgpu_apply.WAIT_TIMEOUT,
+                         help="seconds enabled VFs may take to appear (default 120); a PF that loses its driver "
+                              "fails at once")
+    apply_p.add_argument("--sriov-manage", metavar="PATH", default=None,
+                         help="sriov-manage to enable VFs with (default: /usr/lib/nvidia/sriov-manage, then PATH; "
+                              "GPU Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage)")
+    apply_p.add_argument("--no-enable-vfs", dest="enable_vfs", action="store_false",
+                         help="fail instead of enabling VFs on GPUs that have none")
+    verbs.add_parser("assert", parents=[roots, layout], help="exit 0 when the node matches the layout")
+    export_p = verbs.add_parser("export", parents=[roots], help="print the current layout")
+    export_p.add_argument("--format", choices=("layout", "vdm"), default="layout",
+                          help="a layout list (default) or a vgpu-device-manager config")
+    return parser
+
+
+def _node(args):
+    return vgpu_apply.Node(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
+                           sriov_manage_path=getattr(args, "sriov_manage", None))
+
+
+def _entries(args):
+    if not args.config:
+        raise vgpu_layout.LayoutError("--config FILE is required (or ACCELOPS_VGPU_CONFIG)")
+    return vgpu_layout.from_file(args.config, args.selected)
+
+
+def _print_apply(result, check):
+    verb = "would change" if check else "changed"
+    for address in result["vfs_enabled"]:
+        _say("%s: enabled SR-IOV VFs" % address)
+    for gpu in result["gpus"]:
+        moved = [v for v in gpu["vgpus"] if v["before"] != v["after"]]
+        if not moved:
+            _say("%s (%s, %s): unchanged" % (gpu["address"], gpu["model"], gpu["framework"]))
+            continue
+        _say("%s (%s, %s): %s %d vGPU slot(s)" % (gpu["address"], gpu["model"], gpu["framework"], verb, len(moved)))
+        for vgpu in moved:
+            slot = vgpu["address"] + ("/" + vgpu["uuid"] if vgpu.get("uuid") else "")
+            _say("  %s: %s -> %s" % (slot, vgpu["before"] or "-", vgpu["after"] or "-"))
+    for warning in result["warnings"]:
+        _say("warning: %s" % warning, sys.stderr)
+
+
+def cmd_apply(args):
+    result = vgpu_apply.apply(_node(args), _entries(args), state=args.state, mixed_size=args.mixed_size,
+                              check_mode=args.check, lock_timeout=args.lock_timeout, enable_vfs=args.enable_vfs,
+                              wait_timeout=args.wait_timeout)
+    if args.json:
+        _say(json.dumps(result, indent=2))
+    else:
+        _print_apply(result, args.check)
+    return EXIT_OK
+
+
+def cmd_assert(args):
+    problems = vgpu_apply.check(_node(args), _entries(args))
+    if args.json:
+        _say(json.dumps({"matches": not problems, "differences": problems}, indent=2))
+    else:
+        for problem in problems:
+            _say(problem)
+        if not problems:
+            _say("the node matches the layout")
+    return EXIT_DIFFERS if problems else EXIT_OK
+
+
+def cmd_export(args):
+    node = _node(args)
+    current = vgpu_apply.export(node)
+    if args.format == "vdm":
+        index = dict((g.address, g.index) for g in vgpu_layout.nvidia_gpus(node.sysfs))
+        document = {"version": "v1", "vgpu-configs": {"exported": [
+            {"devices": [index[a]], "vgpu-devices": p} for a, p in current.items()] or [
+            {"devices": "all", "vgpu-devices": {}}]}}
+    else:
+        document = {"layout": vgpu_layout.export_layout(current)}
+    _say(json.dumps(document, indent=2))
+    return EXIT_OK
+
+
+VERBS = {"apply": cmd_apply, "assert": cmd_assert, "export": cmd_export}
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    try:
+        return VERBS[args.verb](args)
+    except EngineError as err:
+        _say("%s %s: %s" % (PROG, args.verb, one_line(err)), sys.stderr)
+        return EXIT_ERROR

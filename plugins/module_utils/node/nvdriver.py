@@ -1,0 +1,290 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The host vGPU manager driver: detect it, install/upgrade/remove it from NVIDIA's runfile.
+
+Node-side engine: standard library only, no Ansible import. Everything the kernel says comes
+from an injectable sysfs root, every tool runs through an injectable runner, so the tests drive
+it against gpusim and fake tools.
+
+Decisions (documented in the module):
+- Installed version: `<sysfs>/module/nvidia/version` when the module is loaded (what the kernel
+  runs), else `modinfo -F version nvidia` (installed but not loaded, e.g. right after a reboot).
+  Loaded modules: `<proc>/modules` (what lsmod reads), else `<sysfs>/module/<name>`.
+- vGPU-manager flavour: `nvidia_vgpu_vfio` is loaded, or the `nvidia-vgpu-mgr` daemon exists
+  (only the vGPU-KVM runfile ships it). A plain data-center driver of the same version is
+  replaced by an install.
+- A runfile is accepted when its name is `NVIDIA-Linux-<arch>-<version>-vgpu-kvm[-aie].run`, its
+  first bytes are a makeself shell header, and its `--version` output names the same version.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+
+RUNFILE_NAME = re.compile(
+    r"^NVIDIA-Linux-(?P<arch>x86_64|aarch64)-(?P<version>\d+(?:\.\d+){1,2})-vgpu-kvm(?P<aie>-aie)?\.run\Z")
+RUNFILE_PATTERN = "NVIDIA-Linux-<arch>-<version>-vgpu-kvm[-aie].run"
+VERSION_OUTPUT = re.compile(r"version:?\s+(\d+(?:\.\d+){1,2})")
+# makeself writes its shell header (with a "Makeself" banner) before the payload; NVIDIA's is ~20 KiB.
+HEADER_BYTES = 64 * 1024
+# -s implies these two, but older installers only honour the explicit forms: pass all three.
+SILENT_ARGS = ("--ui=none", "--no-questions", "--silent")
+MODULES = ("nvidia", "nvidia_vgpu_vfio")
+DEFAULT_SERVICES = ("nvidia-vgpud.service", "nvidia-vgpu-mgr.service")
+BLACKLIST_NAME = "accelops-vgpu-blacklist-nouveau.conf"
+BLACKLIST_CONTENT = ("# Written by accelops.vgpu.vgpu_driver: the NVIDIA vGPU manager needs nouveau off.\n"
+                     "blacklist nouveau\noptions nouveau modeset=0\n")
+BLACKLIST_MODE = 0o644
+
+
+class DriverError(EngineError):
+    """A driver operation cannot go ahead; the message names the runfile or driver version."""
+
+
+def version_key(version):
+    return tuple(int(part) for part in version.split("."))
+
+
+class Runfile:
+    """A validated vGPU-KVM runfile: `path`, `arch`, `version`, `aie`."""
+
+    def __init__(self, path, arch, version, aie):
+        self.path, self.arch, self.version, self.aie = path, arch, version, aie
+
+    @classmethod
+    def inspect(cls, path, runner):
+        """Validate name, header and `--version` output; raise DriverError (one line) otherwise."""
+        runfile = cls.from_file(path)
+        rc, out, err = runner.run(["sh", path, "--version"], check=False)
+        reported = VERSION_OUTPUT.search(out or "")
+        if rc != 0 or not reported:
+            why = (err or out or "no version in its output").strip().splitlines()
+            raise DriverError("runfile %s: '--version' failed: %s" % (path, why[-1] if why else "rc %s" % rc))
+        if reported.group(1) != runfile.version:
+            raise DriverError("runfile %s: its name says %s but '--version' reports %s"
+                              % (path, runfile.version, reported.group(1)))
+        return runfile
+
+    @classmethod
+    def from_file(cls, path):
+        """Validate name and makeself header without running the file (the image build host)."""
+        if not os.path.isfile(path):
+            raise DriverError("runfile %s: no such file" % path)
+        match = RUNFILE_NAME.match(os.path.basename(path))
+        if not match:
+            raise DriverError("runfile %s: not a vGPU-KVM runfile name (expected %s)" % (path, RUNFILE_PATTERN))
+        with open(path, "rb") as handle:
+            head = handle.read(HEADER_BYTES)
+        if not head.startswith(b"#!") or b"makeself" not in head.lower():
+            raise DriverError("runfile %s: not a makeself archive (no makeself shell header)" % path)
+        return cls(path, match.group("arch"), match.group("version"), bool(match.group("aie")))
+
+
+class DriverState:
+    """What the node runs now: version, flavour, loaded modules, service states."""
+
+    def __init__(self, version, loaded, vgpu_manager, modules, services):
+        self.version, self.loaded, self.vgpu_manager = version, loaded, vgpu_manager
+        self.modules, self.services = modules, services
+
+    @classmethod
+    def read(cls, sysfs, runner, services=(), proc_root="/proc"):
+        loaded_modules = _loaded_modules(proc_root)
+        modules = [name for name in MODULES
+                   if (name in loaded_modules if loaded_modules is not None else sysfs.exists("module/%s" % name))]
+        version = sysfs.read_optional("module/nvidia/version")
+        loaded = version is not None
+        if not loaded:
+            version = _installed_module_version(runner)
+        vgpu_manager = "nvidia_vgpu_vfio" in modules or bool(_which(runner, "nvidia-vgpu-mgr"))
+        return cls(version, loaded, vgpu_manager, modules,
+                   {name: _service_state(runner, name) for name in services})
+
+    def as_dict(self):
+        return {"version": self.version, "vgpu_manager": self.vgpu_manager,
+                "loaded_modules": list(self.modules), "services": dict(self.services)}
+
+
+def _loaded_modules(proc_root):
+    """Names in <proc_root>/modules (what lsmod shows), or None when it cannot be read."""
+    try:
+        with open(os.path.join(proc_root, "modules"), encoding="utf-8") as handle:
+            return {line.split(None, 1)[0] for line in handle if line.strip()}
+    except OSError:
+        return None
+
+
+def _which(runner, name):
+    # PATH first (so a container's or a test's tools win), then where the runfile/distro put them.
+    return runner.which(name) or runner.which(name, extra_paths=("/usr/bin/%s" % name, "/usr/sbin/%s" % name))
+
+
+def _installed_module_version(runner):
+    modinfo = _which(runner, "modinfo")
+    if not modinfo:
+        return None
+    rc, out, _err = runner.run([modinfo, "-F", "version", "nvidia"], check=False)
+    return (out.strip() or None) if rc == 0 else None
+
+
+def _service_state(runner, name):
+    systemctl = _which(runner, "systemctl")
+    if not systemctl:
+        return {"enabled": False, "active": False}
+    enabled = runner.run([systemctl, "is-enabled", name], check=False)[1].strip()
+    active = runner.run([systemctl, "is-active", name], check=False)[1].strip()
+    return {"enabled": enabled == "enabled", "active": active == "active"}
+
+
+class Action:
+    """One step of a plan: a command (argv) or the blacklist file write."""
+
+    def __init__(self, describe, argv=None, write=None):
+        self.describe, self.argv, self.write = describe, argv, write
+
+    def __repr__(self):
+        return "Action(%r)" % self.describe
+
+
+class DriverManager:
+    """Plans and applies `state: present|absent` for the vGPU manager driver."""
+
+    def __init__(self, runner, sysfs_root="/sys", modprobe_dir="/etc/modprobe.d", proc_root="/proc"):
+        self.runner = runner
+        self.sysfs = Sysfs(sysfs_root)
+        self.modprobe_dir = modprobe_dir
+        self.proc_root = proc_root
+
+    def tool(self, name):
+        path = _which(self.runner, name)
+        if not path:
+            raise DriverError("%s: not found on PATH (needed to manage the NVIDIA vGPU manager driver)" % name)
+        return path
+
+    # -- planning ------------------------------------------------------------------------------
+    def plan(self, params):
+        """(state before, runfile or None, [Action], after dict); raises before any change."""
+        services = list(params["services"]) if params["manage_services"] else []
+        state = DriverState.read(self.sysfs, self.runner, services, self.proc_root)
+        if params["state"] == "absent":
+            actions = self._plan_absent(params, state, services)
+            gone = {"version": None, "vgpu_manager": False, "loaded_modules": [],
+                    "services": {name: {"enabled": False, "active": False} for name in services}}
+            return state, None, actions, gone if actions else state.as_dict()
+        runfile = Runfile.inspect(params["runfile"], self.runner)
+        if state.version and version_key(runfile.version) < version_key(state.version) \
+                and not params["allow_downgrade"]:
+            raise DriverError("driver %s: refusing to downgrade to %s from %s (set allow_downgrade)"
+                              % (state.version, runfile.version, runfile.path))
+        install = state.version != runfile.version or not state.vgpu_manager
+        actions = self._plan_blacklist(params)
+        if install:
+            actions += self._plan_stop(state, services) + self._plan_install(params, runfile)
+        actions += self._plan_load(params, state, install) + self._plan_services(state, services, install)
+        after = {"version": runfile.version, "vgpu_manager": True,
+                 "loaded_modules": list(MODULES) if params["load_modules"] else
+                 ([] if install else list(state.modules)),
+                 "services": {name: {"enabled": True, "active": True} for name in services}}
+        return state, runfile, actions, after
+
+    def _plan_blacklist(self, params):
+        if not params["blacklist_nouveau"]:
+            return []
+        path = os.path.join(self.modprobe_dir, BLACKLIST_NAME)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                same = handle.read() == BLACKLIST_CONTENT and (os.stat(path).st_mode & 0o7777) == BLACKLIST_MODE
+        except OSError:
+            same = False
+        return [] if same else [Action("blacklist nouveau in %s" % path, write=path)]
+
+    def _plan_stop(self, state, services):
+        actions = [Action("stop %s" % name, argv=[self.tool("systemctl"), "stop", name])
+                   for name in services if state.services[name]["active"]]
+        loaded = [name for name in reversed(MODULES) if name in state.modules]
+        if loaded:
+            actions.append(Action("unload %s" % " ".join(loaded),
+                                  argv=[self.tool("modprobe"), "-r"] + loaded))
+        return actions
+
+    def _plan_install(self, params, runfile):
+        argv = ["sh", runfile.path] + list(SILENT_ARGS) + (["--dkms"] if params["dkms"] else [])
+        argv += list(params["installer_args"])
+        return [Action("install %s from %s" % (runfile.version, os.path.basename(runfile.path)), argv=argv)]
+
+    def _plan_load(self, params, state, install):
+        if not params["load_modules"]:
+            return []
+        return [Action("load %s" % name, argv=[self.tool("modprobe"), name])
+                for name in MODULES if install or name not in state.modules]
+
+    def _plan_services(self, state, services, install):
+        actions = []
+        for name in services:
+            now = state.services[name]
+            if install or not now["enabled"]:
+                actions.append(Action("enable %s" % name, argv=[self.tool("systemctl"), "enable", name]))
+            if install or not now["active"]:
+                actions.append(Action("start %s" % name, argv=[self.tool("systemctl"), "start", name]))
+        return actions
+
+    def _plan_absent(self, params, state, services):
+        if not state.version and not state.vgpu_manager:
+            return []
+        actions = self._plan_stop(state, services)
+        actions += [Action("disable %s" % name, argv=[self.tool("systemctl"), "disable", name])
+                    for name in services if state.services[name]["enabled"]]
+        if params.get("runfile"):
+            runfile = Runfile.inspect(params["runfile"], self.runner)
+            argv = ["sh", runfile.path, "--uninstall"]
+        else:
+            argv = [self.tool("nvidia-uninstall")]
+        actions.append(Action("uninstall driver %s" % (state.version or "(vGPU manager)"),
+                              argv=argv + list(SILENT_ARGS)))
+        return actions
+
+    # -- applying ------------------------------------------------------------------------------
+    def apply(self, params, check_mode=False):
+        """Result dict: changed, version, previous_version, actions, before, after."""
+        before, runfile, actions, after = self.plan(params)
+        result = {"changed": bool(actions), "previous_version": before.version, "actions":
+                  [action.describe for action in actions], "before": before.as_dict(), "after": after,
+                  "version": after["version"], "runfile_version": runfile.version if runfile else None}
+        if check_mode:
+            return result
+        for action in actions:
+            if action.write:
+                write_file(action.write, BLACKLIST_CONTENT, BLACKLIST_MODE)
+            else:
+                self.runner.run(action.argv)
+        if runfile and actions:
+            self._verify(runfile, params)
+        return result
+
+    def _verify(self, runfile, params):
+        now = DriverState.read(self.sysfs, self.runner, (), self.proc_root)
+        if params["load_modules"] and now.version != runfile.version:
+            raise DriverError("driver %s: installed from %s but the kernel runs %s (a reboot may be needed)"
+                              % (runfile.version, runfile.path, now.version or "no nvidia module"))
+
+
+def write_file(path, content, mode):
+    """Atomic write (temp file + rename in the same directory) with an exact mode."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".accelops-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(content)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,169 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""PCI addresses, ID filters and the PCI devices seen through sysfs.
+
+Facts (kernel drivers/pci/pci-sysfs.c, drivers/pci/iov.c): devices live in bus/pci/devices/<BDF>
+(links into devices/...); a PF links its VFs as virtfn<N>, a VF links its PF as physfn; `driver` and
+`iommu_group` are links whose last element names the driver / group. VFs are found through these
+links, never by address arithmetic (L40S VFs start at function 4, RTX PRO 6000 at .2).
+"""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+
+PCI_DEVICES = "bus/pci/devices"
+NVIDIA_VENDOR = "10de"
+_FULL_BDF = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])$")
+_SHORT_BDF = re.compile(r"^([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])$")
+_HEX4 = re.compile(r"^(?:0x)?([0-9a-f]{4})$")
+
+
+class PciAddressError(ValueError):
+    """An input that is not a PCI address or ID filter; the message names the input."""
+
+
+def parse_address(text):
+    """Normalise `0000:41:00.0` / `41:00.0` (any case) to `0000:41:00.0`; reject anything else."""
+    value = str(text).strip().lower()
+    match = _FULL_BDF.match(value)
+    if match:
+        return value
+    match = _SHORT_BDF.match(value)
+    if match:
+        return "0000:" + value
+    raise PciAddressError("%r is not a PCI address (expected DDDD:BB:DD.F, e.g. 0000:41:00.0)" % str(text)[:64])
+
+
+def parse_id_filter(text):
+    """A vendor/device filter -> (vendor, device) as 4-digit lower-case hex strings.
+
+    Accepts vgpu-device-manager's `0x<device><vendor>` form (`0x26B910DE` = L40S) and the
+    lspci / KubeVirt form `10de:26b9`.
+    """
+    value = str(text).strip().lower()
+    if ":" in value:
+        vendor, dummy, device = value.partition(":")
+        vm, dm = _HEX4.match(vendor), _HEX4.match(device)
+        if vm and dm:
+            return vm.group(1), dm.group(1)
+    else:
+        hexpart = value[2:] if value.startswith("0x") else value
+        if re.match(r"^[0-9a-f]{8}$", hexpart):
+            return hexpart[4:], hexpart[:4]
+    raise PciAddressError("%r is not a PCI ID filter (expected 0xDDDDVVVV like 0x26B910DE, or vvvv:dddd)" % str(text)[:64])
+
+
+def vendor_selector(vendor, device):
+    """KubeVirt's pciVendorSelector form: upper-case `10DE:26B9`."""
+    return ("%s:%s" % (vendor, device)).upper()
+
+
+class PciDevice:
+    """One PCI function as sysfs shows it. Attributes are read lazily and cached per instance."""
+
+    def __init__(self, sysfs, address):
+        self.sysfs = sysfs
+        self.address = address
+        self.base = "%s/%s" % (PCI_DEVICES, address)
+        self._cache = {}
+
+    def __repr__(self):
+        return "PciDevice(%s)" % self.address
+
+    def attr(self, name):
+        return "%s/%s" % (self.base, name)
+
+    def _hex_id(self, name):
+        if name not in self._cache:
+            value = self.sysfs.read_int(self.attr(name))
+            self._cache[name] = None if value is None else "%04x" % value
+        return self._cache[name]
+
+    @property
+    def exists(self):
+        return self.sysfs.isdir(self.base)
+
+    @property
+    def vendor(self):
+        return self._hex_id("vendor")
+
+    @property
+    def device(self):
+        return self._hex_id("device")
+
+    @property
+    def class_code(self):
+        if "class" not in self._cache:
+            self._cache["class"] = self.sysfs.read_int(self.attr("class"), 0)
+        return self._cache["class"]
+
+    @property
+    def is_display(self):
+        """PCI base class 0x03 (VGA 0x0300, 3D controller 0x0302): a GPU."""
+        return (self.class_code >> 16) == 0x03
+
+    @property
+    def driver(self):
+        return self.sysfs.link_name(self.attr("driver"))
+
+    @property
+    def iommu_group(self):
+        return self.sysfs.link_name(self.attr("iommu_group"))
+
+    @property
+    def physfn(self):
+        return self.sysfs.link_name(self.attr("physfn"))
+
+    @property
+    def is_vf(self):
+        return self.physfn is not None
+
+    @property
+    def sriov_capable(self):
+        return self.sysfs.exists(self.attr("sriov_totalvfs"))
+
+    @property
+    def sriov_totalvfs(self):
+        return self.sysfs.read_int(self.attr("sriov_totalvfs"), 0)
+
+    @property
+    def sriov_numvfs(self):
+        return self.sysfs.read_int(self.attr("sriov_numvfs"), 0)
+
+    def virtfns(self):
+        """VF addresses in virtfn order (virtfn0, virtfn1, ... numerically, not lexically)."""
+        links = []
+        for name in self.sysfs.listdir(self.base):
+            if name.startswith("virtfn") and name[6:].isdigit():
+                target = self.sysfs.link_name(self.attr(name))
+                if target:
+                    links.append((int(name[6:]), target))
+        return [addr for dummy, addr in sorted(links)]
+
+    @property
+    def id_pair(self):
+        return (self.vendor, self.device)
+
+
+def list_addresses(sysfs):
+    """Every PCI address below bus/pci/devices, sorted."""
+    found = []
+    for name in sysfs.listdir(PCI_DEVICES):
+        try:
+            found.append(parse_address(name))
+        except PciAddressError:
+            continue
+    return sorted(found)
+
+
+def get_device(sysfs, address):
+    """A PciDevice for a validated address that exists, else a one-line error naming it."""
+    addr = parse_address(address)
+    dev = PciDevice(sysfs, addr)
+    if not dev.exists:
+        raise SysfsError("%s/%s" % (PCI_DEVICES, addr), 2, "find", "no PCI device %s" % addr)
+    return dev

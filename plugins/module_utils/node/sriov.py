@@ -1,0 +1,399 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Plan and apply SR-IOV VF counts on physical functions (GPUs, and any other SR-IOV PF by address).
+
+Kernel rules (drivers/pci/iov.c, sriov_numvfs_store): more than sriov_totalvfs is ERANGE; a PF
+driver without sriov_configure answers ENOENT; going from N to M VFs (both non-zero) is EBUSY, so
+it takes N -> 0 -> M. NVIDIA's sriov-manage always enables sriov_totalvfs VFs and can exit 0
+without enabling anything (vGPU 17.2), so its result is checked in sysfs and it is retried, as
+NVIDIA's gpu-driver-container does (domain brief 1.5, 3).
+
+Selection (`devices`): `all` = every SR-IOV PF of PCI base class 0x03 (GPUs; NICs and NVMe are
+never selected by `all`, and a node without any is an empty, unchanged plan), or a list of PCI
+addresses and vendor/device filters (`0x26B910DE`, `10de:26b9`). A filter matches SR-IOV PFs of any
+class. A filter that matches nothing is fine while the list as a whole selects something (one
+fleet-wide list for mixed nodes); a list that selects nothing is an error, as is a device selected
+twice, an unknown address, a VF or a function without SR-IOV.
+
+Safety: a change that removes existing VFs (N -> 0, N -> M) is refused when any of them is held by
+a VM (never overridable) or programmed (a vGPU type set, or an mdev on it) unless `force`. The whole
+plan is validated before the first write; PFs are then applied in parallel and verified: the count
+is right and every VF is ready (its virtfn link exists; on NVIDIA its `nvidia/` directory or its
+`mdev_supported_types` exists).
+
+API (also used by the node CLI):
+    plan = plan_vfs(sysfs, runner, devices="all", num_vfs="max", state="present", method="auto",
+                    force=False, held=lambda: inuse.held_devices(sysfs, dev_root, proc_root))
+    plan.changed; plan.as_list(); plan.diff()      # check mode / diff
+    apply_vfs(sysfs, runner, plan, timeout=120)   # writes; raises SriovError naming the PF
+sriov-manage is found at /usr/lib/nvidia/sriov-manage, then on PATH; `plan_vfs(...,
+sriov_manage_path=...)` names it instead (GPU Operator: /run/nvidia/driver/usr/lib/nvidia/sriov-manage).
+`held` is the mapping from inuse.held_devices() or a callable returning it; it is only evaluated
+when a plan removes existing VFs. Callers hold node_lock around plan + apply.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pci, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+
+SRIOV_MANAGE = "sriov-manage"
+SRIOV_MANAGE_PATHS = ("/usr/lib/nvidia/sriov-manage",)
+METHODS = ("auto", "sysfs", "sriov_manage")
+STATES = ("present", "absent")
+MAX_WORDS = ("max", "total")
+
+
+class SriovError(EngineError):
+    """A VF count that cannot be planned or applied; the message names the PF (or VF, or input)."""
+
+
+@dataclass
+class PfPlan:
+    """Current -> desired VF count of one PF, and how it will get there."""
+
+    address: str
+    vendor: Optional[str]
+    device: Optional[str]
+    total_vfs: int
+    current: int
+    desired: int
+    method: str                     # "sysfs" or "sriov_manage"
+    tool: Optional[str] = None      # sriov-manage path when method is sriov_manage
+    discard: List[str] = field(default_factory=list)   # VFs whose vGPU/mdev force discards
+
+    @property
+    def changed(self):
+        return self.current != self.desired
+
+    @property
+    def nvidia(self):
+        return self.vendor == pci.NVIDIA_VENDOR
+
+    def as_dict(self):
+        return {"address": self.address, "before": {"num_vfs": self.current},
+                "after": {"num_vfs": self.desired}, "method": self.method, "changed": self.changed,
+                "discarded_profiles": list(self.discard)}
+
+
+@dataclass
+class SriovPlan:
+    pfs: List[PfPlan]
+
+    @property
+    def changed(self):
+        return any(p.changed for p in self.pfs)
+
+    def as_list(self):
+        return [p.as_dict() for p in self.pfs]
+
+    def diff(self):
+        """Ansible diff: the VF count of every PF that changes, before and after."""
+        moving = [p for p in self.pfs if p.changed]
+        return {"before": dict((p.address, {"num_vfs": p.current}) for p in moving),
+                "after": dict((p.address, {"num_vfs": p.desired}) for p in moving)}
+
+
+def parse_num_vfs(value):
+    """`max`/`total` -> None (= sriov_totalvfs), else a non-negative integer."""
+    if isinstance(value, str) and value.strip().lower() in MAX_WORDS:
+        return None
+    if not isinstance(value, bool):
+        try:
+            number = int(str(value).strip(), 10)
+        except ValueError:
+            number = -1
+        if number >= 0:
+            return number
+    raise SriovError("num_vfs %r is not a number of VFs or 'max'" % str(value)[:40])
+
+
+def _as_items(devices):
+    if devices is None:
+        return ["all"]
+    if isinstance(devices, str):
+        return [devices]
+    return [str(item).strip() for item in devices]
+
+
+def _sriov_pfs(sysfs):
+    """Every SR-IOV capable physical function, in address order."""
+    found = []
+    for address in pci.list_addresses(sysfs):
+        dev = pci.PciDevice(sysfs, address)
+        if dev.sriov_capable and not dev.is_vf:
+            found.append(dev)
+    return found
+
+
+def _by_address(sysfs, address):
+    try:
+        dev = pci.get_device(sysfs, address)
+    except SysfsError:
+        raise SriovError("devices: no PCI device %s on this node" % address) from None
+    if dev.is_vf:
+        raise SriovError("devices: %s is a VF of %s; select its physical function" % (address, dev.physfn))
+    if not dev.sriov_capable:
+        raise SriovError("devices: %s does not support SR-IOV (no sriov_totalvfs)" % address)
+    return dev
+
+
+def select_pfs(sysfs, devices="all"):
+    """`devices` -> [PciDevice] of the selected PFs, in address order (see the module docstring)."""
+    items = _as_items(devices)
+    if any(item.lower() == "all" for item in items):
+        if len(items) != 1:
+            raise SriovError("devices: 'all' cannot be combined with other entries (%s)" % ", ".join(map(shown, items)))
+        return [dev for dev in _sriov_pfs(sysfs) if dev.is_display]
+    if not items:
+        raise SriovError("devices: the list is empty; give 'all', PCI addresses or vendor/device filters")
+    chosen, seen_items, candidates = {}, {}, None
+    for item in items:
+        try:
+            key, matches = pci.parse_address(item), None
+        except pci.PciAddressError:
+            try:
+                vendor, device = pci.parse_id_filter(item)
+            except pci.PciAddressError:
+                raise SriovError("devices: %r is neither a PCI address nor a vendor/device filter "
+                                 "(0x26B910DE or 10de:26b9)" % item[:64]) from None
+            key = "%s:%s" % (vendor, device)
+            if candidates is None:
+                candidates = _sriov_pfs(sysfs)
+            matches = [dev for dev in candidates if dev.id_pair == (vendor, device)]
+        if key in seen_items:
+            raise SriovError("devices: %r and %r select the same devices" % (seen_items[key], item))
+        seen_items[key] = item
+        for dev in matches if matches is not None else [_by_address(sysfs, key)]:
+            if dev.address in chosen:
+                raise SriovError("devices: %s is selected twice (by %r and %r)"
+                                 % (dev.address, chosen[dev.address][1], item))
+            chosen[dev.address] = (dev, item)
+    if not chosen:
+        raise SriovError("devices: %s match no SR-IOV physical function on this node" % ", ".join(map(shown, items)))
+    return [chosen[address][0] for address in sorted(chosen)]
+
+
+def find_sriov_manage(runner, path=None):
+    """The sriov-manage to run: `path` when given (GPU Operator nodes mount the host driver root at
+    /run/nvidia/driver, so the tool is /run/nvidia/driver/usr/lib/nvidia/sriov-manage), else
+    /usr/lib/nvidia/sriov-manage, else sriov-manage on PATH (None when there is none)."""
+    if not path:
+        return runner.which(SRIOV_MANAGE, SRIOV_MANAGE_PATHS)
+    if not os.path.isabs(path):
+        raise SriovError("sriov_manage_path %s: not an absolute path" % shown(path))
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise SriovError("sriov_manage_path %s: no executable file there" % shown(path))
+    return path
+
+
+def _choose_method(dev, method, tool, desired, total):
+    chosen = method
+    if method == "auto":
+        chosen = "sriov_manage" if dev.vendor == pci.NVIDIA_VENDOR and tool else "sysfs"
+    if chosen == "sriov_manage":
+        if dev.vendor != pci.NVIDIA_VENDOR:
+            raise SriovError("%s: method sriov_manage only handles NVIDIA GPUs (vendor 10de, not %s)"
+                             % (dev.address, dev.vendor))
+        if not tool:
+            raise SriovError("%s: sriov-manage not found (looked in %s and PATH)"
+                             % (dev.address, ", ".join(SRIOV_MANAGE_PATHS)))
+        if desired not in (0, total):
+            raise SriovError("%s: sriov-manage always enables all %d VFs; num_vfs %d needs method sysfs"
+                             % (dev.address, total, desired))
+    return chosen
+
+
+def _programmed(sysfs, vf, parents):
+    """Why a VF counts as programmed (a vGPU type or an mdev), or None."""
+    for uuid, parent in sorted(parents.items()):
+        if parent == vf:
+            return "mdev %s" % uuid
+    try:
+        current = vgpu_types.read_current(sysfs, vf)
+    except SysfsError:
+        return "an unreadable current_vgpu_type"
+    return "vGPU type %d" % current if current else None
+
+
+def _check_removals(sysfs, plans, held, force):
+    """Refuse to destroy held VFs (always) or programmed VFs (unless force); note what force discards."""
+    removing = [p for p in plans if p.changed and p.current]
+    if not removing:
+        return
+    held_now = held() if callable(held) else held
+    if held_now is None:
+        raise SriovError("plan_vfs: cannot tell which VFs VMs hold (no held mapping given)")
+    parents = inuse.mdev_parents(sysfs)
+    for plan in removing:
+        for vf in pci.PciDevice(sysfs, plan.address).virtfns():
+            pids = inuse.holders(held_now, vf, parents)
+            if pids:
+                raise SriovError("%s: VF %s is held by a VM (pid %s); refusing to change %d -> %d VFs"
+                                 % (plan.address, vf, ", ".join(str(p) for p in pids), plan.current, plan.desired))
+            why = _programmed(sysfs, vf, parents)
+            if why and not force:
+                raise SriovError("%s: VF %s has %s that changing %d -> %d VFs would discard; set force to allow it"
+                                 % (plan.address, vf, why, plan.current, plan.desired))
+            if why:
+                plan.discard.append(vf)
+
+
+def plan_vfs(sysfs, runner, devices="all", num_vfs="max", state="present", method="auto", force=False,
+             held=None, sriov_manage_path=None):
+    """Validate everything and return a SriovPlan; nothing is written.
+
+    `sriov_manage_path`: the sriov-manage to use (checked when NVIDIA PFs may need it); None finds it.
+    """
+    if state not in STATES:
+        raise SriovError("state %r is not one of %s" % (state, ", ".join(STATES)))
+    if method not in METHODS:
+        raise SriovError("method %r is not one of %s" % (method, ", ".join(METHODS)))
+    wanted = parse_num_vfs(num_vfs) if state == "present" else 0
+    pfs = select_pfs(sysfs, devices)
+    nvidia = method != "sysfs" and any(d.vendor == pci.NVIDIA_VENDOR for d in pfs)
+    tool = find_sriov_manage(runner, sriov_manage_path) if nvidia else None
+    plans = []
+    for dev in pfs:
+        total = dev.sriov_totalvfs
+        desired = total if wanted is None else wanted
+        if desired > total:
+            raise SriovError("%s: num_vfs %d exceeds sriov_totalvfs %d" % (dev.address, desired, total))
+        chosen = _choose_method(dev, method, tool, desired, total)
+        plans.append(PfPlan(dev.address, dev.vendor, dev.device, total, dev.sriov_numvfs, desired, chosen,
+                            tool if chosen == "sriov_manage" else None))
+    _check_removals(sysfs, plans, held, force)
+    return SriovPlan(plans)
+
+
+# --- apply ---------------------------------------------------------------------------------------
+
+def _numvfs_path(address):
+    return "%s/%s/sriov_numvfs" % (pci.PCI_DEVICES, address)
+
+
+def _discard_profiles(sysfs, plan):
+    """force: remove mdevs and clear vGPU types before their VFs go away."""
+    parents = inuse.mdev_parents(sysfs)
+    for vf in plan.discard:
+        for uuid, parent in sorted(parents.items()):
+            if parent == vf:
+                sysfs.write("%s/%s/remove" % (inuse.MDEV_DEVICES, uuid), "1")
+        if vgpu_types.read_current(sysfs, vf):
+            sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", "0")
+
+
+def _write_numvfs(sysfs, plan, count):
+    try:
+        sysfs.write(_numvfs_path(plan.address), str(count))
+    except SysfsError as err:
+        if err.errno == errno.ERANGE:
+            raise SriovError("%s: num_vfs %d is out of range (sriov_totalvfs %d)"
+                             % (plan.address, count, plan.total_vfs)) from None
+        if err.errno == errno.ENOENT:
+            hint = "; use method sriov_manage for NVIDIA GPUs" if plan.nvidia else ""
+            raise SriovError("%s: its driver cannot set VFs through sysfs (no sriov_configure)%s"
+                             % (plan.address, hint)) from None
+        raise SriovError("%s: %s" % (plan.address, err)) from None
+
+
+def _run_sriov_manage(sysfs, runner, plan, flag, count, retries, retry_delay):
+    """sriov-manage can exit 0 without doing anything: judge by sriov_numvfs, retry a few times."""
+    argv = [plan.tool, flag, plan.address]
+    for attempt in range(1, retries + 1):
+        rc, out, err = runner.run(argv, check=False)
+        now = sysfs.read_int(_numvfs_path(plan.address), 0)
+        if now == count:
+            return
+        _fail_without_driver(sysfs, plan, " ".join(argv))
+        if attempt < retries:
+            time.sleep(retry_delay)
+    said = (err or out or "").strip().splitlines()
+    raise SriovError("%s: %s left sriov_numvfs at %d instead of %d after %d attempts (last exit %d%s)"
+                     % (plan.address, " ".join(argv), now, count, retries, rc,
+                        ": " + said[-1] if said else ""))
+
+
+def not_ready(sysfs, plan):
+    """Why the PF's VFs are not ready yet, or None when they are."""
+    dev = pci.PciDevice(sysfs, plan.address)
+    now = dev.sriov_numvfs
+    if now != plan.desired:
+        return "sriov_numvfs is %d, expected %d" % (now, plan.desired)
+    vfs = dev.virtfns()
+    if len(vfs) != plan.desired:
+        return "%d of %d virtfn links present" % (len(vfs), plan.desired)
+    if plan.nvidia:
+        waiting = [vf for vf in vfs if not sysfs.isdir(vgpu_types.vfio_dir(vf))
+                   and not sysfs.isdir("%s/%s/mdev_supported_types" % (pci.PCI_DEVICES, vf))]
+        if waiting:
+            return "%d of %d VFs (first %s) have neither nvidia/ nor mdev_supported_types" % (
+                len(waiting), len(vfs), waiting[0])
+    return None
+
+
+def _fail_without_driver(sysfs, plan, doing):
+    """A PF whose `driver` link vanished (driver unloaded or unbound) gets no VFs: fail now, naming it,
+    instead of retrying or waiting out the timeout."""
+    if plan.desired and pci.PciDevice(sysfs, plan.address).driver is None:
+        raise SriovError("%s: lost its driver (no driver link) during %s; VFs cannot appear (is the "
+                         "NVIDIA vGPU host driver still loaded?)" % (plan.address, doing))
+
+
+def _wait_ready(sysfs, plan, timeout, poll_interval):
+    deadline = time.monotonic() + timeout
+    while True:
+        why = not_ready(sysfs, plan)
+        if why is None:
+            return
+        _fail_without_driver(sysfs, plan, "the wait for %d VFs (%s)" % (plan.desired, why))
+        if time.monotonic() >= deadline:
+            raise SriovError("%s: VFs not ready after %g s: %s" % (plan.address, timeout, why))
+        time.sleep(poll_interval)
+
+
+def _apply_pf(sysfs, runner, plan, timeout, poll_interval, retries, retry_delay):
+    _discard_profiles(sysfs, plan)
+    if plan.method == "sriov_manage":
+        if plan.current:
+            _run_sriov_manage(sysfs, runner, plan, "-d", 0, retries, retry_delay)
+        if plan.desired:
+            _run_sriov_manage(sysfs, runner, plan, "-e", plan.desired, retries, retry_delay)
+    else:
+        if plan.current:
+            _write_numvfs(sysfs, plan, 0)
+        if plan.desired:
+            _write_numvfs(sysfs, plan, plan.desired)
+    _wait_ready(sysfs, plan, timeout, poll_interval)
+
+
+def apply_vfs(sysfs, runner, plan, timeout=120.0, poll_interval=0.2, retries=3, retry_delay=2.0):
+    """Execute a plan: changed PFs in parallel, each verified within `timeout` seconds.
+
+    Returns the addresses of the PFs changed. When some PFs fail, the others still finish and one
+    SriovError names every failed PF.
+    """
+    todo = [p for p in plan.pfs if p.changed]
+    if not todo:
+        return []
+    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+        futures = [(p, pool.submit(_apply_pf, sysfs, runner, p, timeout, poll_interval, retries, retry_delay))
+                   for p in todo]
+    failures = []
+    for dummy, future in futures:
+        try:
+            future.result()
+        except EngineError as err:
+            failures.append(str(err))
+    if failures:
+        raise SriovError("; ".join(failures))
+    return [p.address for p in todo]

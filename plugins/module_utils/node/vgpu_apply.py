@@ -1,0 +1,393 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Program a vGPU layout on a node: read -> plan -> validate -> execute -> verify.
+
+Shared by the module `vgpu_profile` and the node CLI `accelops-vgpu`. Everything is planned and
+validated for every selected GPU before the first write (bad input never writes); writes run per
+GPU: clears/removals, then mixed-size mode when the GPU gets several framebuffer sizes and `-ghm`
+says it is off (`nvidia-smi vgpu -i <PF> -shm 1`; sriov-manage resets it, brief 1.4; the driver
+switches only an empty GPU, so the plan then clears and re-creates its existing vGPUs), then
+creations. Whether each such GPU supports the mode at all (`nvidia-smi -q`: Heterogeneous Time-Slice
+Sizes; Turing does not) is asked while planning, so a T4 fails before the L40S before it is
+written. The node is re-read afterwards and must match the plan.
+
+Framework per GPU: the PF is an mdev parent -> mdev (Turing); its VFs have `nvidia/current_vgpu_type`
+-> vendor-VFIO (Ada/Hopper/Blackwell); its VFs are mdev parents -> mdev (Ampere SR-IOV). A GPU with
+SR-IOV but no VFs fails (the module) or gets its VFs enabled through the sriov engine first
+(`enable_vfs=True`: the node CLI's `apply`, which runs at boot and after vGPU-manager restarts).
+
+Type names of consumed IDs: `current_vgpu_type` shows only an ID and creatable lists drop consumed
+types, so IDs seen in creatable lists are remembered in a small per-node cache in the lock directory
+(tmpfs /run: VFs and their types do not survive a reboot either) and, when still unknown, asked from
+`nvidia-smi vgpu -s -v -i <PF>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections import OrderedDict
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pci, sriov, vgpu_mdev, vgpu_vfio
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import model_name
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_dir, lock_name, node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
+    GpuPlan, LayoutError, nvidia_gpus, resolve, type_size_gb)
+
+NVIDIA_SMI = "nvidia-smi"
+STATES = ("present", "absent")
+BACKENDS = {vgpu_vfio.FRAMEWORK: vgpu_vfio, vgpu_mdev.FRAMEWORK: vgpu_mdev}
+NEEDS_VFS = "needs-vfs"
+WAIT_TIMEOUT = 120.0  # seconds for enabled VFs to become ready (the node CLI's --wait-timeout)
+
+
+def framework_of(sysfs, gpu, vfs=None):
+    """`vendor-vfio`, `mdev`, or NEEDS_VFS (SR-IOV GPU without VFs); else a LayoutError.
+
+    `vfs`: the GPU's VF addresses when already read (nvidia_gpus gives them).
+    """
+    parents = set(vt.mdev_parents(sysfs))
+    if gpu.address in parents:
+        return vgpu_mdev.FRAMEWORK
+    dev = pci.PciDevice(sysfs, gpu.address)
+    vfs = dev.virtfns() if vfs is None else vfs
+    if any(vt.has_vfio_types(sysfs, vf) for vf in vfs):
+        return vgpu_vfio.FRAMEWORK
+    if any(vf in parents for vf in vfs):
+        return vgpu_mdev.FRAMEWORK
+    if dev.sriov_capable and not vfs:
+        return NEEDS_VFS
+    raise LayoutError("GPU %s offers no vGPU interface (not an mdev parent, no VF with nvidia/current_vgpu_type); "
+                      "is the NVIDIA vGPU host driver loaded?" % gpu.address)
+
+
+class TypeNames:
+    """Names for type IDs the creatable lists no longer show: the node cache, then nvidia-smi.
+
+    Called as `names(pf) -> (types, complete)`; `complete` says the list is every type the GPU
+    supports (a cache filled while the GPU had no vGPUs, or the driver's supported list), which
+    makes the framebuffer check possible.
+    """
+
+    def __init__(self, sysfs, runner, cache_dir=None):
+        self.sysfs, self.runner = sysfs, runner
+        self.path = os.path.join(cache_dir or lock_dir(), lock_name(sysfs.root)[:-len(".lock")] + "-vgpu-types.json")
+        try:
+            with open(self.path) as handle:
+                self.cache = json.load(handle)
+        except (OSError, ValueError):
+            self.cache = {}
+        if not isinstance(self.cache, dict) or not isinstance(self.cache.get("types"), dict):
+            self.cache = {"types": {}, "complete": []}
+
+    def __call__(self, pf):
+        known = [vt.VgpuType(int(i), n) for i, n in self.cache["types"].get(pf, {}).items() if str(i).isdigit()]
+        if pf in self.cache["complete"]:
+            return known, True
+        from_smi = self._from_smi(pf)
+        return known + from_smi, bool(from_smi)
+
+    def _from_smi(self, pf):
+        tool = self.runner.which(NVIDIA_SMI) if self.runner else None
+        if not tool:
+            return []
+        rc, out, dummy = self.runner.run([tool, "vgpu", "-s", "-v", "-i", pf], check=False)
+        return vt.parse_smi_supported(out) if rc == 0 else []
+
+    def remember(self, pf, types, complete=False):
+        entry = self.cache["types"].setdefault(pf, {})
+        for vgpu_type in types:
+            entry[str(vgpu_type.type_id)] = vgpu_type.name
+        if complete and pf not in self.cache["complete"]:
+            self.cache["complete"].append(pf)
+
+    def save(self):
+        tmp = self.path + ".tmp"
+        try:
+            with open(tmp, "w") as handle:
+                json.dump(self.cache, handle, sort_keys=True)
+            os.rename(tmp, self.path)
+        except OSError:
+            pass  # a lost cache only means asking nvidia-smi next time
+
+
+def heterogeneous_mode(runner, pf):
+    """True/False from `nvidia-smi vgpu -i <PF> -ghm` (tolerant of layout and wording)."""
+    rc, out, err = runner.run([_smi(runner), "vgpu", "-i", pf, "-ghm"], check=False)
+    if rc != 0:
+        raise LayoutError("GPU %s: nvidia-smi vgpu -ghm failed: %s" % (pf, " ".join((err or out).split())[:200]))
+    lines = [line for line in out.splitlines() if "heterogeneous" in line.lower() and ":" in line] or out.splitlines()
+    for line in lines:
+        value = line.rpartition(":")[2].strip().lower()
+        if value in ("enabled", "enable", "on", "1", "true", "yes"):
+            return True
+        if value in ("disabled", "disable", "off", "0", "false", "no"):
+            return False
+    raise LayoutError("GPU %s: cannot read the heterogeneous (mixed-size) mode from nvidia-smi: %r" % (pf, out[:120]))
+
+
+def mixed_mode_supported(runner, pf):
+    """`Heterogeneous Time-Slice Sizes` of `nvidia-smi -q -i <PF>` (read-only, asked while planning)."""
+    rc, out, err = runner.run([_smi(runner), "-q", "-i", pf], check=False)
+    if rc != 0:
+        raise LayoutError("GPU %s: nvidia-smi -q failed: %s" % (pf, " ".join((err or out).split())[:200]))
+    for line in out.splitlines():
+        name, dummy, value = line.partition(":")
+        if "heterogeneous time-slice sizes" in name.lower():
+            return value.strip().lower() == "supported"
+    raise LayoutError("GPU %s: nvidia-smi -q does not say whether the GPU supports mixed-size mode "
+                      "(no 'Heterogeneous Time-Slice Sizes' line)" % pf)
+
+
+def _smi(runner):
+    tool = runner.which(NVIDIA_SMI)
+    if not tool:
+        raise LayoutError("mixed_size needs nvidia-smi, which is not on PATH")
+    return tool
+
+
+def _needs_mixed_mode(plan):
+    """More than one framebuffer size after the apply (check_sizes already required mixed_size)."""
+    sizes = set(type_size_gb(t) for t in plan.after_types())
+    return len(sizes - {None}) > 1
+
+
+class Node:
+    """One node seen through its roots; `apply()` runs the whole flow."""
+
+    def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None):
+        self.sysfs, self.runner = sysfs, runner
+        self.dev_root, self.proc_root = dev_root, proc_root
+        self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage
+        self.names = TypeNames(sysfs, runner, cache_dir)
+
+    def held(self):
+        return inuse.held_devices(self.sysfs, self.dev_root, self.proc_root)
+
+    def view(self, gpu, framework, held, vfs=None):
+        if framework == vgpu_vfio.FRAMEWORK:
+            view = vgpu_vfio.VfioGpu(self.sysfs, gpu, held, self.names, vfs)
+            self.names.remember(gpu.address, list(view.catalog.values()), view.lists_complete)
+            return view
+        return vgpu_mdev.MdevGpu(self.sysfs, gpu, held)
+
+    def enable_vfs(self, addresses, wait_timeout=WAIT_TIMEOUT):
+        """Enable the maximum VF count on GPUs that have none (sriov engine, method auto); the VFs must
+        be ready within `wait_timeout` s (a PF that loses its driver fails at once)."""
+        plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs="max", held=self.held,
+                              sriov_manage_path=self.sriov_manage_path)
+        return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
+
+    def plan(self, entries, state="present", mixed_size=False, enable_vfs=False, check_mode=False):
+        """[(gpu, framework, view, GpuPlan)] for every GPU the layout selects; raises before writes.
+
+        A GPU without VFs is planned as pending when they will be enabled first: by apply itself
+        (`enable_vfs`) or, in check mode, by the sriov_vfs task before it (which only plans then).
+        """
+        if state not in STATES:
+            raise LayoutError("state %r is not one of %s" % (state, ", ".join(STATES)))
+        vfs_of = {}  # PF -> VF addresses, read once per plan (a readlink each)
+        gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs, vfs_of))
+        selection = resolve(entries, list(gpus.values()))
+        held = self.held()
+        plans = []
+        for address, gpu_entries in selection.items():
+            gpu = gpus[address]
+            framework = framework_of(self.sysfs, gpu, vfs_of.get(address))
+            if framework == NEEDS_VFS:
+                if not (enable_vfs or check_mode):
+                    raise LayoutError("GPU %s: SR-IOV VFs are not enabled; enable them first (accelops.vgpu.sriov_vfs, "
+                                      "or accelops-vgpu apply which enables them)" % address)
+                plans.append((gpu, framework, None, self._pending_plan(gpu, gpu_entries, state, enable_vfs)))
+                continue
+            view = self.view(gpu, framework, held, vfs_of.get(address))
+            plan = BACKENDS[framework].plan(view, gpu_entries, mixed_size, state == "absent")
+            if plan.model is None:
+                plan.model = model_name(gpu.vendor, gpu.device)
+            if _needs_mixed_mode(plan) and not heterogeneous_mode(self.runner, gpu.address):
+                if not mixed_mode_supported(self.runner, gpu.address):
+                    raise LayoutError("GPU %s (%s) does not support mixed-size mode (nvidia-smi -q: Heterogeneous "
+                                      "Time-Slice Sizes: Not Supported); give it one framebuffer size"
+                                      % (gpu.address, plan.model))
+                plan.switch_mode = True
+                BACKENDS[framework].rebuild(view, plan)
+            plans.append((gpu, framework, view, plan))
+        return plans
+
+    def _pending_plan(self, gpu, entries, state, by_apply=True):
+        """A GPU whose VFs are enabled first (by apply, or by sriov_vfs before a check-mode run): its
+        vGPUs can only be planned afterwards, so every requested vGPU counts as to be created."""
+        plan = GpuPlan(gpu.address, None, model_name(gpu.vendor, gpu.device), "%s:%s" % (gpu.vendor, gpu.device),
+                       entries[-1].origin)
+        if state == "absent" and not by_apply:
+            return plan
+        plan.pending = OrderedDict(entries[-1].profiles)
+        plan.steps.append(("enable-vfs", gpu.address))
+        creates = ", ".join("%d x %s" % (n, p) for p, n in plan.pending.items()) or "nothing"
+        if by_apply:
+            plan.warnings.append("GPU %s: VFs are disabled; apply enables them, then creates %s" % (gpu.address, creates))
+        else:
+            plan.warnings.append("GPU %s: SR-IOV VFs are not enabled yet; once accelops.vgpu.sriov_vfs has enabled "
+                                 "them, %s will be created (check mode: the layout could not be validated against "
+                                 "the driver's creatable lists yet)" % (gpu.address, creates))
+        if state == "absent":
+            plan.steps, plan.pending = [], None
+        return plan
+
+    def execute(self, plans):
+        """Writes, GPU by GPU: clears/removals, mixed-size mode when the plan needs it, creations."""
+        for dummy, framework, view, plan in plans:
+            if not plan.steps:
+                continue
+            backend = BACKENDS[framework]
+            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("clear", "remove")])
+            if plan.switch_mode:
+                self.runner.run([_smi(self.runner), "vgpu", "-i", plan.address, "-shm", "1"])
+            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("set", "create")])
+
+    def verify(self, plans):
+        """Every changed GPU's vGPUs must now be what the plan said.
+
+        Vendor-VFIO: execute read back every write into the view, and the VFs it did not write were
+        read at plan time under the node lock, so the view is the node; mdev GPUs are read again.
+        """
+        held = None
+        for gpu, framework, view, plan in plans:
+            if not plan.steps:
+                continue
+            if framework != vgpu_vfio.FRAMEWORK:
+                held = self.held() if held is None else held
+                view = self.view(gpu, framework, held)
+            wanted = _counts(v.after for v in plan.vgpus)
+            have = BACKENDS[framework].current_profiles(view)
+            if wanted != have:
+                raise LayoutError("GPU %s: after applying it has %s, expected %s" % (gpu.address, _text(have), _text(wanted)))
+
+    def current(self, gpu):
+        """{profile: count} now on a GPU, or None when it has no VFs yet."""
+        framework = framework_of(self.sysfs, gpu)
+        if framework == NEEDS_VFS:
+            return None
+        return BACKENDS[framework].current_profiles(self.view(gpu, framework, {}))
+
+
+def _counts(types):
+    counts = {}
+    for vgpu_type in types:
+        if vgpu_type is not None:
+            counts[vgpu_type.short] = counts.get(vgpu_type.short, 0) + 1
+    return counts
+
+
+def _text(counts):
+    return ", ".join("%d x %s" % (n, p) for p, n in sorted(counts.items())) or "no vGPUs"
+
+
+def apply(node, entries, state="present", mixed_size=False, check_mode=False, lock_timeout=120.0,
+          enable_vfs=False, wait_timeout=WAIT_TIMEOUT):
+    """The whole flow; returns the result dict (changed, gpus, resources, diff, warnings).
+
+    `lock_timeout`: seconds to wait for the node lock; `wait_timeout`: for VFs it enables to be ready.
+    """
+    lock = contextlib.nullcontext() if check_mode else node_lock(node.sysfs.root, lock_timeout)
+    with lock:
+        plans = node.plan(entries, state, mixed_size, enable_vfs, check_mode)
+        pending = [gpu.address for gpu, framework, dummy, dummy2 in plans if framework == NEEDS_VFS]
+        if pending and not check_mode and state == "present":
+            node.enable_vfs(pending, wait_timeout)
+            plans = node.plan(entries, state, mixed_size, enable_vfs=False)
+        if not check_mode:
+            node.names.save()
+            node.execute(plans)
+            node.verify(plans)
+    result = summarize([p for dummy, dummy2, dummy3, p in plans])
+    result["vfs_enabled"] = pending if not check_mode and state == "present" else []
+    if not plans:
+        result["warnings"].append("the layout selects no NVIDIA GPU on this node; nothing to do")
+    return result
+
+
+def summarize(plans):
+    """The module/CLI result: changed, gpus, resources, diff, warnings."""
+    resources = OrderedDict()
+    for plan in plans:
+        if plan.framework is None:
+            continue
+        for change in plan.vgpus:
+            after = change.after
+            if after is None:
+                continue
+            vendor, device = plan.pci_id.split(":")
+            key = (after.short, plan.pci_id)
+            if key not in resources:
+                resources[key] = OrderedDict([
+                    ("profile", after.short), ("type_name", after.name), ("resource_name", vt.resource_name(after.name)),
+                    ("pci_vendor_selector", pci.vendor_selector(vendor, device)), ("framework", plan.framework),
+                    ("count", 0)])
+                if plan.framework == vgpu_mdev.FRAMEWORK:
+                    resources[key]["mdev_name_selector"] = after.name
+            resources[key]["count"] += 1
+    return {
+        "changed": any(p.changed for p in plans),
+        "gpus": [p.to_result() for p in plans],
+        "resources": list(resources.values()),
+        "diff": diff(plans),
+        "warnings": [w for p in plans for w in p.warnings],
+    }
+
+
+def diff(plans):
+    """Ansible diff: per GPU, per VF (or mdev uuid) the profile before and after, changed GPUs only."""
+    before, after = OrderedDict(), OrderedDict()
+    for plan in plans:
+        if not plan.changed:
+            continue
+        if plan.pending is not None:  # VFs not enabled yet: no VF to name, only the GPU and its profiles
+            before[plan.address] = OrderedDict([("vfs", "disabled")])
+            after[plan.address] = OrderedDict([("vfs", "enabled"), ("profiles", OrderedDict(plan.pending))])
+            continue
+        slots_before, slots_after = OrderedDict(), OrderedDict()
+        for change in plan.vgpus:
+            if change.before is None and change.after is None:
+                continue
+            key = change.uuid and "%s/%s" % (change.address, change.uuid) or change.address
+            slots_before[key] = change.before.short if change.before is not None else None
+            slots_after[key] = change.after.short if change.after is not None else None
+        before[plan.address], after[plan.address] = slots_before, slots_after
+    return {"before": before, "after": after}
+
+
+def check(node, entries):
+    """assert: [one-line difference per GPU]; empty when the node matches the layout."""
+    try:
+        plans = node.plan(entries, "present", mixed_size=True, enable_vfs=True)
+    except EngineError as err:
+        return [str(err)]
+    problems = []
+    for dummy, framework, dummy2, plan in plans:
+        if not plan.changed:
+            continue
+        if framework == NEEDS_VFS:
+            problems.append("GPU %s: SR-IOV VFs are not enabled" % plan.address)
+            continue
+        have = _counts(v.before for v in plan.vgpus)
+        wanted = _counts(v.after for v in plan.vgpus)
+        problems.append("GPU %s: has %s, layout wants %s" % (plan.address, _text(have), _text(wanted)))
+    return problems
+
+
+def export(node):
+    """{PF address: {profile: count}} for every NVIDIA GPU that offers vGPUs (for `export`)."""
+    found = OrderedDict()
+    for gpu in nvidia_gpus(node.sysfs):
+        try:
+            profiles = node.current(gpu)
+        except LayoutError:
+            continue
+        if profiles is not None:
+            found[gpu.address] = dict(sorted(profiles.items()))
+    return found

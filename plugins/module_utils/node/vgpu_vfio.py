@@ -1,0 +1,198 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Vendor-specific VFIO backend (vGPU 17+, Ada/Hopper/Blackwell): one vGPU per SR-IOV VF.
+
+Facts (domain brief 1.2-1.4): a VF stays on `nvidia` and is typed through
+`<VF>/nvidia/current_vgpu_type` (write the numeric ID, `0` clears; reading gives only the ID).
+`creatable_vgpu_types` lists what is creatable *now*: it shrinks on every sibling after each write
+and consumed types drop out, so the ID<->name catalog is built from all VFs before the first write
+(completed from `nvidia-smi vgpu -s -v` when a set ID or a wanted profile is missing), and the
+VF's list is re-read right before each write. In default (homogeneous) mode all vGPUs of a GPU share
+one framebuffer size; other sizes need mixed-size mode.
+
+Per-VF diff, not VDM's "clear all": VFs that already have a wanted type are kept (held VFs first),
+only wrong VFs are cleared, free VFs are filled in VF order. A VF a VM holds is never written; a
+layout that needs it changed fails naming it, before any write.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
+    GpuPlan, LayoutError, VgpuChange, check_sizes, choose_profiles, gpu_model, type_size_gb)
+
+FRAMEWORK = "vendor-vfio"
+
+
+class VfioGpu:
+    """What the driver shows for one GPU before any write: VFs, their types, the type catalog."""
+
+    def __init__(self, sysfs, gpu, held, supported_types=None, vfs=None):
+        """`vfs`: the GPU's VF addresses when the caller has read them already (they cost a readlink each)."""
+        self.sysfs, self.gpu = sysfs, gpu
+        self.vfs = PciDevice(sysfs, gpu.address).virtfns() if vfs is None else list(vfs)
+        self.current = dict((vf, vt.read_current(sysfs, vf) or 0) for vf in self.vfs)
+        self.held = dict((vf, held[vf]) for vf in self.vfs if vf in held)
+        self.catalog = {}
+        # Lists of a GPU without vGPUs show every supported type, the same on every VF: one read
+        # does. Once some are set the lists collapse and differ (brief 1.4): all are needed.
+        self.lists_complete = self.complete = not any(self.current.values())
+        for vf in self.vfs[:1] if self.lists_complete else self.vfs:
+            for vgpu_type in vt.read_creatable(sysfs, vf):
+                self.catalog.setdefault(vgpu_type.type_id, vgpu_type)
+        self._supported_types = supported_types
+        if not self.complete or any(i not in self.catalog for i in self.current.values() if i):
+            self._ask_driver()
+
+    def _ask_driver(self):
+        """Complete the catalog once from `supported_types(pf) -> (types, whether that is all of them)`."""
+        if self._supported_types is None:
+            return
+        ask, self._supported_types = self._supported_types, None
+        listed, complete = ask(self.gpu.address)
+        for vgpu_type in listed:
+            self.catalog.setdefault(vgpu_type.type_id, vgpu_type)
+        self.complete = self.complete or complete
+
+    def type_of(self, type_id):
+        if not type_id:
+            return None
+        if type_id not in self.catalog:
+            raise LayoutError("VF %s of GPU %s has vGPU type ID %d, which no creatable_vgpu_types list or "
+                              "`nvidia-smi vgpu -s -v` names" % (self._vf_with(type_id), self.gpu.address, type_id))
+        return self.catalog[type_id]
+
+    def _vf_with(self, type_id):
+        return next(vf for vf, cur in self.current.items() if cur == type_id)
+
+    def find(self, profile):
+        found = vt.find_type(profile, self.catalog.values())
+        if found is None and self._supported_types is not None:
+            self._ask_driver()
+            found = vt.find_type(profile, self.catalog.values())
+        return found
+
+    @property
+    def model(self):
+        return gpu_model(self.catalog.values())
+
+    def total_gb(self):
+        """Framebuffer of the whole GPU = the largest type's size, when the catalog is complete."""
+        sizes = [type_size_gb(t) for t in self.catalog.values()]
+        sizes = [s for s in sizes if s]
+        return max(sizes) if self.complete and sizes else None
+
+
+def plan(view, entries, mixed_size=False, absent=False):
+    """A GpuPlan for one vendor-VFIO GPU; raises LayoutError before anything is written."""
+    gpu = view.gpu
+    result = GpuPlan(gpu.address, FRAMEWORK, view.model, "%s:%s" % (gpu.vendor, gpu.device))
+    if not view.vfs:
+        raise LayoutError("GPU %s: SR-IOV VFs are not enabled; enable them first (accelops.vgpu.sriov_vfs, or "
+                          "accelops-vgpu apply which enables them)" % gpu.address)
+    before = dict((vf, _named(view, cur, absent)) for vf, cur in view.current.items())
+    if absent:
+        wanted = {}
+    else:
+        entry, wanted = choose_profiles(gpu.address, view.model, entries, view.find)
+        result.origin = entry.origin
+    after = _assign(gpu.address, view, before, wanted, absent, result)
+    if not absent:
+        check_sizes(gpu.address, [t for t in after.values() if t is not None], mixed_size,
+                    view.total_gb(), len(view.vfs))
+    result.mixed_size = bool(mixed_size)
+    for vf in view.vfs:
+        result.vgpus.append(VgpuChange(vf, before[vf], after[vf], held=view.held.get(vf)))
+        if view.current[vf] and (after[vf] is None or after[vf].type_id != view.current[vf]):
+            result.steps.append(("clear", vf, 0))  # a set type is changed through 0
+    for vf in view.vfs:
+        if after[vf] is not None and (before[vf] is None or before[vf].type_id != after[vf].type_id):
+            result.steps.append(("set", vf, after[vf].type_id))
+    result.steps.sort(key=lambda step: step[0] != "clear")  # clears first, then fills, each in VF order
+    return result
+
+
+def _named(view, type_id, absent):
+    """The type set on a VF; clearing (absent) needs no name, so an unnamed ID is not an error then."""
+    if absent and type_id and type_id not in view.catalog:
+        return vt.VgpuType(type_id, "type-%d" % type_id)
+    return view.type_of(type_id)
+
+
+def _assign(address, view, before, wanted, absent, result):
+    """VF -> wanted type after the apply: keep right VFs (held first), clear wrong ones, fill free ones."""
+    remaining = dict((t.type_id, n) for t, n in wanted.items())
+    after = dict((vf, None) for vf in view.vfs)
+    ordered = [vf for vf in view.vfs if vf in view.held] + [vf for vf in view.vfs if vf not in view.held]
+    for vf in ordered:
+        current = before[vf]
+        if current is not None and remaining.get(current.type_id, 0) > 0:
+            remaining[current.type_id] -= 1
+            after[vf] = current
+        elif vf in view.held and view.current[vf]:
+            if absent:
+                after[vf] = current
+                result.warnings.append("VF %s of GPU %s is held by a VM (pid %s); its vGPU was left in place"
+                                       % (vf, address, ", ".join(str(p) for p in view.held[vf])))
+            else:
+                raise LayoutError("VF %s of GPU %s is held by a VM (pid %s) and has %s; the layout needs it changed"
+                                  % (vf, address, ", ".join(str(p) for p in view.held[vf]),
+                                     current.short if current else "type %d" % view.current[vf]))
+    free = [vf for vf in view.vfs if after[vf] is None and vf not in view.held]
+    fills = sorted(((t, n) for t, n in wanted.items()), key=lambda item: -(type_size_gb(item[0]) or 0))
+    for vgpu_type, dummy in fills:
+        while remaining.get(vgpu_type.type_id, 0) > 0:
+            if not free:
+                raise LayoutError("GPU %s: no free VF left for %s (%d VFs, %d held by VMs)"
+                                  % (address, vgpu_type.short, len(view.vfs), len(view.held)))
+            after[free.pop(0)] = vgpu_type
+            remaining[vgpu_type.type_id] -= 1
+    return after
+
+
+def rebuild(view, gpu_plan):
+    """Clear and re-create every vGPU: the driver switches mixed-size mode only on an empty GPU."""
+    for vf in view.vfs:
+        if not view.current[vf]:
+            continue
+        if vf in view.held:
+            raise LayoutError("GPU %s needs mixed-size mode, which the driver only switches on a GPU without "
+                              "vGPUs, but VF %s is held by a VM" % (gpu_plan.address, vf))
+        if ("clear", vf, 0) not in gpu_plan.steps:
+            gpu_plan.steps += [("clear", vf, 0), ("set", vf, view.current[vf])]
+    gpu_plan.steps.sort(key=lambda step: (step[0] != "clear", view.vfs.index(step[1])))
+
+
+def execute(sysfs, view, gpu_plan, steps=None):
+    """Run the plan's writes: clears, then fills with the VF's creatable list re-read before each.
+
+    Every write is read back; `view.current` follows, so it shows the node after the apply without
+    reading the VFs again (the others were read at plan time, under the node lock).
+    """
+    for action, vf, type_id in gpu_plan.steps if steps is None else steps:
+        path = vt.vfio_dir(vf) + "/current_vgpu_type"
+        if action == "set":
+            creatable = vt.read_creatable(sysfs, vf)
+            if type_id not in [t.type_id for t in creatable]:
+                name = view.catalog[type_id].short
+                raise LayoutError("VF %s of GPU %s: %s (ID %d) is not creatable now (creatable: %s)"
+                                  % (vf, gpu_plan.address, name, type_id,
+                                     ", ".join(t.short for t in creatable) or "none"))
+        sysfs.write(path, type_id)
+        now = vt.read_current(sysfs, vf) or 0
+        if now != type_id:
+            raise LayoutError("VF %s of GPU %s: wrote %d to current_vgpu_type but it reads %s"
+                              % (vf, gpu_plan.address, type_id, now))
+        view.current[vf] = now
+
+
+def current_profiles(view):
+    """{short name: count} of the vGPUs set on the GPU (for assert/export)."""
+    counts = {}
+    for cur in view.current.values():
+        if cur:
+            name = view.type_of(cur).short
+            counts[name] = counts.get(name, 0) + 1
+    return counts

@@ -1,0 +1,258 @@
+"""KubeVirt CR planning: resourceName-keyed merges, feature gate, CR selection, version gate."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import kubevirt as kv
+
+L40S = kv.pci_entry("nvidia.com/NVIDIA_L40S-24Q", "10de:26b9")
+H100 = kv.pci_entry("nvidia.com/NVIDIA_H100-40C", "10DE:2331")
+T4_MDEV = kv.mdev_entry("nvidia.com/GRID_T4-1Q", "GRID T4-1Q", external_resource_provider=True)
+FOREIGN_NIC = {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710", "team": "net"}
+FOREIGN_T4 = {"pciVendorSelector": "10DE:1EB8", "resourceName": "nvidia.com/TU104GL_Tesla_T4"}
+
+
+def make_cr(pci=None, mdev=None, gates=None, rv="7", version="v1.9.0"):
+    configuration = {"permittedHostDevices": {}, "developerConfiguration": {"featureGates": gates or []},
+                     "evictionStrategy": "LiveMigrate"}
+    if pci is not None:
+        configuration["permittedHostDevices"]["pciHostDevices"] = pci
+    if mdev is not None:
+        configuration["permittedHostDevices"]["mediatedDevices"] = mdev
+    return {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": rv},
+            "spec": {"configuration": configuration}, "status": {"observedKubeVirtVersion": version}}
+
+
+def apply_patch(cr, patch):
+    """What the API server does with our merge patch (dicts merge, lists replace)."""
+    def merge(target, change):
+        for key, value in change.items():
+            if isinstance(value, dict) and isinstance(target.get(key), dict):
+                merge(target[key], value)
+            else:
+                target[key] = copy.deepcopy(value)
+    out = copy.deepcopy(cr)
+    merge(out, patch or {})
+    return out
+
+
+def test_adds_ours_after_foreign_entries_and_the_feature_gate():
+    cr = make_cr(pci=[FOREIGN_NIC], gates=["LiveMigration"])
+    plan = kv.plan_host_devices(cr, pci=[L40S])
+    assert plan.patch["metadata"] == {"resourceVersion": "7"}
+    conf = plan.patch["spec"]["configuration"]
+    assert conf["permittedHostDevices"] == {"pciHostDevices": [FOREIGN_NIC, {
+        "resourceName": "nvidia.com/NVIDIA_L40S-24Q", "pciVendorSelector": "10DE:26B9"}]}
+    assert conf["developerConfiguration"]["featureGates"] == ["LiveMigration", "HostDevices"]
+    assert plan.changes == ["pciHostDevices: add nvidia.com/NVIDIA_L40S-24Q", "featureGates: add HostDevices"]
+
+
+def test_second_run_on_the_patched_cr_plans_nothing():
+    cr = make_cr(pci=[FOREIGN_NIC], mdev=[{"mdevNameSelector": "X", "resourceName": "other/x"}])
+    first = kv.plan_host_devices(cr, pci=[L40S], mdev=[T4_MDEV])
+    second = kv.plan_host_devices(apply_patch(cr, first.patch), pci=[L40S], mdev=[T4_MDEV])
+    assert first.changed and not second.changed
+    assert second.patch is None and second.changes == []
+
+
+def test_updates_ours_in_place_keeping_unknown_keys_and_order():
+    old = {"pciVendorSelector": "10DE:26B5", "resourceName": L40S["resourceName"],
+           "externalResourceProvider": True, "futureField": 1}
+    cr = make_cr(pci=[FOREIGN_T4, old, FOREIGN_NIC], gates=["HostDevices"])
+    plan = kv.plan_host_devices(cr, pci=[L40S])
+    new = plan.patch["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    assert new == [FOREIGN_T4, {"pciVendorSelector": "10DE:26B9", "resourceName": L40S["resourceName"],
+                                "futureField": 1}, FOREIGN_NIC]
+    assert plan.changes == ["pciHostDevices: update nvidia.com/NVIDIA_L40S-24Q"]
+    assert "developerConfiguration" not in plan.patch["spec"]["configuration"]
+
+
+def test_explicit_false_external_provider_counts_as_unchanged():
+    existing = dict(L40S, externalResourceProvider=False)
+    plan = kv.plan_host_devices(make_cr(pci=[existing], gates=["HostDevices"]), pci=[L40S])
+    assert not plan.changed
+
+
+def test_absent_removes_only_ours_and_keeps_the_gate():
+    cr = make_cr(pci=[FOREIGN_NIC, L40S, FOREIGN_T4], mdev=[T4_MDEV], gates=["HostDevices"])
+    plan = kv.plan_host_devices(cr, pci=[{"resourceName": L40S["resourceName"]}],
+                                mdev=[{"resourceName": T4_MDEV["resourceName"]}], state="absent")
+    permitted = plan.patch["spec"]["configuration"]["permittedHostDevices"]
+    assert permitted == {"pciHostDevices": [FOREIGN_NIC, FOREIGN_T4], "mediatedDevices": []}
+    assert plan.after["featureGates"] == ["HostDevices"]
+
+
+def test_exclusive_vendor_removes_other_nvidia_entries_only():
+    cr = make_cr(pci=[FOREIGN_T4, FOREIGN_NIC, H100], gates=["HostDevices"])
+    plan = kv.plan_host_devices(cr, pci=[L40S, H100], exclusive_pci_vendors=["10de"])
+    new = plan.after["permittedHostDevices"]["pciHostDevices"]
+    assert new == [FOREIGN_NIC, H100, L40S]
+    assert "pciHostDevices: remove nvidia.com/TU104GL_Tesla_T4 (not ours, exclusive vendor 10DE)" in plan.changes
+
+
+def test_exclusive_mdev_prefix():
+    foreign = {"mdevNameSelector": "GRID A10-4Q", "resourceName": "nvidia.com/GRID_A10-4Q"}
+    keep = {"mdevNameSelector": "i915-GVTg_V5_4", "resourceName": "intel.com/gvt"}
+    plan = kv.plan_host_devices(make_cr(mdev=[foreign, keep]), mdev=[T4_MDEV], exclusive_mdev_prefixes=["GRID "])
+    assert plan.after["permittedHostDevices"]["mediatedDevices"] == [keep, T4_MDEV]
+
+
+def test_missing_configuration_is_created():
+    cr = {"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "1"}, "spec": {}}
+    plan = kv.plan_host_devices(cr, pci=[L40S], feature_gate=False)
+    assert plan.patch["spec"] == {"configuration": {"permittedHostDevices": {"pciHostDevices": [L40S]}}}
+
+
+@pytest.mark.parametrize("pci, message", [
+    ([{"resourceName": "nvidia.com/x"}], "pciHostDevices nvidia.com/x: pciVendorSelector is required"),
+    ([kv.pci_entry("nvidia.com/x", "10de-26b9")], "pciVendorSelector '10DE-26B9' is not VVVV:DDDD"),
+    ([L40S, dict(L40S, pciVendorSelector="10DE:26B5")], "NVIDIA_L40S-24Q: listed twice with different fields"),
+    ([{"pciVendorSelector": "10DE:26B9"}], "resourceName is required"),
+])
+def test_bad_desired_entries_fail_with_one_line(pci, message):
+    with pytest.raises(kv.KubeVirtError, match=message.replace("(", r"\(")):
+        kv.plan_host_devices(make_cr(), pci=pci)
+
+
+def test_select_kubevirt_any_namespace_and_pinning():
+    one = make_cr()
+    other = copy.deepcopy(one)
+    other["metadata"].update(name="kv2", namespace="virt")
+    assert kv.select_kubevirt([one]) is one
+    assert kv.select_kubevirt([one, other], namespace="virt") is other
+    with pytest.raises(kv.KubeVirtError, match=r"^KubeVirt \*/\*: 2 KubeVirt CRs found \(kubevirt/kubevirt, virt/kv2\)"):
+        kv.select_kubevirt([one, other])
+    with pytest.raises(kv.KubeVirtError, match="no KubeVirt CR found"):
+        kv.select_kubevirt([one], name="nope")
+
+
+@pytest.mark.parametrize("version, ok", [("v1.9.0", True), ("v1.10.2", True), ("1.9.0-rc.1", True),
+                                         ("v1.8.2", False), ("v1.6.5", False), (None, False)])
+def test_vendor_vfio_version_gate(version, ok):
+    cr = make_cr(version=version)
+    if ok:
+        assert kv.check_vendor_vfio_version(cr) == version
+    else:
+        with pytest.raises(kv.KubeVirtError, match="KubeVirt kubevirt/kubevirt: .*needs KubeVirt >= 1.9.0"):
+            kv.check_vendor_vfio_version(cr)
+
+
+def test_operator_version_is_the_fallback():
+    cr = make_cr(version=None)
+    cr["status"] = {"operatorVersion": "v1.9.1"}
+    assert kv.check_vendor_vfio_version(cr, minimum="1.9.1") == "v1.9.1"
+
+
+# --- property: foreign entries are never lost, duplicated or reordered -------------------------
+
+NAMES = st.sampled_from(["nvidia.com/a", "nvidia.com/b", "nvidia.com/c", "intel.com/d", "amd.com/e", "x/f"])
+VENDORS = st.sampled_from(["10DE", "8086", "1002"])
+PCI_ENTRIES = st.builds(lambda name, vendor, dev, erp: dict(kv.pci_entry(name, "%s:%04X" % (vendor, dev), erp)),
+                        NAMES, VENDORS, st.integers(0, 0xFFFF), st.booleans())
+
+
+def foreign_of(entries, ours, exclusive):
+    ours_names = {e["resourceName"] for e in ours}
+    return [e for e in entries if e["resourceName"] not in ours_names
+            and not kv._is_exclusive(kv.PCI, e, exclusive)]  # pylint: disable=protected-access
+
+
+@settings(max_examples=60, deadline=None)
+@given(current=st.lists(PCI_ENTRIES, max_size=8), desired=st.lists(PCI_ENTRIES, max_size=4, unique_by=lambda e: e["resourceName"]),
+       state=st.sampled_from(["present", "absent"]), exclusive=st.sampled_from([(), ("10DE",)]))
+def test_merge_never_loses_duplicates_or_reorders_foreign_entries(current, desired, state, exclusive):
+    cr = make_cr(pci=current)
+    snapshot = copy.deepcopy(cr)
+    plan = kv.plan_host_devices(cr, pci=desired, state=state, exclusive_pci_vendors=exclusive)
+    assert cr == snapshot  # pure: the input is not modified
+    after = apply_patch(cr, plan.patch)
+    new = kv.managed_view(after)["permittedHostDevices"]["pciHostDevices"]
+    assert foreign_of(new, desired, exclusive) == foreign_of(current, desired, exclusive)
+    names = [e["resourceName"] for e in new if e["resourceName"] in {d["resourceName"] for d in desired}]
+    if state == "present":
+        assert sorted(names) == sorted(d["resourceName"] for d in desired) and len(names) == len(set(names))
+    else:
+        assert names == []
+    assert after["spec"]["configuration"]["evictionStrategy"] == "LiveMigrate"
+    again = kv.plan_host_devices(after, pci=desired, state=state, exclusive_pci_vendors=exclusive)
+    assert not again.changed, again.changes
+
+
+# --- cluster entries from the nodes' vgpu_profile results --------------------------------------
+
+def res(profile, pci_id="10DE:26B9", count=2, framework="vendor-vfio"):
+    out = {"profile": profile, "type_name": "NVIDIA " + profile, "pci_vendor_selector": pci_id, "count": count,
+           "resource_name": "nvidia.com/NVIDIA_" + profile, "framework": framework}
+    if framework == "mdev":
+        out["mdev_name_selector"] = "NVIDIA " + profile
+    return out
+
+
+def test_cluster_plan_dedupes_entries_and_sums_node_profiles():
+    plan = kv.plan_cluster_resources([
+        {"name": "gpu-a", "resources": [res("L40S-24Q"), res("H100-40C", "10de:2331", 1)]},
+        {"name": "gpu-b", "resources": [res("L40S-24Q", count=2)]},
+        {"name": "gpu-c", "resources": [res("A10-4Q", "10DE:2236", 6, "mdev"), res("A10-8Q", "10DE:2236", 3, "mdev")]},
+    ])
+    assert plan["errors"] == []
+    assert plan["pci_host_devices"] == [
+        {"pci_vendor_selector": "10DE:26B9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q", "vendor_vfio": True},
+        {"pci_vendor_selector": "10DE:2331", "resource_name": "nvidia.com/NVIDIA_H100-40C", "vendor_vfio": True}]
+    assert [m["mdev_name_selector"] for m in plan["mediated_devices"]] == ["NVIDIA A10-4Q", "NVIDIA A10-8Q"]
+    assert plan["nodes"][0] == {"name": "gpu-a", "profiles": {"L40S-24Q": 2, "H100-40C": 1}, "vendor_vfio": True}
+    assert plan["nodes"][2]["vendor_vfio"] is False
+
+
+def test_two_profiles_on_one_model_of_a_node_is_an_error_naming_everything():
+    plan = kv.plan_cluster_resources([{"name": "gpu-a", "resources": [res("L40S-24Q", count=1), res("L40S-48Q", count=1)]}],
+                                     naming="model")
+    assert plan["errors"] == ["node gpu-a: GPU model 10DE:26B9 carries 2 profiles (L40S-24Q, L40S-48Q); KubeVirt "
+                              "cannot tell vGPU profiles of one PCI ID apart: use one profile per GPU model on a node"]
+
+
+def test_different_profiles_per_node_need_model_naming():
+    nodes = [{"name": "gpu-a", "resources": [res("L40S-24Q")]}, {"name": "gpu-b", "resources": [res("L40S-48Q", count=1)]}]
+    by_profile = kv.plan_cluster_resources(nodes)
+    assert by_profile["errors"] == ["GPU model 10DE:26B9 has several profiles across nodes (gpu-a: L40S-24Q, gpu-b: "
+                                    "L40S-48Q); KubeVirt permits one resource per PCI ID: use one profile per model "
+                                    "cluster-wide or resource naming 'model'"]
+    by_model = kv.plan_cluster_resources(nodes, naming="model")
+    assert by_model["errors"] == []
+    assert by_model["pci_host_devices"] == [{"pci_vendor_selector": "10DE:26B9", "resource_name": "nvidia.com/NVIDIA_L40S",
+                                             "vendor_vfio": True}]
+
+
+def test_host_without_results_is_an_error():
+    assert kv.plan_cluster_resources([{"name": "gpu-z", "resources": None}])["errors"] == [
+        "node gpu-z: no vgpu_profiles_resources (run the vgpu_profiles role on it first)"]
+
+
+@pytest.mark.parametrize("type_name, resource", [("NVIDIA L40S-24Q", "nvidia.com/NVIDIA_L40S"),
+                                                 ("NVIDIA H100-1-10C", "nvidia.com/NVIDIA_H100"),
+                                                 ("NVIDIA RTX PRO 6000 Blackwell DC-48Q",
+                                                  "nvidia.com/NVIDIA_RTX_PRO_6000_Blackwell_DC")])
+def test_model_resource_name(type_name, resource):
+    assert kv.model_resource_name(type_name) == resource
+
+
+def test_virt_handler_image_keeps_other_env_and_containers():
+    deployment = {"metadata": {"name": "virt-operator", "namespace": "kubevirt", "resourceVersion": "4"},
+                  "spec": {"template": {"spec": {"containers": [
+                      {"name": "virt-operator", "env": [{"name": "X", "value": "1"},
+                                                        {"name": "VIRT_HANDLER_IMAGE", "value": "old"}]},
+                      {"name": "other"}]}}}}
+    plan = kv.plan_virt_handler_image(deployment, "new")
+    containers = plan.patch["spec"]["template"]["spec"]["containers"]
+    assert containers == [{"name": "virt-operator", "env": [{"name": "X", "value": "1"},
+                                                            {"name": "VIRT_HANDLER_IMAGE", "value": "new"}]},
+                          {"name": "other"}]
+    assert plan.patch["metadata"] == {"resourceVersion": "4"} and (plan.before, plan.after) == (
+        {"virtHandlerImage": "old"}, {"virtHandlerImage": "new"})
+    assert not kv.plan_virt_handler_image(deployment, "old").changed
+    with pytest.raises(kv.KubeVirtError, match="Deployment kubevirt/virt-operator: no container 'virt-op'"):
+        kv.plan_virt_handler_image(deployment, "new", container="virt-op")

@@ -1,0 +1,123 @@
+"""The node CLI's arguments, output and exit codes on a plain-file L40S tree (no writes needed)."""
+
+import json
+
+import pytest
+
+from fake_node import FakeNode
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli
+
+PF = "0000:41:00.0"
+CREATABLE = "ID    : vGPU Name\n1153  : NVIDIA L40S-12Q\n1155  : NVIDIA L40S-24Q\n1156  : NVIDIA L40S-48Q\n"
+
+
+@pytest.fixture
+def node(tmp_path):
+    fake = FakeNode(tmp_path / "node")
+    fake.pf(PF)
+    for vf in fake.set_numvfs(PF, 4):
+        (fake.dir(vf) / "nvidia/creatable_vgpu_types").write_text(CREATABLE)
+    layout = tmp_path / "layout.json"
+    layout.write_text(json.dumps({"layout": [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}}]}))
+    return fake, str(layout)
+
+
+def run(capsys, fake, *argv):
+    roots = ["--sysfs-root", str(fake.sys), "--dev-root", str(fake.dev), "--proc-root", str(fake.proc)]
+    code = cli.main(list(argv) + roots)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_assert_exits_1_and_says_what_differs(node, capsys):
+    fake, layout = node
+    code, out, dummy = run(capsys, fake, "assert", "--config", layout)
+    assert code == 1 and out == "GPU %s: has no vGPUs, layout wants 2 x L40S-24Q\n" % PF
+
+
+def test_apply_check_json_plans_without_writing(node, capsys):
+    fake, layout = node
+    code, out, dummy = run(capsys, fake, "apply", "--check", "--json", "--config", layout)
+    result = json.loads(out)
+    assert code == 0 and result["changed"] and result["vfs_enabled"] == []
+    assert [v["after"] for v in result["gpus"][0]["vgpus"]] == ["L40S-24Q", "L40S-24Q", None, None]
+    assert (fake.dir("0000:41:00.4") / "nvidia/current_vgpu_type").read_text() == "0\n"
+
+
+def test_apply_text_output_lists_each_slot(node, capsys):
+    fake, layout = node
+    code, out, dummy = run(capsys, fake, "apply", "--check", "--config", layout)
+    assert code == 0
+    assert out.splitlines() == ["%s (L40S, vendor-vfio): would change 2 vGPU slot(s)" % PF,
+                                "  0000:41:00.4: - -> L40S-24Q", "  0000:41:00.5: - -> L40S-24Q"]
+
+
+def test_config_comes_from_the_environment(node, capsys, monkeypatch):
+    fake, layout = node
+    monkeypatch.setenv("ACCELOPS_VGPU_CONFIG", layout)
+    code, out, dummy = run(capsys, fake, "assert")
+    assert code == 1 and "layout wants 2 x L40S-24Q" in out
+
+
+@pytest.mark.parametrize("fmt,expected", [
+    ("layout", {"layout": [{"devices": [PF], "profiles": {}}]}),
+    ("vdm", {"version": "v1", "vgpu-configs": {"exported": [{"devices": [0], "vgpu-devices": {}}]}}),
+])
+def test_export_formats(node, capsys, fmt, expected):
+    fake, dummy = node
+    code, out, dummy2 = run(capsys, fake, "export", "--format", fmt)
+    assert code == 0 and json.loads(out) == expected
+
+
+def test_errors_are_one_line_on_stderr_with_exit_2(node, capsys, tmp_path):
+    fake, dummy = node
+    code, out, err = run(capsys, fake, "assert")
+    assert code == 2 and out == "" and err == "accelops-vgpu assert: --config FILE is required (or ACCELOPS_VGPU_CONFIG)\n"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": "v1", "vgpu-configs": {"a": [{"devices": "all", "vgpu-devices": {},
+                                                                        "mig-devices": {}}]}}))
+    code, out, err = run(capsys, fake, "apply", "--config", str(bad))
+    assert code == 2 and err.count("\n") == 1 and "vgpu-configs.a[0]: unknown field(s) 'mig-devices'" in err
+
+
+def test_wait_timeout_is_separate_from_the_lock_timeout(node, capsys, monkeypatch):
+    fake, layout = node
+    seen = []
+    monkeypatch.setattr(cli.vgpu_apply, "apply", lambda *a, **kwargs: seen.append(kwargs) or {
+        "vfs_enabled": [], "gpus": [], "warnings": []})
+    assert run(capsys, fake, "apply", "--config", layout)[0] == 0
+    assert run(capsys, fake, "apply", "--config", layout, "--wait-timeout", "7.5", "--lock-timeout", "3")[0] == 0
+    assert [(k["wait_timeout"], k["lock_timeout"]) for k in seen] == [(120.0, 120.0), (7.5, 3.0)]
+    for bad in ("0", "-1", "soon", "nan"):
+        with pytest.raises(SystemExit) as exited:
+            run(capsys, fake, "apply", "--config", layout, "--wait-timeout", bad)
+        assert exited.value.code == 2 and "is not a positive number of seconds" in capsys.readouterr()[1]
+
+
+def test_sriov_manage_option_reaches_the_vf_enabling(node, capsys, monkeypatch):
+    fake, layout = node
+    nodes = []
+    monkeypatch.setattr(cli.vgpu_apply, "apply", lambda engine, *a, **k: nodes.append(engine) or {
+        "vfs_enabled": [], "gpus": [], "warnings": []})
+    tool = "/run/nvidia/driver/usr/lib/nvidia/sriov-manage"
+    assert run(capsys, fake, "apply", "--config", layout, "--sriov-manage", tool)[0] == 0
+    assert run(capsys, fake, "apply", "--config", layout)[0] == 0
+    assert [n.sriov_manage_path for n in nodes] == [tool, None]
+
+
+def test_a_multi_line_engine_error_is_still_printed_as_one_line(node, capsys, monkeypatch):
+    def from_file(path, selected=None):
+        raise cli.vgpu_layout.LayoutError("%s: first\nsecond" % path)
+
+    monkeypatch.setattr(cli.vgpu_layout, "from_file", from_file)
+    code, out, err = run(capsys, node[0], "apply", "--config", "c.json")
+    assert code == 2 and err == "accelops-vgpu apply: c.json: first\\nsecond\n"
+
+
+def test_a_layout_that_selects_no_gpu_warns(node, capsys, tmp_path):
+    fake, dummy = node
+    other = tmp_path / "t4.json"
+    other.write_text(json.dumps([{"device_filter": "0x1EB810DE", "profiles": {"T4-1Q": 16}}]))
+    code, out, err = run(capsys, fake, "apply", "--check", "--config", str(other))
+    assert code == 0 and out == "" and err == "warning: the layout selects no NVIDIA GPU on this node; nothing to do\n"

@@ -1,0 +1,78 @@
+import contextlib
+
+import pytest
+import yaml
+
+from ansible_collections.accelops.vgpu.plugins.doc_fragments.node_roots import ModuleDocFragment
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import NodeLock
+
+
+class Exited(Exception):
+    pass
+
+
+class FakeModule:
+    """The parts of AnsibleModule the glue uses; exit_json/fail_json raise like the real ones exit."""
+
+    def __init__(self, params=None, check_mode=False, diff=False):
+        self.params = dict(sysfs_root="/sys", dev_root="/dev", proc_root="/proc")
+        self.params.update(params or {})
+        self.check_mode, self._diff = check_mode, diff
+        self.exited = None
+
+    def run_command(self, argv):
+        return 0, " ".join(argv), ""
+
+    def exit_json(self, **result):
+        self.exited = dict(result, failed=False)
+        raise Exited()
+
+    def fail_json(self, **result):
+        self.exited = dict(result, failed=True)
+        raise Exited()
+
+
+def test_argspec_matches_the_doc_fragment():
+    documented = yaml.safe_load(ModuleDocFragment.DOCUMENTATION)["options"]
+    spec = module_glue.node_argspec()
+    assert dict((k, (v["type"], v["default"])) for k, v in spec.items()) == \
+        dict((k, (v["type"], v["default"])) for k, v in documented.items())
+
+
+def test_own_options_are_added_to_a_fresh_copy():
+    spec = module_glue.node_argspec(force=dict(type="bool", default=False))
+    spec["sysfs_root"]["default"] = "/elsewhere"
+    assert sorted(spec) == ["dev_root", "force", "proc_root", "sysfs_root"]
+    assert module_glue.NODE_ROOTS_ARGSPEC["sysfs_root"]["default"] == "/sys"
+
+
+def test_node_context_builds_the_engine_objects_from_params(tmp_path):
+    module = FakeModule(dict(sysfs_root=str(tmp_path), proc_root=str(tmp_path)))
+    node = module_glue.NodeContext(module)
+    assert node.sysfs.root == str(tmp_path)
+    assert node.runner.run(["echo", "hi"]) == (0, "echo hi", "")
+    assert node.held() == {}
+
+
+def test_apply_lock_is_real_only_outside_check_mode():
+    assert isinstance(module_glue.NodeContext(FakeModule()).apply_lock(1), NodeLock)
+    assert isinstance(module_glue.NodeContext(FakeModule(check_mode=True)).apply_lock(1), contextlib.nullcontext)
+
+
+def test_engine_error_becomes_one_fail_json_with_the_result_so_far():
+    module = FakeModule()
+    with pytest.raises(Exited):
+        with module_glue.engine_errors(module) as result:
+            result["pfs"] = ["0000:41:00.0"]
+            raise EngineError("0000:41:00.0: broken")
+    assert module.exited == {"msg": "0000:41:00.0: broken", "pfs": ["0000:41:00.0"], "failed": True}
+
+
+@pytest.mark.parametrize("diff_mode", [False, True])
+def test_diff_is_attached_only_in_diff_mode(diff_mode):
+    module = FakeModule(diff=diff_mode)
+    with pytest.raises(Exited):
+        module_glue.exit_with_diff(module, True, {"before": {}, "after": {"x": 1}}, pfs=[])
+    assert ("diff" in module.exited) is diff_mode and module.exited["changed"] is True

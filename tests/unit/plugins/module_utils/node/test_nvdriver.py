@@ -1,0 +1,196 @@
+import os
+
+import pytest
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import nvdriver
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandError, CommandRunner
+from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import (
+    changing_calls, make_fake_node, read_calls)
+from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile
+
+OLD, NEW = "550.54.16", "570.124.03"
+SERVICES = ["nvidia-vgpud.service", "nvidia-vgpu-mgr.service"]
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A plain-directory sysfs + fake tools; returns a helper namespace."""
+    sysfs = tmp_path / "sys"
+    (sysfs / "module").mkdir(parents=True)
+    fake = tmp_path / "node"
+    for key, value in make_fake_node(fake, sysfs).items():
+        monkeypatch.setenv(key, value)
+
+    class Node:
+        root, dir, modprobe_dir = sysfs, fake, tmp_path / "modprobe.d"
+
+        def runfile(self, version, **kwargs):
+            return write_runfile(tmp_path, version, **kwargs)
+
+        def manager(self):
+            return nvdriver.DriverManager(CommandRunner(), str(sysfs), str(self.modprobe_dir), str(fake / "proc"))
+
+        def run(self, check_mode=False, **overrides):
+            params = dict(state="present", runfile=None, dkms=False, allow_downgrade=False, installer_args=[],
+                          blacklist_nouveau=True, load_modules=True, manage_services=True, services=SERVICES)
+            params.update(overrides)
+            return self.manager().apply(params, check_mode=check_mode)
+
+        def loaded_version(self):
+            path = sysfs / "module/nvidia/version"
+            return path.read_text().strip() if path.exists() else None
+
+        def clear_calls(self):
+            (fake / "calls.log").write_text("")
+
+    return Node()
+
+
+def install(node, version):
+    node.run(runfile=node.runfile(version))
+    node.clear_calls()
+
+
+def test_fresh_install_runs_the_runfile_silently_then_loads_and_starts(node):
+    result = node.run(runfile=node.runfile(NEW))
+    assert result["changed"] and result["previous_version"] is None and result["version"] == NEW
+    assert node.loaded_version() == NEW
+    assert (node.root / "module/nvidia_vgpu_vfio").is_dir()
+    calls = changing_calls(node.dir)
+    assert calls[0] == ["runfile", NEW, "--ui=none", "--no-questions", "--silent"]
+    assert calls[1:3] == [["modprobe", "nvidia"], ["modprobe", "nvidia_vgpu_vfio"]]
+    assert calls[3:] == [["systemctl", verb, unit] for unit in SERVICES for verb in ("enable", "start")]
+    blacklist = node.modprobe_dir / nvdriver.BLACKLIST_NAME
+    assert "blacklist nouveau" in blacklist.read_text()
+    assert oct(blacklist.stat().st_mode & 0o7777) == "0o644"
+
+
+def test_already_installed_is_no_change_and_no_changing_call(node):
+    install(node, NEW)
+    result = node.run(runfile=node.runfile(NEW))
+    assert not result["changed"] and result["actions"] == []
+    assert changing_calls(node.dir) == []
+
+
+def test_upgrade_stops_unloads_installs_and_reloads(node):
+    install(node, OLD)
+    result = node.run(runfile=node.runfile(NEW))
+    assert result["changed"] and result["previous_version"] == OLD and node.loaded_version() == NEW
+    calls = changing_calls(node.dir)
+    assert calls[:3] == [["systemctl", "stop", SERVICES[0]], ["systemctl", "stop", SERVICES[1]],
+                         ["modprobe", "-r", "nvidia_vgpu_vfio", "nvidia"]]
+    assert calls[3][:2] == ["runfile", NEW]
+
+
+def test_downgrade_is_refused_without_any_change(node):
+    install(node, NEW)
+    with pytest.raises(nvdriver.DriverError, match="refusing to downgrade to %s" % OLD) as err:
+        node.run(runfile=node.runfile(OLD))
+    assert "\n" not in str(err.value)
+    assert changing_calls(node.dir) == [] and node.loaded_version() == NEW
+
+
+def test_downgrade_with_allow_downgrade(node):
+    install(node, NEW)
+    assert node.run(runfile=node.runfile(OLD), allow_downgrade=True)["changed"]
+    assert node.loaded_version() == OLD
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda n: str(n.root / "NVIDIA-Linux-x86_64-570.124.03-vgpu-kvm.run"), "no such file"),
+    (lambda n: n.runfile(NEW, name="NVIDIA-Linux-x86_64-570.124.03.run"), "not a vGPU-KVM runfile name"),
+    (lambda n: n.runfile(NEW, makeself=False), "not a makeself archive"),
+    (lambda n: n.runfile(NEW, reported=OLD), "its name says %s but '--version' reports %s" % (NEW, OLD)),
+])
+def test_wrong_runfile_fails_in_one_line_before_any_write(node, make, message):
+    path = make(node)
+    with pytest.raises(nvdriver.DriverError, match=message) as err:
+        node.run(runfile=path)
+    assert path in str(err.value) and "\n" not in str(err.value)
+    assert changing_calls(node.dir) == [] and not node.modprobe_dir.exists()
+
+
+def test_aie_runfile_is_accepted(node):
+    assert node.run(runfile=node.runfile(NEW, aie=True))["version"] == NEW
+
+
+def test_check_mode_makes_no_change_and_reports_the_same_plan(node):
+    install(node, OLD)
+    path = node.runfile(NEW)
+    checked = node.run(check_mode=True, runfile=path)
+    assert changing_calls(node.dir) == [] and node.loaded_version() == OLD
+    real = node.run(runfile=path)
+    assert checked["changed"] and checked["actions"] == real["actions"]
+    assert checked["after"]["version"] == NEW and checked["before"]["version"] == OLD
+
+
+def test_check_mode_on_a_bare_node_writes_no_blacklist(node):
+    assert node.run(check_mode=True, runfile=node.runfile(NEW))["changed"]
+    assert not node.modprobe_dir.exists() and changing_calls(node.dir) == []
+    assert ["runfile", NEW, "--version"] in read_calls(node.dir)
+
+
+def test_blacklist_mode_is_repaired(node):
+    install(node, NEW)
+    os.chmod(node.modprobe_dir / nvdriver.BLACKLIST_NAME, 0o600)
+    result = node.run(runfile=node.runfile(NEW))
+    assert result["actions"] == ["blacklist nouveau in %s" % (node.modprobe_dir / nvdriver.BLACKLIST_NAME)]
+    assert oct((node.modprobe_dir / nvdriver.BLACKLIST_NAME).stat().st_mode & 0o7777) == "0o644"
+
+
+def test_stopped_service_is_started_without_reinstall(node):
+    install(node, NEW)
+    os.unlink(node.dir / "systemd" / (SERVICES[1] + ".active"))
+    result = node.run(runfile=node.runfile(NEW))
+    assert result["actions"] == ["start %s" % SERVICES[1]]
+    assert changing_calls(node.dir) == [["systemctl", "start", SERVICES[1]]]
+
+
+def test_without_services_and_with_dkms_and_extra_args(node):
+    node.run(runfile=node.runfile(NEW), manage_services=False, dkms=True, installer_args=["--no-drm"])
+    calls = changing_calls(node.dir)
+    assert calls[0][2:] == ["--ui=none", "--no-questions", "--silent", "--dkms", "--no-drm"]
+    assert not [call for call in calls if call[0] == "systemctl"]
+
+
+def test_installed_but_unloaded_driver_is_loaded_not_reinstalled(node):
+    install(node, NEW)
+    CommandRunner().run(["modprobe", "-r", "nvidia_vgpu_vfio", "nvidia"])  # as after a reboot
+    result = node.run(runfile=node.runfile(NEW))
+    assert result["previous_version"] == NEW and result["actions"] == ["load nvidia", "load nvidia_vgpu_vfio"]
+    assert node.loaded_version() == NEW
+
+
+def test_failed_install_is_one_line(node):
+    with pytest.raises(CommandError, match="Unable to build the NVIDIA kernel module") as err:
+        node.run(runfile=node.runfile(NEW, fail_install=True))
+    assert "\n" not in str(err.value)
+
+
+def test_absent_uninstalls_and_is_then_idempotent(node):
+    install(node, NEW)
+    result = node.run(state="absent")
+    assert result["changed"] and result["previous_version"] == NEW and node.loaded_version() is None
+    # nvidia-uninstall (dropped by the install) hands over to the runfile's --uninstall
+    assert changing_calls(node.dir)[-1] == ["runfile", NEW, "--uninstall", "--ui=none", "--no-questions", "--silent"]
+    assert not (node.dir / "installed_version").exists()
+    node.clear_calls()
+    assert not node.run(state="absent")["changed"] and changing_calls(node.dir) == []
+
+
+def test_absent_with_a_runfile_uses_its_uninstall(node):
+    install(node, NEW)
+    result = node.run(state="absent", runfile=node.runfile(NEW), manage_services=False)
+    assert result["actions"] == ["unload nvidia_vgpu_vfio nvidia", "uninstall driver %s" % NEW]
+    assert changing_calls(node.dir)[-1][:3] == ["runfile", NEW, "--uninstall"]
+    assert result["version"] is None and node.loaded_version() is None
+
+
+def test_absent_without_uninstaller_names_the_tool(node, monkeypatch):
+    install(node, NEW)
+    os.unlink(node.dir / "bin" / "nvidia-uninstall")
+    monkeypatch.setattr(nvdriver, "_which", lambda runner, name: None if name == "nvidia-uninstall"
+                        else runner.which(name))
+    with pytest.raises(nvdriver.DriverError, match="nvidia-uninstall: not found"):
+        node.run(state="absent")
+    assert node.loaded_version() == NEW

@@ -1,0 +1,80 @@
+import os
+
+import pytest
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs, SysfsError
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("0000:41:00.0", "0000:41:00.0"),
+    ("41:00.4", "0000:41:00.4"),
+    ("0000:3D:00.4", "0000:3d:00.4"),
+])
+def test_addresses_are_normalised(text, expected):
+    assert pci.parse_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "0000:41:00", "0000:41:20.0", "0000:41:00.8", "../41:00.0",
+                                  "0000:41:00.0/../../x", "gpu0"])
+def test_bad_addresses_name_the_input(text):
+    with pytest.raises(pci.PciAddressError) as err:
+        pci.parse_address(text)
+    assert repr(text)[:20] in str(err.value)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("0x26B910DE", ("10de", "26b9")),
+    ("26b910de", ("10de", "26b9")),
+    ("10DE:26B9", ("10de", "26b9")),
+])
+def test_id_filters(text, expected):
+    assert pci.parse_id_filter(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0x26B910D", "10de", "10de:26b9:1", "nvidia"])
+def test_bad_id_filters(text):
+    with pytest.raises(pci.PciAddressError):
+        pci.parse_id_filter(text)
+
+
+def test_vendor_selector_is_upper_case():
+    assert pci.vendor_selector("10de", "26b9") == "10DE:26B9"
+
+
+def _device(root, addr, cls="0x030200", device="0x26b9", physfn=None):
+    path = root / "devices/pci0000:00" / addr
+    path.mkdir(parents=True)
+    (path / "vendor").write_text("0x10de\n")
+    (path / "device").write_text(device + "\n")
+    (path / "class").write_text(cls + "\n")
+    link = root / "bus/pci/devices" / addr
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink("../../../devices/pci0000:00/" + addr, link)
+    if physfn:
+        os.symlink("../" + physfn, path / "physfn")
+    return path
+
+
+def test_pf_vfs_are_read_in_virtfn_order(tmp_path):
+    pf = _device(tmp_path, "0000:41:00.0")
+    (pf / "sriov_totalvfs").write_text("32\n")
+    (pf / "sriov_numvfs").write_text("11\n")
+    for n in range(11):
+        vf = "0000:41:%02x.%d" % ((n + 4) // 8, (n + 4) % 8)
+        _device(tmp_path, vf, physfn="0000:41:00.0")
+        os.symlink("../" + vf, pf / ("virtfn%d" % n))
+    sysfs = Sysfs(str(tmp_path))
+    dev = pci.get_device(sysfs, "41:00.0")
+    assert dev.is_display and dev.sriov_capable and not dev.is_vf
+    assert dev.sriov_totalvfs == 32 and dev.sriov_numvfs == 11
+    vfs = dev.virtfns()
+    assert vfs[0] == "0000:41:00.4" and vfs[10] == "0000:41:01.6" and len(vfs) == 11
+    assert pci.PciDevice(sysfs, vfs[3]).physfn == "0000:41:00.0"
+    assert pci.list_addresses(sysfs)[0] == "0000:41:00.0"
+
+
+def test_missing_device_names_the_address(tmp_path):
+    with pytest.raises(SysfsError) as err:
+        pci.get_device(Sysfs(str(tmp_path)), "0000:99:00.0")
+    assert "0000:99:00.0" in str(err.value)
