@@ -44,6 +44,9 @@ def _parser():
     p_mixed = ctl.add_parser("mixed", help="vGPU heterogeneous mode of a GPU (as nvidia-smi vgpu -shm)")
     p_mixed.add_argument("pf")
     p_mixed.add_argument("enable", choices=["0", "1"])
+    p_mig = ctl.add_parser("mig", help="MIG mode of a GPU (as nvidia-smi -i PF -mig)")
+    p_mig.add_argument("pf")
+    p_mig.add_argument("enable", choices=["0", "1"])
 
     p_log = sub.add_parser("log", help="print the write log as JSON lines")
     p_log.add_argument("root")
@@ -58,7 +61,7 @@ def models_table():
     """One line per model; types as NAME=ID x MAX-PER-GPU."""
     rows = [("MODEL", "PCI ID", "FRAMEWORK", "GPUS", "VFS", "OFFSET/STRIDE", "FB", "TYPES")]
     for model in MODELS.values():
-        types = ", ".join("%s=%dx%d" % (t.short_name, t.type_id, t.max_instances) for t in model.types) or "-"
+        types = ", ".join("%s=%dx%d" % (t.short_name, t.type_id, t.max_instances) for t in model.all_types) or "-"
         rows.append((model.key, model.pci_id, model.framework, str(model.gpus_per_board), str(model.total_vfs),
                      "%d/%d" % (model.vf_offset, model.vf_stride) if model.sriov else "-",
                      "%dG" % model.framebuffer_gib if model.framebuffer_gib else "-", types))
@@ -73,7 +76,11 @@ def models_json():
                              "vf_offset": m.vf_offset, "vf_stride": m.vf_stride, "gpus_per_board": m.gpus_per_board,
                              "framebuffer_gib": m.framebuffer_gib, "mixed_size": m.mixed_size,
                              "types": [{"id": t.type_id, "name": t.name, "framebuffer_gib": t.framebuffer_gib,
-                                        "max_instances": t.max_instances} for t in m.types],
+                                        "max_instances": t.max_instances, "gi_profile": t.gi_profile}
+                                       for t in m.all_types],
+                             "gi_profiles": [{"id": p.profile_id, "name": p.name, "placements": list(p.starts),
+                                              "size": p.size, "max_instances": p.max_instances}
+                                             for p in m.gi_profiles],
                              "sources": m.sources} for key, m in MODELS.items()}, indent=1)
 
 
@@ -90,8 +97,8 @@ def _ctl(args):
         daemon.control(root, "fail-next %s %s" % (args.relpath, args.errno))
     elif args.action == "driver":
         daemon.control(root, "driver %s%s" % (args.operation, " " + args.version if args.version else ""))
-    elif args.action == "mixed":
-        daemon.control(root, "mixed %s %s" % (args.pf, args.enable))
+    elif args.action in ("mixed", "mig"):
+        daemon.control(root, "%s %s %s" % (args.action, args.pf, args.enable))
 
 
 def run(argv=None):

@@ -73,6 +73,9 @@ class Device:
         self.vfs = []            # PF: its VFs
         self.autoprobe = True    # PF: sriov_drivers_autoprobe
         self.mixed = False       # PF: vGPU heterogeneous (mixed-size) mode of this GPU
+        self.mig = False         # PF: MIG mode (runtime state on Hopper: a reboot resets it)
+        self.gis = {}            # PF: GPU instance ID -> GpuInstance
+        self.gi = None           # vendor-VFIO VF: the GpuInstance its MIG-backed vGPU occupies
         self.vgpu_type = 0       # vendor-VFIO VF: current_vgpu_type
         self.params = {}         # vendor-VFIO VF: vgpu_params, gpu_instance_id, placement_id, warm_update
         self.mdevs = []          # mdev parent: its mdevs
@@ -108,6 +111,20 @@ class Device:
         if self.vendor_vfio or (self.is_vf and self.driver == "vfio-pci"):
             return layout.vfio_number(self.group)
         return None
+
+
+class GpuInstance:
+    """A MIG GPU instance: profile, placement (memory slice start) and whether it has a compute instance."""
+
+    def __init__(self, gi_id, profile, start, compute_instance):
+        self.gi_id = gi_id
+        self.profile = profile
+        self.start = start
+        self.compute_instance = compute_instance
+
+    @property
+    def slices(self):
+        return set(range(self.start, self.start + self.profile.size))
 
 
 class Mdev:

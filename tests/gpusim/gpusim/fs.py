@@ -178,6 +178,13 @@ class SimFS(mfusepy.Operations):
             state.load_nvidia(args[2] if len(args) == 3 else None)
         elif command == "mixed" and len(args) == 3 and args[2] in ("0", "1"):
             state.set_mixed(args[1], args[2] == "1")
+        elif command == "mig" and len(args) == 3 and args[2] in ("0", "1"):
+            state.set_mig(args[1], args[2] == "1")
+        elif command == "gi-create" and len(args) == 4 and args[2].isdigit() and args[3] in ("0", "1"):
+            state.create_gi(args[1], int(args[2]), args[3] == "1")
+        elif command in ("gi-destroy", "ci-destroy", "ci-create") and len(args) == 3 and args[2].isdigit():
+            {"gi-destroy": state.destroy_gi, "ci-destroy": state.destroy_ci,
+             "ci-create": state.create_ci}[command](args[1], int(args[2]))
         elif command == "latency" and len(args) == 2 and args[1].isdigit():
             state.latency_ms = int(args[1])
         else:

@@ -64,6 +64,7 @@ class VgpuType:
     name: str                   # full name as the driver prints it
     framebuffer_gib: int
     max_instances: int          # per physical GPU
+    gi_profile: int = None      # MIG-backed: the GPU instance profile ID it needs (one vGPU per GI)
 
     @property
     def short_name(self):
@@ -90,6 +91,8 @@ class Model:
     gpus_per_board: int = 1     # A16: 4 physical GPUs, each its own PF
     mixed_size: bool = False    # supports nvidia-smi vgpu -shm 1
     types: tuple = ()
+    gi_profiles: tuple = ()     # MIG GPU instance profiles (empty: no MIG)
+    mig_types: tuple = ()       # MIG-backed vGPU types (listed only in MIG mode)
     sources: dict = field(default_factory=dict)
 
     @property
@@ -104,10 +107,24 @@ class Model:
     def is_gpu(self):
         return self.vendor == "10de"
 
+    @property
+    def mig(self):
+        return bool(self.gi_profiles)
+
+    @property
+    def all_types(self):
+        return tuple(self.types) + tuple(self.mig_types)
+
     def type_by_id(self, type_id):
-        for vgpu_type in self.types:
+        for vgpu_type in self.all_types:
             if vgpu_type.type_id == type_id:
                 return vgpu_type
+        return None
+
+    def gi_profile(self, profile_id):
+        for profile in self.gi_profiles:
+            if profile.profile_id == profile_id:
+                return profile
         return None
 
 
@@ -145,6 +162,54 @@ L40_TYPE_IDS = dict(zip(_ADA_SUFFIXES, range(1123, 1145)), **{"3B": 2163})
 _MDEV_AMPERE_SUFFIXES = ["1B", "2B", "1Q", "2Q", "4Q", "8Q", "16Q", "1A", "2A", "4A", "8A", "16A",
                          "4C", "8C", "16C"]
 
+@dataclass(frozen=True)
+class GiProfile:
+    """A MIG GPU instance profile (`nvidia-smi mig -lgip` / `-lgipp`)."""
+
+    profile_id: int
+    name: str                   # "1g.10gb", "1g.10gb+me"
+    compute_slices: int         # of MIG_COMPUTE_SLICES
+    size: int                   # memory slices, of MIG_MEMORY_SLICES
+    starts: tuple               # allowed placement starts (memory slice index)
+    max_instances: int
+    memory_gib: float
+
+
+# Hopper MIG geometry: 7 compute and 8 memory slices; placements as `nvidia-smi mig -lgipp` prints
+# them in NVIDIA's MIG user guide (H100/A100 examples: 1g {0..6}:1, 1g double memory {0,2,4,6}:2,
+# 2g {0,2,4}:2, 3g {0,4}:4, 4g {0}:4, 7g {0}:8); profile IDs 19/20/15/14/9/5/0 from public
+# `-lgip` field notes on H100 80GB (brief §11). H100 NVL and H200 share the IDs: ASSUMED.
+MIG_COMPUTE_SLICES = 7
+MIG_MEMORY_SLICES = 8
+_HOPPER_SHAPES = [  # (profile ID, compute slices, memory slices, starts, max instances, name suffix, size index)
+    (19, 1, 1, (0, 1, 2, 3, 4, 5, 6), 7, "", 0),
+    (20, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1, "+me", 0),
+    (15, 1, 2, (0, 2, 4, 6), 4, "", 1),
+    (14, 2, 2, (0, 2, 4), 3, "", 1),
+    (9, 3, 4, (0, 4), 2, "", 2),
+    (5, 4, 4, (0,), 1, "", 2),
+    (0, 7, 8, (0,), 1, "", 3),
+]
+
+
+def _hopper_mig(prefix, sizes_gb, first_type_id):
+    """GI profiles and MIG-backed vGPU types of a Hopper board; `sizes_gb` are the framebuffer sizes of
+    1, 2, 4 and 8 memory slices (H100 80GB: 10, 20, 40, 80), the GB in both the MIG and the vGPU
+    names (`1g.10gb` <-> `H100-1-10C`, `+me` <-> `ME`; VDM ToMigConfigSpecSlice, brief §11)."""
+    profiles, types = [], []
+    for offset, (profile_id, compute, size, starts, count, suffix, index) in enumerate(_HOPPER_SHAPES):
+        gib = sizes_gb[index]
+        profiles.append(GiProfile(profile_id, "%dg.%dgb%s" % (compute, gib, suffix), compute, size, starts, count,
+                                  gib * 0.97))
+        vgpu_name = "NVIDIA %s-%d-%dC%s" % (prefix, compute, gib, "ME" if suffix == "+me" else "")
+        types.append(VgpuType(first_type_id + offset, vgpu_name, gib, count, gi_profile=profile_id))
+    return tuple(profiles), tuple(types)
+
+
+H100_GI_PROFILES, H100_MIG_TYPES = _hopper_mig("H100", (10, 20, 40, 80), 1118)
+H200X_GI_PROFILES, H200X_MIG_TYPES = _hopper_mig("H200X", (18, 35, 71, 141), 1414)
+H200_NVL_GI_PROFILES, H200_NVL_MIG_TYPES = _hopper_mig("H200", (18, 35, 71, 141), 1445)
+
 MODELS = {m.key: m for m in [
     Model(
         key="l40s", product="NVIDIA L40S", vendor="10de", device="26b9", subsystem_vendor="10de",
@@ -175,19 +240,36 @@ MODELS = {m.key: m for m in [
         vf_driver="nvidia", vf_device="2331", total_vfs=32, vf_offset=4, vf_stride=1,
         framebuffer_gib=80, mixed_size=True,
         types=_types("H100", 1110, ["4C", "5C", "8C", "10C", "16C", "20C", "40C", "80C"], 80, 32),
+        gi_profiles=H100_GI_PROFILES, mig_types=H100_MIG_TYPES,
         sources={"pci_id": "brief §9 (VDM H100-40C; public lspci 'GH100 [H100 PCIe]')",
                  "subsystem_device": ASSUMED, "total_vfs/offset/stride": ASSUMED,
-                 "types": "C-series names per NVIDIA profile naming; IDs and set " + ASSUMED}),
+                 "types": "C-series names per NVIDIA profile naming; IDs and set " + ASSUMED,
+                 "mig": "MIG-backed names and maxima: NVIDIA AIE Hopper vGPU types (brief §11); GI IDs: public "
+                        "-lgip notes; type IDs " + ASSUMED}),
     Model(
         key="h200", product="NVIDIA H200", vendor="10de", device="2335", subsystem_vendor="10de",
         subsystem_device="18be", pci_class=CLASS_3D, framework=VENDOR_VFIO, driver="nvidia",
         vf_driver="nvidia", vf_device="2335", total_vfs=32, vf_offset=4, vf_stride=1,
         framebuffer_gib=141, mixed_size=True,
         types=_types("H200X", 1423, ["4C", "8C", "16C", "35C", "70C", "141C"], 141, 32),
-        sources={"pci_id": "brief §9 (VDM H200X-70C; gpu-operator#2594 'H200 SXM 141GB (10de:2335)')",
+        gi_profiles=H200X_GI_PROFILES, mig_types=H200X_MIG_TYPES,
+        sources={"mig": "H200X-1-18C = 1414 (public code sample, brief §9); names/maxima AIE Hopper table, MIG "
+                        "names mig-parted hopper-blackwell example (1g.18gb..7g.141gb); other IDs " + ASSUMED,
+                 "pci_id": "brief §9 (VDM H200X-70C; gpu-operator#2594 'H200 SXM 141GB (10de:2335)')",
                  "vf_offset": "H200 README VF 41:00.4 (brief §1.5); stride, total " + ASSUMED,
                  "subsystem_device": ASSUMED,
                  "types": "H200X-141C = 1428 (public code sample, brief §9); other IDs/sizes " + ASSUMED}),
+    Model(
+        key="h200-nvl", product="NVIDIA H200 NVL", vendor="10de", device="233b", subsystem_vendor="10de",
+        subsystem_device="1992", pci_class=CLASS_3D, framework=VENDOR_VFIO, driver="nvidia",
+        vf_driver="nvidia", vf_device="233b", total_vfs=32, vf_offset=4, vf_stride=1,
+        framebuffer_gib=141, mixed_size=True,
+        types=_types("H200", 1439, ["4C", "8C", "16C", "35C", "70C", "141C"], 141, 32),
+        gi_profiles=H200_NVL_GI_PROFILES, mig_types=H200_NVL_MIG_TYPES,
+        sources={"pci_id": "brief §9 (VDM H200-70C 0x233B)", "subsystem_device": ASSUMED,
+                 "total_vfs/offset/stride": ASSUMED + " (as H200 SXM)",
+                 "types": "'H200-' names (brief §11 table); IDs " + ASSUMED,
+                 "mig": "as H200 SXM with 'H200-' names; IDs " + ASSUMED}),
     Model(
         key="a16", product="NVIDIA A16", vendor="10de", device="25b6", subsystem_vendor="10de",
         subsystem_device="14a9", pci_class=CLASS_3D, framework=MDEV_ON_VF, driver="nvidia",

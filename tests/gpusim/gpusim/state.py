@@ -15,8 +15,8 @@ import threading
 import time
 
 from gpusim import layout, placement
-from gpusim.devices import UUID_RE, NVIDIA, Device, Mdev, SimError, kstrtobool, kstrtoul
-from gpusim.models import DEFAULT_DRIVER_VERSION, DRIVERS, MODELS, VENDOR_VFIO
+from gpusim.devices import UUID_RE, NVIDIA, Device, GpuInstance, Mdev, SimError, kstrtobool, kstrtoul
+from gpusim.models import DEFAULT_DRIVER_VERSION, DRIVERS, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MODELS, VENDOR_VFIO
 
 
 class State:
@@ -81,6 +81,9 @@ class State:
             self._remove_mdev(mdev)
         dev.vgpu_type = 0
         dev.params = {}
+        dev.gi = None
+        if dev.driver == NVIDIA and not dev.is_vf:
+            dev.gis = {}      # GIs are driver state: sriov-manage's unbind wipes them (cubecos, brief §11)
         dev.driver = None
         self._changed()
 
@@ -148,10 +151,13 @@ class State:
         return result
 
     def creatable(self, vf):
-        """Types this vendor-VFIO VF could take now; a VF that has a vGPU lists none (ASSUMPTION)."""
+        """Types this vendor-VFIO VF could take now; a VF that has a vGPU lists none (ASSUMPTION).
+        In MIG mode only MIG-backed types with a free GPU instance of their profile (brief §11)."""
         with self.lock:
             if not vf.alive or not vf.vendor_vfio or vf.vgpu_type:
                 return []
+            if vf.gpu.mig:
+                return [t for t in vf.model.mig_types if self._free_gi(vf.gpu, t.gi_profile)]
             running = self.running(vf.gpu)
             return [t for t in vf.model.types if placement.fits(vf.model, running, t, vf.gpu.mixed)]
 
@@ -219,8 +225,16 @@ class State:
             if type_id == 0:
                 vf.vgpu_type = 0
                 vf.params = {}
+                vf.gi = None      # the GPU instance stays (ASSUMPTION, brief §11: UNCONFIRMED)
                 return
             vgpu_type = vf.model.type_by_id(type_id)
+            if vgpu_type is not None and vgpu_type.gi_profile is not None and not vf.vgpu_type:
+                gi = self._free_gi(vf.gpu, vgpu_type.gi_profile) if vf.gpu.mig else None
+                if gi is None:   # cubecos: "Failed to add vgpu create request: 0x38" -> EIO
+                    raise SimError(errno.EIO, "no free GPU instance for %s on %s" % (vgpu_type.name, vf.gpu.address))
+                vf.vgpu_type, vf.gi = type_id, gi
+                vf.params = {"placement_id": str(gi.start), "gpu_instance_id": str(gi.gi_id)}
+                return
             if vgpu_type is None or vgpu_type not in self.creatable(vf):
                 raise SimError(errno.EINVAL, "type %d is not creatable on %s" % (type_id, vf.address))
             vf.vgpu_type = type_id
@@ -233,7 +247,16 @@ class State:
                 raise SimError(errno.ENODEV, "VF not bound to nvidia")
             if self.held(vf):
                 raise SimError(errno.EBUSY, "VF is held by a VM")
-            vf.params[name] = text.rstrip("\n")
+            value = text.rstrip("\n")
+            if name in ("gpu_instance_id", "placement_id"):
+                # driver outputs: ENXIO until a vGPU exists (cubecos, Blackwell; brief §11); rewriting the
+                # value they show is accepted, any other value refused (ASSUMPTION)
+                if not vf.vgpu_type:
+                    raise SimError(errno.ENXIO, "%s is set by the driver when a vGPU is created" % name)
+                if value != vf.params.get(name):
+                    raise SimError(errno.EINVAL, "%s of %s is %s" % (name, vf.address, vf.params.get(name)))
+                return
+            vf.params[name] = value
 
     def vf_param(self, vf, name):
         """Empty until a type is set, then placement_id/gpu_instance_id 0 (cubecos#312, ASSUMPTION
@@ -325,6 +348,92 @@ class State:
                 raise SimError(errno.EBUSY, "vGPUs exist on %s" % address)
             pf.mixed = enable
 
+    # ---- MIG (nvidia-smi -mig, nvidia-smi mig; brief §11) ------------------------------------------
+    def _mig_gpu(self, address):
+        pf = self.devices.get(address)
+        if pf is None or pf.is_vf or not pf.model.is_gpu or pf.driver != NVIDIA or not self.nvidia_loaded:
+            raise SimError(errno.ENODEV, "no NVIDIA GPU %s bound to nvidia" % address)
+        if not pf.model.mig:
+            raise SimError(errno.EOPNOTSUPP, "%s does not support MIG" % pf.model.product)
+        return pf
+
+    def _free_gi(self, gpu, profile_id):
+        used = {id(vf.gi) for vf in gpu.vfs if vf.gi is not None}
+        free = [gi for gi in gpu.gis.values() if gi.profile.profile_id == profile_id and id(gi) not in used]
+        return min(free, key=lambda gi: gi.gi_id) if free else None
+
+    def _gi_user(self, gpu, gi):
+        return next((vf for vf in gpu.vfs if vf.gi is gi), None)
+
+    def set_mig(self, address, enable):
+        """-mig 1 refused while a VM holds a VF or vGPUs exist (ASSUMPTION); -mig 0 refused while VFs exist
+        (cubecos, Blackwell) or GPU instances exist (ASSUMPTION). No GPU reset needed (Hopper, UNCONFIRMED)."""
+        with self.lock:
+            pf = self._mig_gpu(address)
+            if enable == pf.mig:
+                return
+            if self._busy_below(pf):
+                raise SimError(errno.EBUSY, "a VF of %s is held by a VM" % address)
+            if enable and self.running(pf):
+                raise SimError(errno.EBUSY, "vGPUs exist on %s" % address)
+            if not enable and (pf.vfs or pf.gis):
+                raise SimError(errno.EBUSY, "%s still has %s" % (address, "VFs" if pf.vfs else "GPU instances"))
+            pf.mig = enable
+            self._changed()
+
+    def create_gi(self, address, profile_id, compute_instance):
+        """First free placement of the profile (lowest start); ENOSPC when none ('Insufficient Resources')."""
+        with self.lock:
+            pf = self._mig_gpu(address)
+            if not pf.mig:
+                raise SimError(errno.EINVAL, "MIG mode is not enabled on %s" % address)
+            profile = pf.model.gi_profile(profile_id)
+            if profile is None:
+                raise SimError(errno.ENOENT, "no GPU instance profile %s on %s" % (profile_id, address))
+            existing = list(pf.gis.values())
+            taken = set().union(*[gi.slices for gi in existing]) if existing else set()
+            compute = sum(gi.profile.compute_slices for gi in existing)
+            same = sum(1 for gi in existing if gi.profile.profile_id == profile_id)
+            starts = [start for start in profile.starts
+                      if not taken & set(range(start, start + profile.size)) and start + profile.size <= MIG_MEMORY_SLICES]
+            if same >= profile.max_instances or not starts or compute + profile.compute_slices > MIG_COMPUTE_SLICES:
+                raise SimError(errno.ENOSPC, "no room for %s on %s" % (profile.name, address))
+            gi_id = next(i for i in itertools.count(1) if i not in pf.gis)
+            pf.gis[gi_id] = GpuInstance(gi_id, profile, starts[0], bool(compute_instance))
+            self._changed()
+            return gi_id
+
+    def _gi(self, address, gi_id):
+        pf = self._mig_gpu(address)
+        gi = pf.gis.get(gi_id)
+        if gi is None:
+            raise SimError(errno.ENOENT, "no GPU instance %s on %s" % (gi_id, address))
+        if self._gi_user(pf, gi) is not None:
+            raise SimError(errno.EBUSY, "GPU instance %d is used by the vGPU of %s" % (gi_id, self._gi_user(pf, gi).address))
+        return pf, gi
+
+    def destroy_ci(self, address, gi_id):
+        with self.lock:
+            dummy, gi = self._gi(address, gi_id)
+            if not gi.compute_instance:
+                raise SimError(errno.ENOENT, "GPU instance %d has no compute instance" % gi_id)
+            gi.compute_instance = False
+
+    def create_ci(self, address, gi_id):
+        with self.lock:
+            dummy, gi = self._gi(address, gi_id)
+            if gi.compute_instance:
+                raise SimError(errno.ENOSPC, "GPU instance %d already has its compute instance" % gi_id)
+            gi.compute_instance = True
+
+    def destroy_gi(self, address, gi_id):
+        with self.lock:
+            pf, gi = self._gi(address, gi_id)
+            if gi.compute_instance:
+                raise SimError(errno.EBUSY, "GPU instance %d still has a compute instance" % gi_id)
+            del pf.gis[gi_id]
+            self._changed()
+
     def reboot(self):
         """Host reboot / vGPU manager restart: VFs, types, mdevs, modes and bindings reset."""
         with self.lock:
@@ -336,6 +445,8 @@ class State:
                 pf.driver_override = ""
                 pf.autoprobe = True
                 pf.mixed = False
+                pf.mig = False    # Hopper: MIG mode is lost on reboot / GPU reset (brief §11)
+                pf.gis = {}
             self.dynamic_ids = {name: set() for name in DRIVERS}
             for pf in self.pfs:
                 self._probe(pf)
@@ -410,7 +521,16 @@ class State:
                      "mixed_size_supported": pf.model.mixed_size, "driver": pf.driver,
                      "numvfs": len(pf.vfs), "framebuffer_gib": pf.model.framebuffer_gib,
                      "types": [{"id": t.type_id, "name": t.name, "framebuffer_gib": t.framebuffer_gib,
-                                "max_instances": t.max_instances} for t in pf.model.types]}
+                                "max_instances": t.max_instances, "gi_profile": t.gi_profile}
+                               for t in pf.model.all_types],
+                     "mig_supported": pf.model.mig, "mig_mode": pf.mig,
+                     "gi_profiles": [{"id": p.profile_id, "name": p.name, "size": p.size, "starts": list(p.starts),
+                                      "max_instances": p.max_instances, "memory_gib": p.memory_gib,
+                                      "compute_slices": p.compute_slices} for p in pf.model.gi_profiles],
+                     "gis": [{"id": gi.gi_id, "profile": gi.profile.profile_id, "name": gi.profile.name,
+                              "start": gi.start, "size": gi.profile.size, "compute_instance": gi.compute_instance,
+                              "vf": getattr(self._gi_user(pf, gi), "address", None)}
+                             for gi in sorted(pf.gis.values(), key=lambda gi: gi.gi_id)]}
                     for pf in self.pfs]
             held = {}
             for dev in list(self.devices.values()) + list(self.mdevs.values()):
