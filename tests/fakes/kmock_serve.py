@@ -31,9 +31,23 @@ import sys
 import aiohttp.web
 from kmock import KubernetesEmulator, ResourceInfo, Server
 from kmock._internal.dicts import patch_dict
+from kmock._internal import parsing
 from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
 
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+_KMOCK_PARSE_PATH = parsing.parse_path
+
+
+def _parse_path(path):
+    """kmock 0.8 reads /api/v1/namespaces[/NAME] as a namespace prefix without a resource (404/500);
+    a real API server serves the Namespace objects there."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _KMOCK_PARSE_PATH(path)
+
+
+parsing.parse_path = _parse_path
 
 
 class StrictEmulator(KubernetesEmulator):
