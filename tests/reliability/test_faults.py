@@ -128,7 +128,8 @@ def test_driver_unloaded_mid_apply_then_the_next_run_converges(gpusim_node, monk
     lab.engine = vgpu_apply.Node(UnloadDriverAfter(node, 2), lab.runner, node.dev_root, "/proc", str(tmp_path))
     with pytest.raises(EngineError) as caught:
         node_lab.run_layout(lab, layout=TARGET)
-    one_line_naming(str(caught.value), "0000:41:00.6")  # the second write's VF, when the driver went away
+    # the driver accepted the second write (.6), then went away: the next VF (.7) is where it fails
+    one_line_naming(str(caught.value), "0000:41:00.7")
     assert node.state()["nvidia"]["loaded"] is False
     node.ctl("driver", "load")
     lab = node_lab.Lab(node, tmp_path)

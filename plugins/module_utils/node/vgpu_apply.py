@@ -98,6 +98,12 @@ class TypeNames:
         rc, out, dummy = self.runner.run([tool, "vgpu", "-s", "-v", "-i", pf], check=False)
         return vt.parse_smi_supported(out) if rc == 0 else []
 
+    def supported(self, pf):
+        """Every type the GPU supports as the node cache knows it (no driver call), or None."""
+        if pf not in self.cache["complete"]:
+            return None
+        return [vt.VgpuType(int(i), n) for i, n in self.cache["types"].get(pf, {}).items() if str(i).isdigit()]
+
     def remember(self, pf, types, complete=False):
         entry = self.cache["types"].setdefault(pf, {})
         for vgpu_type in types:
@@ -170,7 +176,7 @@ class Node:
 
     def view(self, gpu, framework, held, vfs=None):
         if framework == vgpu_vfio.FRAMEWORK:
-            view = vgpu_vfio.VfioGpu(self.sysfs, gpu, held, self.names, vfs)
+            view = vgpu_vfio.VfioGpu(self.sysfs, gpu, held, self.names, vfs, self.names.supported(gpu.address))
             self.names.remember(gpu.address, list(view.catalog.values()), view.lists_complete)
             return view
         return vgpu_mdev.MdevGpu(self.sysfs, gpu, held)
@@ -252,8 +258,9 @@ class Node:
     def verify(self, plans):
         """Every changed GPU's vGPUs must now be what the plan said.
 
-        Vendor-VFIO: execute read back every write into the view, and the VFs it did not write were
-        read at plan time under the node lock, so the view is the node; mdev GPUs are read again.
+        Vendor-VFIO: execute put every write the driver accepted into the view, and the VFs it did
+        not write were read (or, on a GPU without vGPUs, known free) at plan time under the node
+        lock, so the view is the node; mdev GPUs are read again.
         """
         held = None
         for gpu, framework, view, plan in plans:

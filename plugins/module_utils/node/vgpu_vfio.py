@@ -7,9 +7,10 @@ Facts (domain brief 1.2-1.4): a VF stays on `nvidia` and is typed through
 `<VF>/nvidia/current_vgpu_type` (write the numeric ID, `0` clears; reading gives only the ID).
 `creatable_vgpu_types` lists what is creatable *now*: it shrinks on every sibling after each write
 and consumed types drop out, so the ID<->name catalog is built from all VFs before the first write
-(completed from `nvidia-smi vgpu -s -v` when a set ID or a wanted profile is missing), and the
-VF's list is re-read right before each write. In default (homogeneous) mode all vGPUs of a GPU share
-one framebuffer size; other sizes need mixed-size mode.
+(completed from `nvidia-smi vgpu -s -v` when a set ID or a wanted profile is missing). The driver
+refuses a write of a type that is not creatable on that VF now; where the plan cannot predict the
+lists, the VF's list is re-read right before each write (see `predictable`). In default
+(homogeneous) mode all vGPUs of a GPU share one framebuffer size; other sizes need mixed-size mode.
 
 Per-VF diff, not VDM's "clear all": VFs that already have a wanted type are kept (held VFs first),
 only wrong VFs are cleared, free VFs are filled in VF order. A VF a VM holds is never written; a
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
     GpuPlan, LayoutError, VgpuChange, check_sizes, choose_profiles, gpu_model, type_size_gb)
 
@@ -29,19 +31,32 @@ FRAMEWORK = "vendor-vfio"
 class VfioGpu:
     """What the driver shows for one GPU before any write: VFs, their types, the type catalog."""
 
-    def __init__(self, sysfs, gpu, held, supported_types=None, vfs=None):
-        """`vfs`: the GPU's VF addresses when the caller has read them already (they cost a readlink each)."""
+    def __init__(self, sysfs, gpu, held, supported_types=None, vfs=None, known_types=None):
+        """`vfs`: the GPU's VF addresses when the caller has read them already (they cost a readlink each).
+
+        `known_types`: every type the GPU supports, from the node cache (no driver call), or None.
+        """
         self.sysfs, self.gpu = sysfs, gpu
         self.vfs = PciDevice(sysfs, gpu.address).virtfns() if vfs is None else list(vfs)
-        self.current = dict((vf, vt.read_current(sysfs, vf) or 0) for vf in self.vfs)
         self.held = dict((vf, held[vf]) for vf in self.vfs if vf in held)
-        self.catalog = {}
+        self.current, self.catalog = {}, {}
+        first = self.vfs[0] if self.vfs else None
+        listed = []
+        if first:
+            self.current[first] = vt.read_current(sysfs, first) or 0
+            listed = vt.read_creatable(sysfs, first)
+        # When the first VF still offers a type as large as the whole GPU, no VF holds framebuffer, so
+        # none has a vGPU: its siblings' current_vgpu_type need not be read (a round trip each).
+        self.all_free = bool(first) and not self.current[first] and _whole_gpu_offered(listed, known_types)
+        for vf in self.vfs[1:]:
+            self.current[vf] = 0 if self.all_free else (vt.read_current(sysfs, vf) or 0)
         # Lists of a GPU without vGPUs show every supported type, the same on every VF: one read
         # does. Once some are set the lists collapse and differ (brief 1.4): all are needed.
         self.lists_complete = self.complete = not any(self.current.values())
-        for vf in self.vfs[:1] if self.lists_complete else self.vfs:
-            for vgpu_type in vt.read_creatable(sysfs, vf):
-                self.catalog.setdefault(vgpu_type.type_id, vgpu_type)
+        for vf in self.vfs[1:] if not self.lists_complete else []:
+            listed = listed + vt.read_creatable(sysfs, vf)
+        for vgpu_type in listed:
+            self.catalog.setdefault(vgpu_type.type_id, vgpu_type)
         self._supported_types = supported_types
         if not self.complete or any(i not in self.catalog for i in self.current.values() if i):
             self._ask_driver()
@@ -83,6 +98,17 @@ class VfioGpu:
         sizes = [type_size_gb(t) for t in self.catalog.values()]
         sizes = [s for s in sizes if s]
         return max(sizes) if self.complete and sizes else None
+
+
+def _whole_gpu_offered(listed, known_types):
+    """Whether `listed` (a VF's creatable list now) offers one of the largest types of `known_types`
+    (the GPU's full catalog: the largest type takes the whole framebuffer), same ID and name."""
+    if not known_types or not listed:
+        return False
+    sizes = dict((t, type_size_gb(t)) for t in known_types)
+    largest = max([s for s in sizes.values() if s] or [0])
+    whole = set(t for t, s in sizes.items() if largest and s == largest)
+    return any(t in whole for t in listed)
 
 
 def plan(view, entries, mixed_size=False, absent=False):
@@ -165,27 +191,47 @@ def rebuild(view, gpu_plan):
     gpu_plan.steps.sort(key=lambda step: (step[0] != "clear", view.vfs.index(step[1])))
 
 
-def execute(sysfs, view, gpu_plan, steps=None):
-    """Run the plan's writes: clears, then fills with the VF's creatable list re-read before each.
+def predictable(view, gpu_plan):
+    """Whether the driver's creatable lists during the plan's writes follow from the plan alone.
 
-    Every write is read back; `view.current` follows, so it shows the node after the apply without
-    reading the VFs again (the others were read at plan time, under the node lock).
+    True for a GPU that had no vGPUs (its complete list was read under the node lock) getting vGPUs
+    of one framebuffer size: the plan checked count and framebuffer, and in either mode the lists
+    keep offering that size until the plan's vGPUs are in. Elsewhere (vGPUs already set, several
+    sizes, a mode switch) what stays creatable depends on placement: re-read before each write.
     """
+    sizes = set(type_size_gb(view.catalog[s[2]]) for s in gpu_plan.steps if s[0] == "set")
+    return view.lists_complete and not gpu_plan.switch_mode and len(sizes) == 1 and None not in sizes
+
+
+def execute(sysfs, view, gpu_plan, steps=None):
+    """Run the plan's writes: clears, then fills; `view.current` follows each successful write.
+
+    The driver checks every write against what is creatable on that VF now and refuses the rest
+    (brief 1.4), so a successful write is the read-back, and a refused one leaves the VF as it was.
+    Where the plan cannot predict the creatable lists (see `predictable`) the VF's list is re-read
+    before the write, and a type no longer listed stops the apply before writing it; a refused write
+    is reported with the kernel's errno and what the VF offers now (one re-read).
+    """
+    reread = not predictable(view, gpu_plan)
     for action, vf, type_id in gpu_plan.steps if steps is None else steps:
-        path = vt.vfio_dir(vf) + "/current_vgpu_type"
-        if action == "set":
+        if action == "set" and reread:
             creatable = vt.read_creatable(sysfs, vf)
             if type_id not in [t.type_id for t in creatable]:
-                name = view.catalog[type_id].short
-                raise LayoutError("VF %s of GPU %s: %s (ID %d) is not creatable now (creatable: %s)"
-                                  % (vf, gpu_plan.address, name, type_id,
-                                     ", ".join(t.short for t in creatable) or "none"))
-        sysfs.write(path, type_id)
-        now = vt.read_current(sysfs, vf) or 0
-        if now != type_id:
-            raise LayoutError("VF %s of GPU %s: wrote %d to current_vgpu_type but it reads %s"
-                              % (vf, gpu_plan.address, type_id, now))
-        view.current[vf] = now
+                raise _not_creatable(view, gpu_plan, vf, type_id, creatable)
+        try:
+            sysfs.write(vt.vfio_dir(vf) + "/current_vgpu_type", type_id)
+        except SysfsError as err:
+            if action != "set":
+                raise
+            raise _not_creatable(view, gpu_plan, vf, type_id, vt.read_creatable(sysfs, vf), err) from None
+        view.current[vf] = type_id
+
+
+def _not_creatable(view, gpu_plan, vf, type_id, creatable, err=None):
+    refused = "the driver refused it: %s; " % err if err is not None else ""
+    return LayoutError("VF %s of GPU %s: %s (ID %d) is not creatable now (%screatable: %s)"
+                       % (vf, gpu_plan.address, view.catalog[type_id].short, type_id, refused,
+                          ", ".join(t.short for t in creatable) or "none"))
 
 
 def current_profiles(view):

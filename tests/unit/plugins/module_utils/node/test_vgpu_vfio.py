@@ -167,24 +167,97 @@ def test_absent_clears_all_but_held_vfs(tmp_path):
     assert "VF %s of GPU %s is held by a VM" % (gpu.vfs[0], PF) in plan.warnings[0]
 
 
-def test_execute_writes_ids_and_rereads_creatable_before_each_write(tmp_path):
+def test_execute_writes_ids_and_the_view_follows_the_writes(tmp_path):
     gpu = L40sNode(tmp_path)
     view, plan = gpu.plan({"L40S-24Q": 2})
     vgpu_vfio.execute(gpu.sysfs, view, plan)
     assert gpu.sysfs.write_log == [("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf, "1155")
                                    for vf in gpu.vfs[:2]]
+    assert vgpu_vfio.current_profiles(view) == {"L40S-24Q": 2}
     assert vgpu_vfio.current_profiles(gpu.view(remembered)) == {"L40S-24Q": 2}
 
 
 def test_a_type_that_stopped_being_creatable_stops_the_apply(tmp_path):
+    # a GPU with vGPUs already: what stays creatable is not predictable, so each list is re-read
     gpu = L40sNode(tmp_path)
-    view, plan = gpu.plan({"L40S-24Q": 2})
-    (gpu.node.dir(gpu.vfs[1]) / "nvidia/creatable_vgpu_types").write_text("ID : vGPU Name\n1145 : NVIDIA L40S-1B\n")
+    gpu.set_types({gpu.vfs[0]: "L40S-12Q"})
+    view, plan = gpu.plan({"L40S-12Q": 3}, names=remembered)
+    assert not vgpu_vfio.predictable(view, plan)
+    (gpu.node.dir(gpu.vfs[2]) / "nvidia/creatable_vgpu_types").write_text("ID : vGPU Name\n1145 : NVIDIA L40S-1B\n")
     with pytest.raises(LayoutError) as err:
         vgpu_vfio.execute(gpu.sysfs, view, plan)
-    assert str(err.value) == ("VF %s of GPU %s: L40S-24Q (ID 1155) is not creatable now (creatable: L40S-1B)"
-                              % (gpu.vfs[1], PF))
+    assert str(err.value) == ("VF %s of GPU %s: L40S-12Q (ID 1153) is not creatable now (creatable: L40S-1B)"
+                              % (gpu.vfs[2], PF))
     assert gpu.sysfs.writes == 1
+
+
+class CountingSysfs(Sysfs):
+    def __init__(self, root):
+        super().__init__(root)
+        self.reads = []
+
+    def read(self, rel):
+        self.reads.append(rel)
+        return super().read(rel)
+
+
+def test_a_refused_write_names_the_errno_and_what_the_vf_offers(tmp_path):
+    # a GPU without vGPUs getting one size: predictable, the driver's own check stands in for a re-read
+    gpu = L40sNode(tmp_path)
+    view, plan = gpu.plan({"L40S-24Q": 2})
+    assert vgpu_vfio.predictable(view, plan)
+    type_file = gpu.node.dir(gpu.vfs[1]) / "nvidia/current_vgpu_type"
+    type_file.unlink()
+    type_file.mkdir()  # open(O_WRONLY) fails with EISDIR, as a driver refusal fails the write(2)
+    (gpu.node.dir(gpu.vfs[1]) / "nvidia/creatable_vgpu_types").write_text("ID : vGPU Name\n1145 : NVIDIA L40S-1B\n")
+    sysfs = CountingSysfs(gpu.sysfs.root)
+    with pytest.raises(LayoutError) as err:
+        vgpu_vfio.execute(sysfs, view, plan)
+    assert str(err.value) == ("VF %s of GPU %s: L40S-24Q (ID 1155) is not creatable now (the driver refused it: "
+                              "write bus/pci/devices/%s/nvidia/current_vgpu_type: Is a directory (EISDIR); "
+                              "creatable: L40S-1B)" % (gpu.vfs[1], PF, gpu.vfs[1]))
+    assert sysfs.write_log == [("bus/pci/devices/%s/nvidia/current_vgpu_type" % gpu.vfs[0], "1155")]
+    assert sysfs.reads == ["bus/pci/devices/%s/nvidia/creatable_vgpu_types" % gpu.vfs[1]]
+    assert view.current[gpu.vfs[0]] == 1155 and view.current[gpu.vfs[1]] == 0
+
+
+def test_several_sizes_or_set_vgpus_make_execute_reread_each_list(tmp_path):
+    gpu = L40sNode(tmp_path)
+    view, plan = gpu.plan({"L40S-24Q": 1, "L40S-12Q": 2}, mixed_size=True)
+    assert not vgpu_vfio.predictable(view, plan)
+    sysfs = CountingSysfs(gpu.sysfs.root)
+    vgpu_vfio.execute(sysfs, view, plan)
+    assert sysfs.reads == ["bus/pci/devices/%s/nvidia/creatable_vgpu_types" % vf for vf in gpu.vfs[:3]]
+
+
+def test_a_gpu_offering_its_whole_framebuffer_type_has_no_vgpu_to_read(tmp_path):
+    gpu = L40sNode(tmp_path)
+    sysfs = CountingSysfs(gpu.sysfs.root)
+    gpu_info = nvidia_gpus(sysfs)[0]
+    sysfs.reads = []
+    view = vgpu_vfio.VfioGpu(sysfs, gpu_info, {}, remembered, known_types=list(L40S))
+    first = "bus/pci/devices/%s/nvidia/" % gpu.vfs[0]
+    assert sysfs.reads == [first + "current_vgpu_type", first + "creatable_vgpu_types"]
+    assert view.all_free and view.lists_complete and view.current == dict((vf, 0) for vf in gpu.vfs)
+
+
+@pytest.mark.parametrize("known,vgpu_on_third", [
+    (None, False),                                    # nothing cached: no way to tell
+    (list(L40S), True),                               # a vGPU on VF 2: 48Q is gone from VF 0's list
+    ([VgpuType(1156, "NVIDIA L40S-32Q")], False),     # a cached ID that now means another type
+])
+def test_without_the_whole_gpu_type_in_the_list_every_vf_is_read(tmp_path, known, vgpu_on_third):
+    gpu = L40sNode(tmp_path)
+    if vgpu_on_third:
+        gpu.set_types({gpu.vfs[2]: "L40S-24Q"})
+    sysfs = CountingSysfs(gpu.sysfs.root)
+    gpu_info = nvidia_gpus(sysfs)[0]
+    sysfs.reads = []
+    view = vgpu_vfio.VfioGpu(sysfs, gpu_info, {}, remembered, known_types=known)
+    assert not view.all_free
+    assert [r for r in sysfs.reads if r.endswith("current_vgpu_type")] == [
+        "bus/pci/devices/%s/nvidia/current_vgpu_type" % vf for vf in gpu.vfs]
+    assert view.current[gpu.vfs[2]] == (1155 if vgpu_on_third else 0)
 
 
 def test_no_vfs_is_a_clear_error(tmp_path):
