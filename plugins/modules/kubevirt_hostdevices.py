@@ -14,7 +14,12 @@ description:
     entries of C(spec.configuration.permittedHostDevices.pciHostDevices) and C(.mediatedDevices)
     keyed by C(resourceName).
   - Entries with other resource names are never lost or reordered; ours are updated in place, new
-    ones appended. The whole list is written guarded by the C(resourceVersion) that was read, and
+    ones appended.
+  - One device, one resource name. An entry with another resource name and the same C(pciVendorSelector)
+    (compared case-insensitively) or C(mdevNameSelector) as one of ours would make KubeVirt run two device
+    plugins for the same devices; the task fails before writing, naming both entries, unless that resource
+    name is listed in O(take_over), which replaces the other entry (shown in C(changes) and the diff, also in
+    check mode). The whole list is written guarded by the C(resourceVersion) that was read, and
     read, merged and written again when another writer got in between (HTTP 409).
   - Adds the C(HostDevices) feature gate to C(spec.configuration.developerConfiguration.featureGates)
     when entries are present (other gates are kept; the gate is never removed).
@@ -96,6 +101,17 @@ options:
     type: list
     elements: str
     default: []
+  take_over:
+    description:
+      - Resource names of entries written by others (by hand, another tool) that permit the same devices as
+        one of ours (same C(pciVendorSelector) or C(mdevNameSelector)) and are to be replaced by ours, for
+        example V(nvidia.com/L40S-24Q) from a runbook when migrating to this collection.
+      - Only an entry that selects one of our devices is removed; a listed name whose entry selects other
+        devices fails the task. Names not present are fine (the task stays idempotent after the take-over).
+      - Ignored with O(state=absent).
+    type: list
+    elements: str
+    default: []
   feature_gate:
     description: Add the C(HostDevices) feature gate when entries are present.
     type: bool
@@ -136,6 +152,12 @@ EXAMPLES = r"""
       - {pci_vendor_selector: "10DE:2331", resource_name: nvidia.com/NVIDIA_H100-40C}
     exclusive_pci_vendors: ["10DE"]
 
+- name: Migrate from a hand-written entry for the same VFs (it is removed in the same write)
+  accelops.vgpu.kubevirt_hostdevices:
+    pci_host_devices:
+      - {pci_vendor_selector: "10DE:26B9", resource_name: nvidia.com/NVIDIA_L40S-24Q}
+    take_over: [nvidia.com/L40S-24Q]
+
 - name: Remove a mediated device resource
   accelops.vgpu.kubevirt_hostdevices:
     state: absent
@@ -145,7 +167,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 changes:
-  description: "One line per change, for example C(pciHostDevices: add nvidia.com/NVIDIA_L40S-24Q)."
+  description:
+    - "One line per change, for example C(pciHostDevices: add nvidia.com/NVIDIA_L40S-24Q) or
+      C(pciHostDevices: remove nvidia.com/L40S-24Q (taken over by nvidia.com/NVIDIA_L40S-24Q))."
   returned: always
   type: list
   elements: str
@@ -192,6 +216,7 @@ def argspec():
         }},
         exclusive_pci_vendors={"type": "list", "elements": "str", "default": []},
         exclusive_mdev_prefixes={"type": "list", "elements": "str", "default": []},
+        take_over={"type": "list", "elements": "str", "default": []},
         feature_gate={"type": "bool", "default": True},
         skip_version_check={"type": "bool", "default": False},
         minimum_version={"type": "str", "default": "1.9.0"},

@@ -83,11 +83,13 @@ options:
   sysfs_root:
     description:
       - Directory that holds the node's sysfs (C(/host/sys) in a container, a simulated node in tests).
+      - A directory that does not exist or has no C(bus/pci/devices) below it fails the task.
     type: path
     default: /sys
   proc_root:
     description:
       - Directory that holds the node's procfs; loaded modules are read from C(<proc_root>/modules).
+      - A directory that does not exist fails the task.
     type: path
     default: /proc
   lock_timeout:
@@ -149,6 +151,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import engine_errors, exit_with_diff
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import DEFAULT_SERVICES, DriverManager
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
 
 
@@ -176,6 +179,7 @@ def main():
     manager = DriverManager(FunctionRunner(module.run_command), params["sysfs_root"], params["modprobe_dir"],
                             params["proc_root"])
     with engine_errors(module) as result:
+        check_roots(params["sysfs_root"], proc_root=params["proc_root"])
         # one writer per node: the driver swap must not race a profile or VF apply
         with node_lock(params["sysfs_root"], params["lock_timeout"]) if not module.check_mode else nullcontext():
             result.update(manager.apply(params, check_mode=module.check_mode))

@@ -62,7 +62,8 @@ def test_a_plain_copy_of_the_sysfs_reports_the_same_except_holders(gpusim_node, 
     copy = tmp_path / "sys-copy"
     # like copying a real host's /sys: write-only attributes cannot be read and stay behind
     subprocess.run(["cp", "-a", node.root, str(copy)], capture_output=True, check=False)
-    of_copy = {"sysfs_root": str(copy), "dev_root": str(tmp_path / "no-dev")}
+    (tmp_path / "empty-dev").mkdir()  # a /dev without VFIO nodes: nothing can be held
+    of_copy = {"sysfs_root": str(copy), "dev_root": str(tmp_path / "empty-dev")}
     run = run_playbook([{"name": "facts", "accelops.vgpu.vgpu_facts": {}},
                         {"name": "copy", "accelops.vgpu.vgpu_facts": of_copy}], node)
     live = facts_of(run)

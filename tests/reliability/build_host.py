@@ -50,7 +50,8 @@ class NoRegistry:
 
 
 def runfiles(directory):
-    """The runfiles the cases refer to, written into `directory`."""
+    """The runfiles the cases refer to, written into `directory`, and an empty `proc` root beside them."""
+    os.makedirs(os.path.join(str(directory), "proc"), exist_ok=True)
     write_runfile(directory, DRIVER_LOADED)
     write_runfile(directory, "550.54.16")
     write_runfile(directory, DRIVER_LOADED, name="NVIDIA-Linux-x86_64-%s.run" % DRIVER_LOADED)

@@ -13,9 +13,13 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.kubevirt import MDEV, PCI, plan_host_devices
+import pytest
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.kubevirt import (
+    MDEV, PCI, KubeVirtError, plan_host_devices)
 
 OURS = ["nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/NVIDIA_L40S-12Q", "nvidia.com/NVIDIA_A16-4Q", "nvidia.com/GRID_T4-4Q"]
+DEVICES = dict(zip(OURS, ["26B9", "26B5", "25B6", "1EB8"]))  # one PCI ID per resource: one owner per device
 FOREIGN_VENDORS = ["8086", "15B3", "1002", "14E4"]   # never NVIDIA: exclusive 10DE must keep them
 
 hex4 = st.text("0123456789ABCDEF", min_size=4, max_size=4)
@@ -29,11 +33,11 @@ foreign_pci = st.builds(
 foreign_mdev = st.builds(lambda name, selector, extra: dict(extra, resourceName=name, mdevNameSelector=selector),
                          foreign_name, st.sampled_from(["i915-GVTg_V5_4", "i915-GVTg_V5_8", "mlx5_sf"]), extra_keys)
 stale_ours = st.builds(lambda name, device: {"resourceName": name, "pciVendorSelector": "10DE:%s" % device},
-                       st.sampled_from(OURS), hex4)
+                       st.sampled_from(OURS), st.one_of(hex4, st.sampled_from(sorted(DEVICES.values()))))
 
 
 def desired_entry(name):
-    return {"resourceName": name, "pciVendorSelector": "10DE:26B9"}
+    return {"resourceName": name, "pciVendorSelector": "10DE:" + DEVICES[name]}
 
 
 def desired_mdev(name):
@@ -57,6 +61,14 @@ def cr_states(draw):
             draw(st.sampled_from(["present", "absent"])), draw(st.booleans()))
 
 
+def takes_devices_of_ours(cr, pci):
+    """A foreign (not desired) entry in the CR with the selector of a desired one."""
+    wanted = dict((e["pciVendorSelector"].upper(), e["resourceName"]) for e in pci)
+    names = set(wanted.values())
+    return any(e["resourceName"] not in names and e["pciVendorSelector"].upper() in wanted
+               for e in cr["spec"]["configuration"]["permittedHostDevices"][PCI])
+
+
 def stored_after(cr, plan):
     """The CR as the API server stores it after our JSON merge patch (lists are replaced whole)."""
     result = copy.deepcopy(cr)
@@ -76,6 +88,10 @@ def foreign(entries, ours):
 def test_merges_keep_foreign_entries_complete_unique_and_in_order(state):
     cr, pci, mdev, wanted_state, exclusive = state
     original = copy.deepcopy(cr)
+    if wanted_state == "present" and not exclusive and takes_devices_of_ours(cr, pci):
+        with pytest.raises(KubeVirtError, match="is permitted as .* and would also be as"):
+            plan_host_devices(cr, pci, mdev, wanted_state)  # one device, one owner: refused before any write
+        return
     plan = plan_host_devices(cr, pci, mdev, wanted_state, exclusive_pci_vendors=["10DE"] if exclusive else (),
                              exclusive_mdev_prefixes=["NVIDIA", "GRID"] if exclusive else ())
     assert cr == original  # pure: the CR as read is not modified

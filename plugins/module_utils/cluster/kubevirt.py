@@ -14,6 +14,12 @@ send it guarded by the resourceVersion we read):
   appended in the desired order; `state: absent` removes ours;
 - with an exclusive vendor (`10DE`) / mdev name prefix, entries of that vendor that are not ours
   (present) are removed; every other entry is kept untouched, in its order.
+- one device, one owner: a foreign entry (another resourceName) with the same pciVendorSelector
+  (compared case-insensitively) or mdevNameSelector as one of ours would make KubeVirt run two
+  device plugins for the same devices (double counting, VMs that fail to start). That fails before
+  any write, naming both entries, unless the foreign resourceName is listed in `take_over`: then it
+  is removed in the same write (shown in changes and diff, check mode included). Two of our own
+  entries with one selector fail the same way.
 """
 
 from __future__ import annotations
@@ -80,9 +86,19 @@ def mdev_entry(resource_name, mdev_name_selector=None, external_resource_provide
     return entry
 
 
+def selector_key(kind, entry):
+    """What identifies the devices an entry permits: the PCI ID upper-cased, the mdev name as is."""
+    value = entry.get(SELECTOR[kind])
+    if not isinstance(value, str) or not value.strip():
+        return None
+    value = " ".join(value.split())
+    return value.upper() if kind == PCI else value
+
+
 def validate_entries(kind, entries, state):
-    """Desired entries of one list: unique resourceNames, selectors present and well formed."""
-    seen = {}
+    """Desired entries of one list: unique resourceNames, selectors present and well formed, and no
+    two of them permitting the same devices."""
+    seen, selectors = {}, {}
     for entry in entries:
         name = entry.get("resourceName")
         if not name:
@@ -98,7 +114,38 @@ def validate_entries(kind, entries, state):
         if kind == PCI and not _PCI_SELECTOR_RE.match(selector):
             raise KubeVirtError("%s %s: pciVendorSelector %r is not VVVV:DDDD (e.g. 10DE:26B9)"
                                 % (kind, shown(name), selector))
+        other = selectors.setdefault(selector_key(kind, entry), name)
+        if other != name:
+            raise KubeVirtError("%s: %s %s is listed for both %s and %s; one device can have one resourceName"
+                                % (kind, SELECTOR[kind], shown(selector_key(kind, entry)), shown(other), shown(name)))
     return list(seen.values())
+
+
+def _conflicts(kind, current, desired, exclusive, take_over, where):
+    """Foreign entries that permit the devices of one of ours: [(foreign entry, our entry)] for those
+    listed in take_over (to be removed); any other such entry is an error naming both, and so is a
+    take_over name whose entry permits none of our devices (it is not ours to remove)."""
+    ours = dict((selector_key(kind, e), e) for e in desired if selector_key(kind, e))
+    names = set(e["resourceName"] for e in desired)
+    taken = []
+    for entry in current or []:
+        name = entry.get("resourceName")
+        if name in names or (exclusive and _is_exclusive(kind, entry, exclusive)):
+            continue
+        mine = ours.get(selector_key(kind, entry))
+        if mine is None and name in take_over:
+            raise KubeVirtError("%s %s: take_over lists %s, but its %s %s is none of ours; refusing to remove it"
+                                % (where, kind, shown(name), SELECTOR[kind], shown(entry.get(SELECTOR[kind]))))
+        if mine is None:
+            continue
+        if name not in take_over:
+            raise KubeVirtError(
+                "%s %s: %s %s is permitted as %s and would also be as %s (two device plugins advertising the same "
+                "devices); list %s in take_over to replace it"
+                % (where, kind, SELECTOR[kind], shown(selector_key(kind, entry)), shown(name),
+                   shown(mine["resourceName"]), shown(name)))
+        taken.append((entry, mine))
+    return taken
 
 
 def _vendor(entry):
@@ -121,13 +168,20 @@ def _same(existing, wanted):
     return norm(existing) == norm(wanted)
 
 
-def merge_entries(kind, current, desired, state="present", exclusive=()):
-    """(new list, change lines) for one permittedHostDevices list. Pure; inputs are not modified."""
+def merge_entries(kind, current, desired, state="present", exclusive=(), take_over=(), where="KubeVirt"):
+    """(new list, change lines) for one permittedHostDevices list. Pure; inputs are not modified.
+
+    `take_over`: foreign resourceNames that may be replaced by ours with the same selector.
+    """
     ours = {e["resourceName"]: e for e in desired}
+    taken = _conflicts(kind, current, desired, exclusive, set(take_over), where) if state == "present" else []
+    taken = dict((id(entry), mine["resourceName"]) for entry, mine in taken)
     result, changes, done = [], [], set()
     for entry in current or []:
         name = entry.get("resourceName")
-        if name in ours:
+        if id(entry) in taken:
+            changes.append("%s: remove %s (taken over by %s)" % (kind, name, taken[id(entry)]))
+        elif name in ours:
             if state == "absent" or name in done:
                 changes.append("%s: remove %s" % (kind, name))
                 continue
@@ -172,23 +226,25 @@ def managed_view(cr):
 
 
 def plan_host_devices(current_cr, pci=(), mdev=(), state="present", exclusive_pci_vendors=(),
-                      exclusive_mdev_prefixes=(), feature_gate=True):
+                      exclusive_mdev_prefixes=(), feature_gate=True, take_over=()):
     """Plan the KubeVirt CR change.
 
     current_cr: the CR as read (dict). pci / mdev: desired entries in KubeVirt spelling
     (`pci_entry()` / `mdev_entry()`). Returns a WritePlan whose `patch` is a JSON merge
     patch carrying metadata.resourceVersion (so a concurrent writer makes the server answer 409)
-    and the complete new lists, or None when the CR already matches.
+    and the complete new lists, or None when the CR already matches. `take_over`: foreign
+    resourceNames our entries replace (any other foreign entry with one of our selectors fails).
     """
     if state not in ("present", "absent"):
         raise KubeVirtError("%s: state must be present or absent, not %r" % (cr_ref(current_cr), state))
     pci = validate_entries(PCI, list(pci), state)
     mdev = validate_entries(MDEV, list(mdev), state)
     before = managed_view(current_cr)
+    where = cr_ref(current_cr)
     new_pci, pci_changes = merge_entries(PCI, before["permittedHostDevices"][PCI], pci, state,
-                                         exclusive_pci_vendors)
+                                         exclusive_pci_vendors, take_over, where)
     new_mdev, mdev_changes = merge_entries(MDEV, before["permittedHostDevices"][MDEV], mdev, state,
-                                           exclusive_mdev_prefixes)
+                                           exclusive_mdev_prefixes, take_over, where)
     wants_gate = feature_gate and state == "present" and (pci or mdev)
     gates, gate_changes = merge_feature_gates(before["featureGates"], [HOST_DEVICES_GATE] if wants_gate else [])
     after = {"permittedHostDevices": {PCI: new_pci, MDEV: new_mdev}, "featureGates": gates}
@@ -319,7 +375,7 @@ def run_hostdevices(api, params, check_mode):
         return plan_host_devices(cr, pci, mdev, params.get("state", "present"),
                                  params.get("exclusive_pci_vendors") or (),
                                  params.get("exclusive_mdev_prefixes") or (),
-                                 params.get("feature_gate", True))
+                                 params.get("feature_gate", True), params.get("take_over") or ())
 
     def write(cr, patch):
         if check_mode and params.get("dry_run") == "client":

@@ -16,7 +16,8 @@ bounds the wait for those VFs, separately from --lock-timeout (the wait for anot
 lock). --sriov-manage names the tool when it is not /usr/lib/nvidia/sriov-manage or on PATH (GPU
 Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage). `assert` exits 0 when the node
 matches, 1 (printing each difference) when not. Errors exit 2 with one line on stderr.
-Roots: --sysfs-root/--dev-root/--proc-root (defaults /sys, /dev, /proc).
+Roots: --sysfs-root/--dev-root/--proc-root (defaults /sys, /dev, /proc); a missing root, or a sysfs root
+without bus/pci/devices, is an error (exit 2), never an empty node.
 Environment defaults: ACCELOPS_VGPU_CONFIG, ACCELOPS_VGPU_SELECTED.
 """
 
@@ -29,6 +30,7 @@ import sys
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 
@@ -87,6 +89,7 @@ def _parser():
 
 
 def _node(args):
+    check_roots(args.sysfs_root, args.dev_root, args.proc_root)
     return vgpu_apply.Node(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
                            sriov_manage_path=getattr(args, "sriov_manage", None))
 

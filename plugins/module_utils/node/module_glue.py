@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
@@ -46,7 +46,12 @@ class NodeContext:
     """Engine objects for a module's node: Sysfs, a runner on module.run_command, held devices."""
 
     def __init__(self, module):
+        """Fails the module (one line) when a node root is missing or unusable (roots.check_roots)."""
         params = module.params
+        try:
+            roots.check_roots(params["sysfs_root"], params["dev_root"], params["proc_root"])
+        except EngineError as err:
+            module.fail_json(msg=one_line(err))
         self.sysfs = Sysfs(params["sysfs_root"])
         self.runner = FunctionRunner(module.run_command)
         self.dev_root = params["dev_root"]

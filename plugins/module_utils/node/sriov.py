@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pci, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import device_selection, inuse, pci, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 
@@ -136,12 +136,7 @@ def _sriov_pfs(sysfs):
 
 
 def _by_address(sysfs, address):
-    try:
-        dev = pci.get_device(sysfs, address)
-    except SysfsError:
-        raise SriovError("devices: no PCI device %s on this node" % address) from None
-    if dev.is_vf:
-        raise SriovError("devices: %s is a VF of %s; select its physical function" % (address, dev.physfn))
+    dev = device_selection.physical_function(sysfs, address)
     if not dev.sriov_capable:
         raise SriovError("devices: %s does not support SR-IOV (no sriov_totalvfs)" % address)
     return dev
@@ -156,7 +151,15 @@ def select_pfs(sysfs, devices="all"):
         return [dev for dev in _sriov_pfs(sysfs) if dev.is_display]
     if not items:
         raise SriovError("devices: the list is empty; give 'all', PCI addresses or vendor/device filters")
-    chosen, seen_items, candidates = {}, {}, None
+    try:
+        return _select_listed(sysfs, items)
+    except device_selection.SelectionError as err:
+        raise SriovError(str(err)) from None
+
+
+def _select_listed(sysfs, items):
+    """Addresses and filters -> PFs, by device_selection's rules (shared with the vGPU layouts)."""
+    selection, devices, candidates = device_selection.Selection(), {}, None
     for item in items:
         try:
             key, matches = pci.parse_address(item), None
@@ -170,17 +173,13 @@ def select_pfs(sysfs, devices="all"):
             if candidates is None:
                 candidates = _sriov_pfs(sysfs)
             matches = [dev for dev in candidates if dev.id_pair == (vendor, device)]
-        if key in seen_items:
-            raise SriovError("devices: %r and %r select the same devices" % (seen_items[key], item))
-        seen_items[key] = item
+        selection.spelling(key, item)
         for dev in matches if matches is not None else [_by_address(sysfs, key)]:
-            if dev.address in chosen:
-                raise SriovError("devices: %s is selected twice (by %r and %r)"
-                                 % (dev.address, chosen[dev.address][1], item))
-            chosen[dev.address] = (dev, item)
-    if not chosen:
+            selection.choose(dev.address, item)
+            devices[dev.address] = dev
+    if not devices:
         raise SriovError("devices: %s match no SR-IOV physical function on this node" % ", ".join(map(shown, items)))
-    return [chosen[address][0] for address in sorted(chosen)]
+    return [devices[address] for address in sorted(devices)]
 
 
 def find_sriov_manage(runner, path=None):

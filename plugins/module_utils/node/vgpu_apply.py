@@ -198,7 +198,7 @@ class Node:
             raise LayoutError("state %r is not one of %s" % (state, ", ".join(STATES)))
         vfs_of = {}  # PF -> VF addresses, read once per plan (a readlink each)
         gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs, vfs_of))
-        selection = resolve(entries, list(gpus.values()))
+        selection = resolve(entries, list(gpus.values()), self.sysfs)
         held = self.held()
         plans = []
         for address, gpu_entries in selection.items():

@@ -26,7 +26,7 @@ import json
 import sys
 from collections import OrderedDict, namedtuple
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import device_selection, pci
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import VgpuTypeError, parse_profile
 
@@ -147,7 +147,7 @@ def _vdm_devices(value, origin):
     items = value if isinstance(value, list) else [value]
     if not items or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
         raise LayoutError("%s: devices must be 'all' or a list of GPU indices (0, 1, ...), not %r" % (origin, value))
-    return tuple(items)
+    return _once_each(items, items, origin)
 
 
 def _layout_devices(value, origin):
@@ -167,6 +167,17 @@ def _layout_devices(value, origin):
                 raise LayoutError("%s: devices: %s" % (origin, exc)) from None
     if not devices:
         raise LayoutError("%s: devices must be 'all' or a non-empty list of PCI addresses or GPU indices" % origin)
+    return _once_each(devices, items, origin)
+
+
+def _once_each(devices, items, origin):
+    """The normalised devices as a tuple; two spellings of one device are an error (device_selection)."""
+    selection = device_selection.Selection()
+    try:
+        for device, item in zip(devices, items):
+            selection.spelling(device, item)
+    except device_selection.SelectionError as err:
+        raise LayoutError("%s: %s" % (origin, err)) from None
     return tuple(devices)
 
 
@@ -281,21 +292,43 @@ def load_document(text, source):
             raise LayoutError("%s: not valid YAML: %s" % (source, " ".join(str(exc).split())[:200])) from None
 
 
-def resolve(entries, gpus):
-    """{PF address: [LayoutEntry selecting it, in order]} for every GPU some entry selects."""
-    known = set(g.index for g in gpus) | set(g.address for g in gpus)
+def resolve(entries, gpus, sysfs=None):
+    """{PF address: [LayoutEntry selecting it, in order]} for every GPU some entry selects.
+
+    Explicit devices of the simple layout must exist and be NVIDIA GPUs, each selected once per
+    entry (by address or index); with `sysfs` an address that is no GPU is explained the way
+    sriov_vfs explains it (no such device, a VF of <PF>).
+    """
     for entry in entries:
-        missing = [d for d in (entry.devices or ()) if d not in known] if entry.strict else []
-        if missing:
-            what = "GPU index" if isinstance(missing[0], int) else "GPU"
-            raise LayoutError("%s: %s %s does not exist on this node (NVIDIA GPUs: %s)"
-                              % (entry.origin, what, missing[0], ", ".join(g.address for g in gpus) or "none"))
+        if entry.strict and entry.devices:
+            _check_listed(entry, gpus, sysfs)
     selected = OrderedDict()
     for gpu in gpus:
         matching = [e for e in entries if e.selects(gpu)]
         if matching:
             selected[gpu.address] = matching
     return selected
+
+
+def _check_listed(entry, gpus, sysfs):
+    by_index = dict((g.index, g) for g in gpus)
+    by_address = dict((g.address, g) for g in gpus)
+    names = ", ".join(g.address for g in gpus) or "none"
+    selection = device_selection.Selection()
+    try:
+        for device in entry.devices:
+            gpu = by_index.get(device) if isinstance(device, int) else by_address.get(device)
+            if gpu is None and isinstance(device, int):
+                raise LayoutError("%s: GPU index %d does not exist on this node (NVIDIA GPUs: %s)"
+                                  % (entry.origin, device, names))
+            if gpu is None:
+                if sysfs is not None:
+                    device_selection.physical_function(sysfs, device)
+                raise LayoutError("%s: devices: %s is not an NVIDIA GPU on this node (NVIDIA GPUs: %s)"
+                                  % (entry.origin, device, names))
+            selection.choose(gpu.address, device)
+    except device_selection.SelectionError as err:
+        raise LayoutError("%s: %s" % (entry.origin, err)) from None
 
 
 def export_layout(gpu_profiles):

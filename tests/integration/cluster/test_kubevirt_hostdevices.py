@@ -243,3 +243,41 @@ def test_missing_kubernetes_library_is_named():
                           env=dict(os.environ, PYTHONPATH=str(COLLECTIONS)), timeout=60, check=False)
     result = json.loads(proc.stdout)
     assert proc.returncode == 1 and "Failed to import the required Python library (kubernetes)" in result["msg"]
+
+
+HAND_WRITTEN = {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/L40S-24Q"}
+
+
+def with_hand_written_entry(cluster):
+    """The CR a runbook leaves behind: the L40S VFs already permitted under another name."""
+    state = default_state()
+    state["objects"][0]["body"]["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"].append(HAND_WRITTEN)
+    cluster.reset(state)
+
+
+def test_a_hand_written_entry_for_the_same_vfs_fails_before_any_write(cluster, kubeconfig):
+    with_hand_written_entry(cluster)
+    for check in (True, False):
+        rc, result = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]},
+                                check=check)
+        assert rc == 1 and cluster.writes() == []
+        assert result["msg"] == (
+            "KubeVirt kubevirt/kubevirt pciHostDevices: pciVendorSelector 10DE:26B9 is permitted as nvidia.com/L40S-24Q "
+            "and would also be as nvidia.com/NVIDIA_L40S-24Q (two device plugins advertising the same devices); "
+            "list nvidia.com/L40S-24Q in take_over to replace it")
+
+
+def test_take_over_replaces_the_hand_written_entry_and_check_mode_shows_it(cluster, kubeconfig):
+    with_hand_written_entry(cluster)
+    args = {"kubeconfig": kubeconfig, "pci_host_devices": [L40S], "take_over": ["nvidia.com/L40S-24Q"]}
+    rc, check = run_module("kubevirt_hostdevices", args, check=True, diff=True)
+    assert rc == 0 and check["changed"] and all(w["dryRun"] == "All" for w in cluster.writes())
+    assert HAND_WRITTEN in check["diff"]["before"]["permittedHostDevices"]["pciHostDevices"]
+    assert check["diff"]["after"]["permittedHostDevices"]["pciHostDevices"] == [FOREIGN_T4, FOREIGN_NIC, L40S_ENTRY]
+    assert HAND_WRITTEN in configuration(cluster)["permittedHostDevices"]["pciHostDevices"]
+    rc, real = run_module("kubevirt_hostdevices", args, diff=True)
+    assert rc == 0 and real["diff"] == check["diff"] and real["changes"] == check["changes"]
+    assert "pciHostDevices: remove nvidia.com/L40S-24Q (taken over by nvidia.com/NVIDIA_L40S-24Q)" in real["changes"]
+    assert configuration(cluster)["permittedHostDevices"]["pciHostDevices"] == [FOREIGN_T4, FOREIGN_NIC, L40S_ENTRY]
+    rc, again = run_module("kubevirt_hostdevices", args)
+    assert rc == 0 and not again["changed"]

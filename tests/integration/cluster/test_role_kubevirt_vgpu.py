@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from cluster_helpers import CLUSTER_POLICY, COLLECTIONS, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, ROOT
+from cluster_helpers import CLUSTER_POLICY, COLLECTIONS, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, ROOT, default_state
 
 
 def resource(profile, pci_id="10DE:26B9", count=2):
@@ -77,3 +77,23 @@ def test_role_check_mode_writes_nothing(cluster, kubeconfig, tmp_path):
     assert proc.returncode == 0 and "changed=2" in proc.stdout, proc.stdout
     assert cluster.get(KUBEVIRT, "kubevirt", "kubevirt") == before
     assert all(w["dryRun"] == "All" for w in cluster.writes())
+
+
+def test_role_migrates_from_a_hand_written_entry_only_when_told(cluster, kubeconfig, tmp_path):
+    hand_written = {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/L40S-24Q"}
+    state = default_state()
+    state["objects"][0]["body"]["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"].append(hand_written)
+    cluster.reset(state)
+    nodes = {"gpu-a": [resource("L40S-24Q")]}
+    refused = run_role(tmp_path, kubeconfig, nodes)
+    assert refused.returncode != 0 and cluster.writes() == []
+    assert ("pciVendorSelector 10DE:26B9 is permitted as nvidia.com/L40S-24Q and would also be as "
+            "nvidia.com/NVIDIA_L40S-24Q") in refused.stdout, refused.stdout
+    role_vars = {"kubevirt_vgpu_take_over": ["nvidia.com/L40S-24Q"]}
+    migrated = run_role(tmp_path, kubeconfig, nodes, role_vars)
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    pci = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    assert pci == [FOREIGN_T4, FOREIGN_NIC, {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q"}]
+    cluster.clear_log()
+    again = run_role(tmp_path, kubeconfig, nodes, role_vars)
+    assert again.returncode == 0 and "changed=0" in again.stdout and cluster.writes() == [], again.stdout

@@ -102,6 +102,59 @@ def test_exclusive_mdev_prefix():
     assert plan.after["permittedHostDevices"]["mediatedDevices"] == [keep, T4_MDEV]
 
 
+HAND_WRITTEN = {"pciVendorSelector": "10de:26B9", "resourceName": "nvidia.com/L40S-24Q"}
+
+
+@pytest.mark.parametrize("foreign", [HAND_WRITTEN, dict(HAND_WRITTEN, externalResourceProvider=True),
+                                     dict(HAND_WRITTEN, pciVendorSelector=" 10DE:26b9")])
+def test_a_foreign_entry_for_our_devices_fails_naming_both(foreign):
+    cr = make_cr(pci=[FOREIGN_NIC, foreign])
+    with pytest.raises(kv.KubeVirtError) as err:
+        kv.plan_host_devices(cr, pci=[L40S])
+    assert str(err.value) == (
+        "KubeVirt kubevirt/kubevirt pciHostDevices: pciVendorSelector 10DE:26B9 is permitted as nvidia.com/L40S-24Q "
+        "and would also be as nvidia.com/NVIDIA_L40S-24Q (two device plugins advertising the same devices); "
+        "list nvidia.com/L40S-24Q in take_over to replace it")
+
+
+def test_a_foreign_mdev_entry_with_our_name_selector_fails():
+    cr = make_cr(mdev=[{"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/t4-small"}])
+    with pytest.raises(kv.KubeVirtError, match=r"mediatedDevices: mdevNameSelector GRID T4-1Q is permitted as "
+                                               r"nvidia.com/t4-small and would also be as nvidia.com/GRID_T4-1Q"):
+        kv.plan_host_devices(cr, mdev=[T4_MDEV])
+
+
+def test_take_over_replaces_the_foreign_entry_in_place_of_order():
+    cr = make_cr(pci=[HAND_WRITTEN, FOREIGN_NIC])
+    plan = kv.plan_host_devices(cr, pci=[L40S], take_over=["nvidia.com/L40S-24Q"])
+    assert plan.changes == ["pciHostDevices: remove nvidia.com/L40S-24Q (taken over by nvidia.com/NVIDIA_L40S-24Q)",
+                            "pciHostDevices: add nvidia.com/NVIDIA_L40S-24Q", "featureGates: add HostDevices"]
+    assert plan.before["permittedHostDevices"]["pciHostDevices"] == [HAND_WRITTEN, FOREIGN_NIC]
+    assert plan.after["permittedHostDevices"]["pciHostDevices"] == [FOREIGN_NIC, L40S]
+    again = kv.plan_host_devices(apply_patch(cr, plan.patch), pci=[L40S], take_over=["nvidia.com/L40S-24Q"])
+    assert not again.changed
+
+
+def test_take_over_never_removes_an_entry_for_other_devices():
+    cr = make_cr(pci=[FOREIGN_T4])
+    with pytest.raises(kv.KubeVirtError, match="take_over lists nvidia.com/TU104GL_Tesla_T4, but its pciVendorSelector "
+                                               "10DE:1EB8 is none of ours; refusing to remove it"):
+        kv.plan_host_devices(cr, pci=[L40S], take_over=[FOREIGN_T4["resourceName"]])
+
+
+def test_exclusive_vendor_and_absent_need_no_take_over():
+    cr = make_cr(pci=[HAND_WRITTEN])
+    assert kv.plan_host_devices(cr, pci=[L40S], exclusive_pci_vendors=["10DE"]).after[
+        "permittedHostDevices"]["pciHostDevices"] == [L40S]
+    assert not kv.plan_host_devices(cr, pci=[L40S], state="absent").changed
+
+
+def test_two_of_ours_for_one_selector_fail():
+    with pytest.raises(kv.KubeVirtError, match="pciHostDevices: pciVendorSelector 10DE:26B9 is listed for both "
+                                               "nvidia.com/NVIDIA_L40S-24Q and nvidia.com/NVIDIA_L40S"):
+        kv.plan_host_devices(make_cr(), pci=[L40S, kv.pci_entry("nvidia.com/NVIDIA_L40S", "10DE:26B9")])
+
+
 def test_missing_configuration_is_created():
     cr = {"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "1"}, "spec": {}}
     plan = kv.plan_host_devices(cr, pci=[L40S], feature_gate=False)
@@ -156,6 +209,15 @@ PCI_ENTRIES = st.builds(lambda name, vendor, dev, erp: dict(kv.pci_entry(name, "
                         NAMES, VENDORS, st.integers(0, 0xFFFF), st.booleans())
 
 
+def conflicting(current, desired, state, exclusive):
+    """Whether a foreign entry (not exclusive-removed) shares a selector with one of ours."""
+    names = {e["resourceName"] for e in desired}
+    ours = {e["pciVendorSelector"].upper() for e in desired}
+    return state == "present" and (len(ours) < len(desired) or any(
+        e["resourceName"] not in names and e["pciVendorSelector"].upper() in ours
+        and not kv._is_exclusive(kv.PCI, e, exclusive) for e in current))  # pylint: disable=protected-access
+
+
 def foreign_of(entries, ours, exclusive):
     ours_names = {e["resourceName"] for e in ours}
     return [e for e in entries if e["resourceName"] not in ours_names
@@ -168,6 +230,10 @@ def foreign_of(entries, ours, exclusive):
 def test_merge_never_loses_duplicates_or_reorders_foreign_entries(current, desired, state, exclusive):
     cr = make_cr(pci=current)
     snapshot = copy.deepcopy(cr)
+    if conflicting(current, desired, state, exclusive):  # one device, one owner: refused, nothing planned
+        with pytest.raises(kv.KubeVirtError, match="is permitted as|is listed for both"):
+            kv.plan_host_devices(cr, pci=desired, state=state, exclusive_pci_vendors=exclusive)
+        return
     plan = kv.plan_host_devices(cr, pci=desired, state=state, exclusive_pci_vendors=exclusive)
     assert cr == snapshot  # pure: the input is not modified
     after = apply_patch(cr, plan.patch)

@@ -121,3 +121,41 @@ def test_a_layout_that_selects_no_gpu_warns(node, capsys, tmp_path):
     other.write_text(json.dumps([{"device_filter": "0x1EB810DE", "profiles": {"T4-1Q": 16}}]))
     code, out, err = run(capsys, fake, "apply", "--check", "--config", str(other))
     assert code == 0 and out == "" and err == "warning: the layout selects no NVIDIA GPU on this node; nothing to do\n"
+
+
+@pytest.mark.parametrize("verb", ["apply", "assert", "export"])
+@pytest.mark.parametrize("root", ["--sysfs-root", "--dev-root", "--proc-root"])
+def test_a_missing_root_is_an_error_not_an_empty_node(node, capsys, tmp_path, verb, root):
+    fake, layout = node
+    roots = {"--sysfs-root": str(fake.sys), "--dev-root": str(fake.dev), "--proc-root": str(fake.proc)}
+    roots[root] = str(tmp_path / "typo")
+    argv = [verb] + (["--config", layout] if verb != "export" else [])
+    code = cli.main(argv + [item for pair in roots.items() for item in pair])
+    out, err = capsys.readouterr()
+    option = root[2:].replace("-", "_")
+    assert code == 2 and out == ""
+    assert err == "accelops-vgpu %s: %s %s: no such directory\n" % (verb, option, tmp_path / "typo")
+
+
+def test_a_sysfs_root_without_pci_devices_is_an_error(node, capsys, tmp_path):
+    fake, layout = node
+    (tmp_path / "not-sys").mkdir()
+    code = cli.main(["apply", "--config", layout, "--sysfs-root", str(tmp_path / "not-sys"),
+                     "--dev-root", str(fake.dev), "--proc-root", str(fake.proc)])
+    assert code == 2 and "sysfs_root %s: no bus/pci/devices below it" % (tmp_path / "not-sys") in capsys.readouterr()[1]
+
+
+@pytest.mark.parametrize("devices,message", [
+    (["0000:41:00.4"], "layout[0]: devices: 0000:41:00.4 is a VF of %s; select its physical function" % PF),
+    (["0000:99:00.0"], "layout[0]: devices: no PCI device 0000:99:00.0 on this node"),
+    (["41:00.0", PF], "layout[0]: devices: '41:00.0' and '%s' select the same devices" % PF),
+    ([0, PF], "layout[0]: devices: %s is selected twice (by 0 and '%s')" % (PF, PF)),
+])
+def test_layout_devices_follow_the_sriov_vfs_rules(node, capsys, tmp_path, devices, message):
+    fake, dummy = node
+    layout = tmp_path / "devices.json"
+    layout.write_text(json.dumps([{"devices": devices, "profiles": {"L40S-24Q": 1}}]))
+    code, out, err = run(capsys, fake, "apply", "--config", str(layout))
+    assert code == 2 and err.startswith("accelops-vgpu apply: ") and err.endswith(": %s\n" % message)
+    assert err.count("\n") == 1
+    assert (fake.dir("0000:41:00.4") / "nvidia/current_vgpu_type").read_text() == "0\n"

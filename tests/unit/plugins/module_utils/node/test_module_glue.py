@@ -49,11 +49,23 @@ def test_own_options_are_added_to_a_fresh_copy():
 
 
 def test_node_context_builds_the_engine_objects_from_params(tmp_path):
-    module = FakeModule(dict(sysfs_root=str(tmp_path), proc_root=str(tmp_path)))
+    (tmp_path / "bus/pci/devices").mkdir(parents=True)
+    module = FakeModule(dict(sysfs_root=str(tmp_path), proc_root=str(tmp_path), dev_root=str(tmp_path)))
     node = module_glue.NodeContext(module)
     assert node.sysfs.root == str(tmp_path)
     assert node.runner.run(["echo", "hi"]) == (0, "echo hi", "")
     assert node.held() == {}
+
+
+@pytest.mark.parametrize("root", ["sysfs_root", "dev_root", "proc_root"])
+def test_node_context_fails_the_module_on_a_missing_root(tmp_path, root):
+    (tmp_path / "bus/pci/devices").mkdir(parents=True)
+    params = dict(sysfs_root=str(tmp_path), proc_root=str(tmp_path), dev_root=str(tmp_path))
+    params[root] = str(tmp_path / "typo")
+    module = FakeModule(params)
+    with pytest.raises(Exited):
+        module_glue.NodeContext(module)
+    assert module.exited == {"msg": "%s %s: no such directory" % (root, tmp_path / "typo"), "failed": True}
 
 
 def test_apply_lock_is_real_only_outside_check_mode():

@@ -94,7 +94,12 @@ def test_simple_layout_by_address_index_and_filter():
 
 
 @pytest.mark.parametrize("layout,message", [
-    ([{"devices": ["0000:99:00.0"], "profiles": {}}], "layout[0]: GPU 0000:99:00.0 does not exist"),
+    ([{"devices": ["0000:99:00.0"], "profiles": {}}], "layout[0]: devices: 0000:99:00.0 is not an NVIDIA GPU"),
+    ([{"devices": ["41:00.0", "0000:41:00.0"], "profiles": {}}],
+     "layout[0]: devices: '41:00.0' and '0000:41:00.0' select the same devices"),
+    ([{"devices": [0, "0000:41:00.0"], "profiles": {}}],
+     "layout[0]: devices: 0000:41:00.0 is selected twice (by 0 and '0000:41:00.0')"),
+    ([{"devices": [1, "1"], "profiles": {}}], "layout[0]: devices: 1 and '1' select the same devices"),
     ([{"devices": [5], "profiles": {}}], "layout[0]: GPU index 5 does not exist"),
     ([{"devices": ["gpu0"], "profiles": {}}], "layout[0]: devices: 'gpu0' is not a PCI address"),
     ([{"devices": "all"}], "layout[0]: profiles is required"),
@@ -105,6 +110,19 @@ def test_bad_simple_layouts(layout, message):
     with pytest.raises(vl.LayoutError) as err:
         vl.resolve(vl.from_layout(layout), gpus(L40S, L40S))
     assert message in str(err.value)
+
+
+def test_vdm_indices_listed_twice_are_refused():
+    config = {"version": "v1", "vgpu-configs": {"two": [{"devices": [0, 0], "vgpu-devices": {"L40S-24Q": 1}}]}}
+    with pytest.raises(vl.LayoutError) as err:
+        vl.from_vdm_config(config, "two")
+    assert str(err.value) == "vgpu-configs.two[0]: devices: 0 and 0 select the same devices"
+
+
+def test_the_same_gpu_in_two_entries_is_an_override_not_a_duplicate():
+    entries = vl.from_layout([{"devices": "all", "profiles": {"L40S-24Q": 2}},
+                              {"devices": ["41:00.0"], "profiles": {"L40S-48Q": 1}}])
+    assert [e.origin for e in vl.resolve(entries, gpus(L40S))["0000:41:00.0"]] == ["layout[0]", "layout[1]"]
 
 
 def test_documents_are_recognised():
