@@ -1,0 +1,122 @@
+"""The fake cluster of the conformance tests: seed objects, the fake KubeVirt controller, module runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import COLLECTIONS, MODULES
+
+KUBEVIRT = "kubevirt.io/v1/kubevirts"
+VMIS = "kubevirt.io/v1/virtualmachineinstances"
+NODES = "v1/nodes"
+NAMESPACES = "v1/namespaces"
+DEVICE_CLASSES = "resource.k8s.io/v1/deviceclasses"
+L40S_RES = "nvidia.com/NVIDIA_L40S-24Q"
+A16_RES = "nvidia.com/NVIDIA_A16-4Q"
+PREFIX = "accelops.io/vgpu.profile."
+
+RESOURCES = {
+    KUBEVIRT: {"kind": "KubeVirt", "singular": "kubevirt", "namespaced": True, "verbs": ["get", "list"]},
+    NODES: {"kind": "Node", "singular": "node", "namespaced": False, "verbs": ["get", "list"]},
+    NAMESPACES: {"kind": "Namespace", "singular": "namespace", "namespaced": False,
+                 "verbs": ["get", "list", "create", "delete"]},
+    VMIS: {"kind": "VirtualMachineInstance", "singular": "virtualmachineinstance", "namespaced": True,
+           "verbs": ["get", "list", "create", "delete", "patch"]},
+}
+
+
+def kubevirt_cr(pci=None, mdev=None):
+    pci = [{"pciVendorSelector": "10DE:26B9", "resourceName": L40S_RES},
+           {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710"}] if pci is None else pci
+    mdev = [{"mdevNameSelector": "NVIDIA A16-4Q", "resourceName": A16_RES, "externalResourceProvider": True}] \
+        if mdev is None else mdev
+    return {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": pci, "mediatedDevices": mdev}}},
+            "status": {"observedKubeVirtVersion": "v1.9.0", "phase": "Deployed"}}
+
+
+def gpu_node(name, profiles, allocatable):
+    labels = {"kubernetes.io/hostname": name}
+    labels.update(("%s%s" % (PREFIX, p), str(c)) for p, c in profiles.items())
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": dict({"cpu": "32", "memory": "256Gi"},
+                                           **dict((r, str(c)) for r, c in allocatable.items()))}}
+
+
+# The nodes' own view: gpu-a as vgpu_profile reports it (2 L40S x 2 vGPUs), gpu-b as vgpu_facts does
+# (one A16 GPU with 4 mdevs).
+NODE_FACTS = {
+    "gpu-a": {"gpus": [{"address": "0000:41:00.0", "vgpus": [{"address": "0000:41:00.4", "after": "L40S-24Q"},
+                                                             {"address": "0000:41:00.5", "after": "L40S-24Q"}]},
+                       {"address": "0000:42:00.0", "vgpus": [{"address": "0000:42:00.4", "after": "L40S-24Q"},
+                                                             {"address": "0000:42:00.5", "after": "L40S-24Q"}]}]},
+    "gpu-b": {"gpus": [{"address": "0000:45:00.0"}], "vfs": [],
+              "mdevs": [{"uuid": "u%d" % i, "parent": "0000:45:00.0", "type_name": "NVIDIA A16-4Q"} for i in range(4)]},
+}
+
+
+def healthy_state(dra=True):
+    """Two GPU nodes (4 x L40S-24Q on 2 GPUs, 4 x A16-4Q on 1 GPU), a CPU node, KubeVirt, DRA."""
+    resources = copy.deepcopy(RESOURCES)
+    objects = [
+        {"resource": KUBEVIRT, "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt_cr()},
+        {"resource": NODES, "name": "gpu-a", "body": gpu_node("gpu-a", {"L40S-24Q": 4}, {L40S_RES: 4})},
+        {"resource": NODES, "name": "gpu-b", "body": gpu_node("gpu-b", {"A16-4Q": 4}, {A16_RES: 4})},
+        {"resource": NODES, "name": "cpu-1", "body": gpu_node("cpu-1", {}, {})},
+        {"resource": NAMESPACES, "name": "default", "body": {"apiVersion": "v1", "kind": "Namespace",
+                                                             "metadata": {"name": "default"}}},
+    ]
+    if dra:
+        resources[DEVICE_CLASSES] = {"kind": "DeviceClass", "singular": "deviceclass", "namespaced": False,
+                                     "verbs": ["get", "list"]}
+        objects.append({"resource": DEVICE_CLASSES, "name": "vfio.gpu.nvidia.com", "body": {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vfio.gpu.nvidia.com"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}})
+    return {"resources": resources, "objects": objects}
+
+
+def module_args(kubeconfig, report_dir=None, **extra):
+    args = {"kubeconfig": kubeconfig, "node_facts": NODE_FACTS, "running_timeout": 10, "ready_timeout": 10,
+            "pending_timeout": 1, "cleanup_timeout": 10, "poll_interval": 0.2, "container_disk_image": "example/disk:1"}
+    if report_dir is not None:
+        args["report_dir"] = str(report_dir)
+    args.update(extra)
+    return args
+
+
+def start_module(args, check=False, diff=False):
+    """The module as its own process (args on stdin), for runs that get a signal."""
+    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check, _ansible_diff=diff)}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("K8S_AUTH_")}
+    environ["PYTHONPATH"] = str(COLLECTIONS)
+    proc = subprocess.Popen([sys.executable, "-m", MODULES + "vgpu_conformance"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+    proc.stdin.write(json.dumps(payload))
+    proc.stdin.close()
+    return proc
+
+
+def rows(result, check=None):
+    return [r for r in result["report"]["checks"] if check is None or r["check"] == check]
+
+
+def row(result, check, subject):
+    found = [r for r in rows(result, check) if r["subject"] == subject]
+    assert len(found) == 1, (check, subject, rows(result, check))
+    return found[0]
+
+
+def created_and_deleted(log):
+    """(POSTed object paths, DELETEd object paths) of the module's requests in the API request log."""
+    posts, deletes = [], []
+    for entry in log:
+        if entry["method"] == "POST":
+            posts.append(entry["path"])
+        elif entry["method"] == "DELETE":
+            deletes.append(entry["path"])
+    return posts, deletes
