@@ -72,7 +72,8 @@ def _name_types(vfs, pf, type_names):
     for vf in vfs:
         names.update((t["id"], t["name"]) for t in vf["creatable_types"])
     if type_names and any(vf["vgpu_type_id"] and vf["vgpu_type_id"] not in names for vf in vfs):
-        for known in _attempt(lambda: type_names(pf), []):
+        # vgpu_apply.TypeNames answers (types, complete)
+        for known in _attempt(lambda: type_names(pf), ([], False))[0]:
             names.setdefault(known.type_id, known.name)
     for vf in vfs:
         vf["vgpu_type"] = names.get(vf["vgpu_type_id"]) if vf["vgpu_type_id"] else None

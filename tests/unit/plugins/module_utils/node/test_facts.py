@@ -115,7 +115,7 @@ def test_a_type_no_list_shows_any_more_is_named_by_type_names(tmp_path):
 
     def type_names(pf):
         asked.append(pf)
-        return [VgpuType(1153, "NVIDIA L40S-12Q")]
+        return [VgpuType(1153, "NVIDIA L40S-12Q")], False   # vgpu_apply.TypeNames' answer: (types, complete)
     sysfs = Sysfs(str(node.sys))
     vfs = facts.gather(sysfs, {}, type_names)["vfs"]
     assert [vf["vgpu_type"] for vf in vfs] == ["NVIDIA L40S-12Q"] * 2 and asked == [L40S]
