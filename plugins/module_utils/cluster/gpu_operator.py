@@ -23,11 +23,11 @@ from __future__ import annotations
 import re
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_client import WritePlan, read_modify_write
+from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import DEFAULT_PROFILE_PREFIX, profile_labels
 
 POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL = "nvidia.com", "v1", "clusterpolicies"
 WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
 SANDBOX_VALIDATOR_LABEL = "nvidia.com/gpu.deploy.sandbox-validator"
-DEFAULT_PROFILE_PREFIX = "accelops.io/vgpu.profile."
 # OS tags the operator appends (gpu-driver-container dirs and the usual node OS ids).
 _OS_SUFFIX_RE = re.compile(r"-(ubuntu\d+(\.\d+)?|rhel\d+(\.\d+)?|rhcos\d+(\.\d+)*|centos\d+|sles\d+(\.\d+)?|"
                            r"debian\d+|rocky\d+(\.\d+)?)\Z", re.IGNORECASE)
@@ -133,11 +133,6 @@ def validate_label(key, value, node):
     if value is not None and (len(value) > 63 or (value and not _LABEL_NAME_RE.match(value))):
         raise GpuOperatorError("Node %s: label %s value %r is not a valid Kubernetes label value"
                                % (shown(node), key, value))
-
-
-def profile_labels(profiles, prefix=DEFAULT_PROFILE_PREFIX):
-    """{profile: count} -> {prefix + profile: "count"}."""
-    return {prefix + str(profile): str(int(count)) for profile, count in sorted((profiles or {}).items())}
 
 
 def plan_node_labels(node_obj, desired, owned_prefix, state="present", only_if_ours=None):

@@ -7,6 +7,7 @@
                          [--lock-timeout S] [--wait-timeout S] [--sriov-manage PATH]
     accelops-vgpu assert --config FILE [--selected NAME]
     accelops-vgpu export [--format layout|vdm]
+    accelops-vgpu agent  [--node-name ... ]     (in-cluster node agent; `agent --help` lists its settings)
 
 FILE (`-` = stdin) is a vgpu-device-manager config (`version: v1`, `vgpu-configs`) or a layout
 list (`[{devices, device_filter, profiles}]`, optionally under a `layout:` key), JSON or YAML when
@@ -28,6 +29,7 @@ import json
 import os
 import sys
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent, settings as agent_settings
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
@@ -65,7 +67,7 @@ def _parser():
     layout.add_argument("--selected", "-c", default=os.environ.get("ACCELOPS_VGPU_SELECTED"),
                         help="config name in a vgpu-device-manager file (env ACCELOPS_VGPU_SELECTED)")
     parser = argparse.ArgumentParser(prog=PROG, description="Program NVIDIA vGPU profiles on this node.")
-    verbs = parser.add_subparsers(dest="verb", metavar="{apply,assert,export}")
+    verbs = parser.add_subparsers(dest="verb", metavar="{apply,assert,export,agent}")
     verbs.required = True
     apply_p = verbs.add_parser("apply", parents=[roots, layout], help="enable VFs and program the layout")
     apply_p.add_argument("--mixed-size", action="store_true", help="allow different framebuffer sizes per GPU")
@@ -85,6 +87,9 @@ def _parser():
     export_p = verbs.add_parser("export", parents=[roots], help="print the current layout")
     export_p.add_argument("--format", choices=("layout", "vdm"), default="layout",
                           help="a layout list (default) or a vgpu-device-manager config")
+    agent_p = verbs.add_parser("agent", help="in-cluster node agent (vgpu-device-manager's label protocol)",
+                               description=agent.DESCRIPTION)
+    agent_settings.add_arguments(agent_p)
     return parser
 
 
@@ -154,7 +159,7 @@ def cmd_export(args):
     return EXIT_OK
 
 
-VERBS = {"apply": cmd_apply, "assert": cmd_assert, "export": cmd_export}
+VERBS = {"apply": cmd_apply, "assert": cmd_assert, "export": cmd_export, "agent": agent.main}
 
 
 def main(argv=None):

@@ -26,6 +26,7 @@ import time
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 
 RUN_DIR = "/run/accelops-vgpu"
+LOCK_KEY_ENV = "ACCELOPS_VGPU_LOCK_KEY"
 
 
 class NodeLockError(EngineError):
@@ -33,8 +34,12 @@ class NodeLockError(EngineError):
 
 
 def lock_name(sysfs_root):
-    """`sys-<hash>.lock` for /sys: readable, and unique per real path."""
-    real = os.path.realpath(sysfs_root)
+    """`sys-<hash>.lock` for /sys: readable, and unique per real path.
+
+    A process that sees the host's /sys elsewhere (a container with the host under /host) names the
+    host's path in ACCELOPS_VGPU_LOCK_KEY, so it takes the same lock as the host's boot unit.
+    """
+    real = os.environ.get(LOCK_KEY_ENV) or os.path.realpath(sysfs_root)
     digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:12]
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(real) or "root")[-32:]
     return "%s-%s.lock" % (label, digest)

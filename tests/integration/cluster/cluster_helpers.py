@@ -89,20 +89,21 @@ def default_state(version="v1.9.0"):
 class ApiServer:
     """The server process and its test controls."""
 
-    def __init__(self, proc, port):
-        self.proc, self.port = proc, port
-        self.url = "http://127.0.0.1:%d" % port
+    def __init__(self, proc, port, context=None):
+        self.proc, self.port, self.context = proc, port, context
+        self.url = "%s://127.0.0.1:%d" % ("https" if context else "http", port)
 
     @classmethod
-    def start(cls):
-        """tests/fakes/kmock_serve.py on a free loopback port, once it says "ready <port>"."""
-        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fakes" / "kmock_serve.py")],
+    def start(cls, *options, context=None):
+        """tests/fakes/kmock_serve.py [options] (default: a free loopback port), once it says "ready
+        <port>"; `context`: the ssl context the controls use when options ask for HTTPS."""
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fakes" / "kmock_serve.py")] + list(options),
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = proc.stdout.readline().split()
         if line[:1] != ["ready"]:
             cls(proc, 0).stop()
             raise RuntimeError("kmock_serve did not start: %r" % line)
-        return cls(proc, int(line[1]))
+        return cls(proc, int(line[1]), context)
 
     def stop(self):
         self.proc.terminate()
@@ -116,7 +117,7 @@ class ApiServer:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + "/_ctl/" + path, data=data, method="GET" if data is None else "POST",
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10, context=self.context) as resp:
             return json.load(resp)
 
     def reset(self, state):
@@ -136,6 +137,10 @@ class ApiServer:
 
     def clear_log(self):
         self._ctl("log/clear", {})
+
+    def control(self, path, body=None):
+        """Any other control of kmock_serve.py (its docstring lists them)."""
+        return self._ctl(path, {} if body is None else body)
 
     def get(self, resource, name, namespace=None):
         query = "resource=%s&name=%s&namespace=%s" % (resource, name, namespace or "")

@@ -1,0 +1,259 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node agent: reconcile this node's vGPU layout with its `nvidia.com/vgpu.config` label.
+
+A watcher thread follows the Node (node_watch) and keeps the latest object; the main thread
+reconciles whenever the wanted (config name, config file digest) differs from what it last
+reconciled, or when RESYNC_INTERVAL has passed (a failed layout is retried then; a good one is
+re-asserted, which reads sysfs but writes nothing when the node still matches). Changes that
+arrive while an apply runs are not lost: the latest one is reconciled next (last change wins).
+
+One reconcile (VDM's flow, domain brief 12, through the engine `accelops-vgpu apply` uses):
+1. the config is parsed and a check-mode plan made: errors (unknown config, broken file, a VF a
+   VM holds) fail before any sysfs or label write;
+2. already applied: no `pending`, no pause; leftover paused operands are restored, state `success`;
+3. else state `pending`, operands paused (only deploy labels at "true"), apply under the node
+   lock (enabling VFs as needed), operands restored also when the apply fails, state `success`
+   with the profile labels, or `failed` with the reason (annotation + Event).
+Any error becomes state `failed` with its reason; API errors are retried with backoff. The agent
+exits only on SIGTERM/SIGINT (0).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent import kube, protocol as vdm
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent import settings as agent_settings
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.config_source import ConfigSource
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError, KubeUnavailable
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.node_watch import Backoff, NodeWatcher
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import profiles_in_use
+
+COMPONENT = "accelops-vgpu-agent"
+EVENT_FAILED, EVENT_APPLIED = "VGPUConfigFailed", "VGPUConfigApplied"
+CONFLICT_RETRIES = 5
+DESCRIPTION = ("Reconcile this node's vGPU layout with its nvidia.com/vgpu.config label (vgpu-device-manager's "
+               "protocol: nvidia.com/vgpu.config.state pending/success/failed, sandbox operands paused and "
+               "restored). Settings come from the environment variables named below; a flag wins over its "
+               "variable. Exit 0 on SIGTERM/SIGINT, 2 on bad settings or credentials (one line); apply "
+               "failures never end it (state failed, reason in the annotation accelops.io/vgpu.config.reason "
+               "and a VGPUConfigFailed Event).")
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def log(message):
+    sys.stderr.write("%s %s: %s\n" % (_now(), COMPONENT, message))
+    sys.stderr.flush()
+
+
+def _meta(node, key):
+    return dict(((node or {}).get("metadata") or {}).get(key) or {})
+
+
+class Agent:
+    def __init__(self, settings, api, namespace, clock=time.monotonic):
+        self.settings, self.api, self.namespace, self.clock = settings, api, namespace, clock
+        self.config = ConfigSource(settings.config_file)
+        self.stop, self.wake, self._lock = threading.Event(), threading.Event(), threading.Lock()
+        self.latest = None          # the node as last listed/watched
+        self.reconciled = None      # (config name, config digest) of the last finished reconcile
+        self.next_resync = 0.0
+        self.api_backoff = Backoff(base=1.0, cap=30.0)
+        self.last_event = None
+        self.serial = time.time_ns()
+
+    # --- threads ---------------------------------------------------------------------------------
+    def on_node(self, node):
+        with self._lock:
+            self.latest = node
+        self.wake.set()
+
+    def run(self):
+        watcher = NodeWatcher(self.api, self.settings.node_name, self.on_node, self.stop,
+                              watch_timeout=self.settings.watch_timeout, log=log)
+        threading.Thread(target=watcher.run, name="node-watch", daemon=True).start()
+        log("reconciling node %s from %s (default config %s)" % (
+            self.settings.node_name, self.settings.config_file, self.settings.default_vgpu_config))
+        while not self.stop.is_set():
+            self.step()
+            timeout = min(self.settings.config_poll_interval, max(0.05, self.next_resync - self.clock()))
+            self.wake.wait(timeout)
+            self.wake.clear()
+        self.write_status("stopped", None, None)
+        return 0
+
+    def shutdown(self, *dummy):
+        self.stop.set()
+        self.wake.set()
+
+    def step(self):
+        if self.config.poll():
+            log("config file %s changed" % self.settings.config_file)
+        with self._lock:
+            node = self.latest
+        if node is None:
+            return
+        wanted = (vdm.selected_config(node, self.settings.default_vgpu_config), self.config.digest)
+        if wanted == self.reconciled and self.clock() < self.next_resync:
+            return
+        self.reconcile(node, wanted)
+
+    # --- one reconcile ---------------------------------------------------------------------------
+    def engine(self):
+        s = self.settings
+        return vgpu_apply.Node(Sysfs(s.sysfs_root), CommandRunner(), s.dev_root, s.proc_root,
+                               sriov_manage_path=s.sriov_manage)
+
+    def reconcile(self, node, wanted):
+        name = wanted[0]
+        try:
+            state, profiles, reason, changed = self._converge(node, name)
+        except (KubeApiError, KubeUnavailable) as exc:
+            delay = self.api_backoff.next()
+            log("config %s: API server: %s; trying again in %.1f s" % (name, exc, delay))
+            self.reconciled, self.next_resync = None, self.clock() + delay
+            return
+        self.api_backoff.reset()
+        self.reconciled, self.next_resync = wanted, self.clock() + self.settings.resync_interval
+        if state == vdm.FAILED:
+            log("config %s: failed: %s" % (name, reason))
+        elif changed:
+            log("config %s: applied (%s)" % (name, _profiles_text(profiles)))
+        self.write_status(state, name, reason)
+
+    def _converge(self, node, name):
+        """(state, profiles, reason, changed); labels and Events written on the way."""
+        s = self.settings
+        try:
+            entries = self.config.entries(name)
+            engine = self.engine()
+            preview = vgpu_apply.apply(engine, entries, mixed_size=s.mixed_size, check_mode=True, enable_vfs=True)
+            if not preview["changed"]:
+                profiles = profiles_in_use(preview["resources"])
+                self._finish(node, vdm.SUCCESS, profiles, None, applied=False)
+                return vdm.SUCCESS, profiles, None, False
+            log("config %s: applying" % name)
+            node = self._patch(node, vdm.outcome_patch(_meta(node, "labels"), {}, vdm.PENDING))
+            node = self._pause(node)
+            result = vgpu_apply.apply(engine, entries, mixed_size=s.mixed_size, lock_timeout=s.lock_timeout,
+                                      enable_vfs=True, wait_timeout=s.wait_timeout)
+        except (KubeApiError, KubeUnavailable):
+            raise
+        except EngineError as exc:
+            reason = vdm.reason_text(exc)
+        except Exception as exc:  # a bug must not crash-loop the pod: report it like any failure
+            log(traceback.format_exc().rstrip())
+            reason = vdm.reason_text("internal error: %s: %s" % (type(exc).__name__, exc))
+        else:
+            profiles = profiles_in_use(result["resources"])
+            self._finish(node, vdm.SUCCESS, profiles, None, applied=True, config=name)
+            return vdm.SUCCESS, profiles, None, True
+        self._finish(node, vdm.FAILED, None, reason, applied=False, config=name)
+        return vdm.FAILED, None, reason, False
+
+    def _patch(self, node, patch):
+        """Merge-patch our Node; returns the updated object (or `node` when there is nothing to do)."""
+        if not patch:
+            return node
+        return self.api.patch_node(self.settings.node_name, patch)
+
+    def _pause(self, node):
+        """Pause the operands whose deploy label is "true" (resourceVersion-guarded, 409 retried)."""
+        for attempt in range(CONFLICT_RETRIES):
+            labels = _meta(node, "labels")
+            patch = vdm.pause_patch(labels)
+            if not patch:
+                return node
+            try:
+                version = ((node or {}).get("metadata") or {}).get("resourceVersion")
+                node = self.api.patch_node(self.settings.node_name,
+                                           {"metadata": {"resourceVersion": version, "labels": patch}})
+                log("paused %s" % ", ".join(sorted(patch)))
+                return node
+            except KubeApiError as exc:
+                if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
+                    raise
+                node = self.api.get_node(self.settings.node_name)
+        return node
+
+    def _finish(self, node, state, profiles, reason, applied, config=None):
+        """One patch: state, reason, profile labels, and every operand still paused put back."""
+        try:
+            current = self.api.get_node(self.settings.node_name) if applied or state == vdm.FAILED else node
+        except KubeApiError as exc:
+            if exc.status != 404:
+                raise
+            current = node
+        labels = _meta(current, "labels")
+        patch = vdm.outcome_patch(labels, _meta(current, "annotations"), state, profiles, reason) or {"metadata": {}}
+        restore = vdm.restore_patch(labels)
+        if restore:
+            patch["metadata"].setdefault("labels", {}).update(restore)
+            log("restored %s" % ", ".join(sorted(restore)))
+        self._patch(current, patch if patch["metadata"] else None)
+        if state == vdm.FAILED:
+            self._event(current, EVENT_FAILED, "config %s: %s" % (config, reason), warning=True)
+        elif applied:
+            self._event(current, EVENT_APPLIED, "config %s applied: %s" % (config, _profiles_text(profiles)),
+                        warning=False)
+
+    def _event(self, node, reason, message, warning):
+        if (reason, message) == self.last_event and warning:
+            return  # the same failure again (a resync retry): one Event is enough
+        self.last_event = (reason, message)
+        self.serial += 1
+        try:
+            self.api.create_event(self.namespace, vdm.event(node, self.namespace, reason, message, warning,
+                                                            COMPONENT, _now(), self.serial))
+        except (KubeApiError, KubeUnavailable) as exc:
+            log("cannot create the Event (%s): %s" % (reason, exc))
+
+    def write_status(self, state, config, reason):
+        path = self.settings.status_file
+        if not path:
+            return
+        tmp = path + ".tmp"
+        try:
+            with open(tmp, "w") as handle:
+                json.dump({"state": state, "config": config, "reason": reason, "time": _now(),
+                           "pid": os.getpid()}, handle)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log("cannot write the status file %s: %s" % (path, exc.strerror))
+
+
+def _profiles_text(profiles):
+    return ", ".join("%d x %s" % (n, p) for p, n in sorted((profiles or {}).items())) or "no vGPUs"
+
+
+def main(args):
+    """`accelops-vgpu agent`: settings from flags/environment, credentials, then run until
+    SIGTERM/SIGINT (exit 0). Bad settings or credentials raise (the CLI exits 2, one line)."""
+    settings = agent_settings.resolve(args)
+    if settings.kubeconfig:
+        credentials = kube.from_kubeconfig(settings.kubeconfig)
+    else:
+        credentials = kube.in_cluster()
+    if settings.lock_key:
+        os.environ[LOCK_KEY_ENV] = settings.lock_key  # the engine names the node lock after it
+    agent = Agent(settings, kube.KubeClient(credentials), settings.namespace or credentials.namespace or "default")
+    signal.signal(signal.SIGTERM, agent.shutdown)
+    signal.signal(signal.SIGINT, agent.shutdown)
+    return agent.run()

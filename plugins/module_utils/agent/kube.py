@@ -1,0 +1,277 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A small Kubernetes API client for the node agent, standard library only.
+
+The agent needs five calls (list/get/watch/patch its own Node, create an Event), so it speaks HTTP
+itself instead of shipping the `kubernetes` client (docs/design.md, "Node agent"). Credentials:
+
+- in-cluster (a pod): KUBERNETES_SERVICE_HOST/PORT and the service account's `token`, `ca.crt` and
+  `namespace` files. The token is projected and rotated by the kubelet, so it is read again for
+  every request (a small file read), never cached;
+- a kubeconfig (KUBECONFIG; tests and out-of-cluster runs): the current context's server, CA
+  (`certificate-authority[-data]`, `insecure-skip-tls-verify`), and a `token`, `tokenFile` or client
+  certificate (`client-certificate[-data]`, `client-key[-data]`). JSON, or YAML when PyYAML exists.
+
+Errors: `KubeApiError` (the server answered with a failure Status; `.status` is the HTTP code) and
+`KubeUnavailable` (no answer: refused, reset, timed out, TLS failure). Both read as one line.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import ssl
+import tempfile
+import urllib.parse
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+MERGE_PATCH = "application/merge-patch+json"
+REQUEST_TIMEOUT = 30.0
+USER_AGENT = "accelops-vgpu-agent"
+
+
+class KubeConfigError(EngineError):
+    """No usable credentials (a startup problem: the agent exits 2)."""
+
+
+class KubeUnavailable(EngineError):
+    """The API server did not answer (refused, reset, timed out, TLS)."""
+
+
+class KubeApiError(EngineError):
+    """The API server answered with an error Status."""
+
+    def __init__(self, message, status=None, reason=None):
+        super().__init__(message)
+        self.status, self.reason = status, reason
+
+
+def _read(path):
+    with open(path) as handle:
+        return handle.read().strip()
+
+
+class Credentials:
+    """Where to connect and how to authenticate; the bearer token is read at every request."""
+
+    def __init__(self, server, ca_file=None, ca_data=None, insecure=False, token=None, token_file=None,
+                 cert_file=None, key_file=None, namespace=None):
+        parsed = urllib.parse.urlsplit(server)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise KubeConfigError("API server %r is not an http(s) URL" % server)
+        self.server, self.scheme = server.rstrip("/"), parsed.scheme
+        self.host, self.port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+        self.token, self.token_file, self.namespace = token, token_file, namespace
+        self.context = None
+        if self.scheme == "https":
+            self.context = ssl.create_default_context(cafile=ca_file, cadata=ca_data)
+            if insecure:
+                self.context.check_hostname = False
+                self.context.verify_mode = ssl.CERT_NONE
+            if cert_file:
+                self.context.load_cert_chain(cert_file, key_file)
+
+    def bearer(self):
+        """The token as of now (a rotated file is read again); None when the client uses a certificate."""
+        if self.token_file:
+            try:
+                return _read(self.token_file)
+            except OSError as exc:
+                raise KubeConfigError("cannot read the service account token %s: %s"
+                                      % (self.token_file, exc.strerror)) from None
+        return self.token
+
+
+def in_cluster(sa_dir=SA_DIR, environ=None):
+    """Credentials of the pod's service account."""
+    environ = os.environ if environ is None else environ
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT") or "443"
+    if not host:
+        raise KubeConfigError("not in a cluster: KUBERNETES_SERVICE_HOST is not set and KUBECONFIG is not given")
+    for name in ("token", "ca.crt"):
+        if not os.path.isfile(os.path.join(sa_dir, name)):
+            raise KubeConfigError("in-cluster config: %s is missing" % os.path.join(sa_dir, name))
+    try:
+        namespace = _read(os.path.join(sa_dir, "namespace"))
+    except OSError:
+        namespace = None
+    host = "[%s]" % host if ":" in host else host
+    try:
+        return Credentials("https://%s:%s" % (host, port), ca_file=os.path.join(sa_dir, "ca.crt"),
+                           token_file=os.path.join(sa_dir, "token"), namespace=namespace)
+    except (ssl.SSLError, OSError) as exc:
+        raise KubeConfigError("in-cluster config: cannot load %s: %s" % (os.path.join(sa_dir, "ca.crt"), exc)) from None
+
+
+def _load_kubeconfig(path):
+    try:
+        text = _read(path)
+    except OSError as exc:
+        raise KubeConfigError("cannot read kubeconfig %s: %s" % (path, exc.strerror)) from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        try:
+            import yaml  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            raise KubeConfigError("kubeconfig %s is not JSON and PyYAML is not installed" % path) from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise KubeConfigError("kubeconfig %s is neither JSON nor YAML" % path) from None
+
+
+def _named(items, name, what, path):
+    for item in items or ():
+        if isinstance(item, dict) and item.get("name") == name:
+            return item.get(what) or {}
+    raise KubeConfigError("kubeconfig %s: no %s named %r" % (path, what, name))
+
+
+def from_kubeconfig(path, scratch_dir=None):
+    """Credentials of the current context of a kubeconfig file (`*-data` fields go to private files)."""
+    config = _load_kubeconfig(path)
+    if not isinstance(config, dict) or not config.get("current-context"):
+        raise KubeConfigError("kubeconfig %s has no current-context" % path)
+    context = _named(config.get("contexts"), config["current-context"], "context", path)
+    cluster = _named(config.get("clusters"), context.get("cluster"), "cluster", path)
+    user = _named(config.get("users"), context.get("user"), "user", path) if context.get("user") else {}
+    base = os.path.dirname(os.path.abspath(path))
+
+    def file_of(field):
+        if user.get(field + "-data") or cluster.get(field + "-data"):
+            data = base64.b64decode(user.get(field + "-data") or cluster.get(field + "-data"))
+            handle = tempfile.NamedTemporaryFile(prefix="kube-", dir=scratch_dir, delete=False)
+            with handle:
+                handle.write(data)
+            return handle.name
+        value = user.get(field) or cluster.get(field)
+        return os.path.join(base, value) if value else None
+
+    if not cluster.get("server"):
+        raise KubeConfigError("kubeconfig %s: cluster %r has no server" % (path, context.get("cluster")))
+    token_file = user.get("tokenFile")
+    try:
+        return Credentials(cluster["server"], ca_file=file_of("certificate-authority"),
+                           insecure=bool(cluster.get("insecure-skip-tls-verify")), token=user.get("token"),
+                           token_file=os.path.join(base, token_file) if token_file else None,
+                           cert_file=file_of("client-certificate"), key_file=file_of("client-key"),
+                           namespace=context.get("namespace"))
+    except (ssl.SSLError, OSError) as exc:
+        raise KubeConfigError("kubeconfig %s: cannot load its certificates: %s" % (path, exc)) from None
+
+
+def _status_message(status, body):
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and doc.get("kind") == "Status":
+        return doc.get("message") or doc.get("reason") or "HTTP %d" % status, doc.get("reason")
+    return "HTTP %d: %s" % (status, " ".join(body.decode("utf-8", "replace").split())[:200]), None
+
+
+class KubeClient:
+    """The calls the agent makes. Every method raises KubeApiError or KubeUnavailable."""
+
+    def __init__(self, credentials, timeout=REQUEST_TIMEOUT):
+        self.credentials, self.timeout = credentials, timeout
+
+    # --- plumbing -----------------------------------------------------------------------------------
+    def _connection(self, timeout):
+        creds = self.credentials
+        if creds.scheme == "https":
+            return http.client.HTTPSConnection(creds.host, creds.port, timeout=timeout, context=creds.context)
+        return http.client.HTTPConnection(creds.host, creds.port, timeout=timeout)
+
+    def _open(self, method, path, query=None, body=None, content_type="application/json", timeout=None):
+        """(connection, response) with a 2xx status; a 401 re-reads the token and tries once more."""
+        url = path + ("?" + urllib.parse.urlencode(query) if query else "")
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        for attempt in (1, 2):
+            headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+            token = self.credentials.bearer()
+            if token:
+                headers["Authorization"] = "Bearer " + token
+            if data is not None:
+                headers["Content-Type"] = content_type
+            conn = self._connection(timeout or self.timeout)
+            try:
+                conn.request(method, url, body=data, headers=headers)
+                response = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                why = exc or type(exc).__name__
+                raise KubeUnavailable("%s %s: no answer from %s: %s" % (method, path, self.credentials.server,
+                                                                        why)) from None
+            if 200 <= response.status < 300:
+                return conn, response
+            payload = response.read()
+            conn.close()
+            if response.status == 401 and attempt == 1:
+                continue  # the token rotated between our read and the server's check: read it again
+            message, reason = _status_message(response.status, payload)
+            raise KubeApiError("%s %s: %s" % (method, path, message), response.status, reason)
+        raise AssertionError("unreachable")
+
+    def request(self, method, path, query=None, body=None, content_type="application/json"):
+        conn, response = self._open(method, path, query, body, content_type)
+        try:
+            payload = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise KubeUnavailable("%s %s: answer cut off: %s" % (method, path, exc)) from None
+        finally:
+            conn.close()
+        try:
+            return json.loads(payload) if payload else {}
+        except ValueError:
+            raise KubeApiError("%s %s: the answer is not JSON" % (method, path)) from None
+
+    # --- the agent's calls --------------------------------------------------------------------------
+    def get_node(self, name):
+        return self.request("GET", "/api/v1/nodes/" + urllib.parse.quote(name, safe=""))
+
+    def list_node(self, name):
+        """(node or None, the list's resourceVersion): the starting point of a watch."""
+        found = self.request("GET", "/api/v1/nodes", {"fieldSelector": "metadata.name=" + name})
+        items = [i for i in found.get("items") or () if (i.get("metadata") or {}).get("name") == name]
+        return (items[0] if items else None), (found.get("metadata") or {}).get("resourceVersion")
+
+    def patch_node(self, name, patch):
+        return self.request("PATCH", "/api/v1/nodes/" + urllib.parse.quote(name, safe=""), body=patch,
+                            content_type=MERGE_PATCH)
+
+    def create_event(self, namespace, event):
+        return self.request("POST", "/api/v1/namespaces/%s/events" % urllib.parse.quote(namespace, safe=""),
+                            body=event)
+
+    def watch_node(self, name, resource_version, timeout_seconds):
+        """Yield the watch's events (dicts) until the server ends the stream; the socket times out
+        a little after `timeout_seconds`, so a silent half-open connection cannot hang the agent."""
+        query = {"watch": "true", "fieldSelector": "metadata.name=" + name, "allowWatchBookmarks": "true",
+                 "timeoutSeconds": str(int(timeout_seconds))}
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        conn, response = self._open("GET", "/api/v1/nodes", query, timeout=timeout_seconds + 30)
+        try:
+            while True:
+                try:
+                    line = response.readline()
+                except (OSError, http.client.HTTPException) as exc:
+                    raise KubeUnavailable("watch of node %s broke: %s" % (name, exc or type(exc).__name__)) from None
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    raise KubeUnavailable("watch of node %s: a line that is not JSON" % name) from None
+                yield event
+        finally:
+            conn.close()

@@ -1,0 +1,131 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The agent's settings: environment variables (VDM's names where VDM has one), each also a flag.
+
+A flag wins over its variable. `add_arguments(parser)` declares them all (their help is what
+`accelops-vgpu agent --help` prints); `resolve(args)` checks them and fills derived values.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+
+# (flag, environment variable, default, kind, help); kind: str, seconds, bool
+OPTIONS = (
+    ("--node-name", "NODE_NAME", None, "str", "required: the Node this agent reconciles (the pod's spec.nodeName)"),
+    ("--config-file", "CONFIG_FILE", None, "str",
+     "required: vgpu-device-manager config (JSON, or YAML with PyYAML), usually a mounted ConfigMap key; "
+     "re-read when its content changes (the ConfigMap's ..data swap included)"),
+    ("--default-vgpu-config", "DEFAULT_VGPU_CONFIG", None, "str",
+     "required: config name used while the node has no nvidia.com/vgpu.config label"),
+    ("--namespace", "NAMESPACE", None, "str",
+     "namespace for the agent's Events (default: the service account's namespace, else 'default')"),
+    ("--host-root-mount", "HOST_ROOT_MOUNT", "/host", "str",
+     "where the host's / is mounted: sysfs, dev and proc default to its sys, dev and proc (default /host)"),
+    ("--sysfs-root", "ACCELOPS_VGPU_SYSFS_ROOT", None, "str", "node sysfs (default $HOST_ROOT_MOUNT/sys)"),
+    ("--dev-root", "ACCELOPS_VGPU_DEV_ROOT", None, "str", "node /dev for VFIO device nodes (default $HOST_ROOT_MOUNT/dev)"),
+    ("--proc-root", "ACCELOPS_VGPU_PROC_ROOT", None, "str",
+     "node /proc to find VFIO handles VMs hold (default $HOST_ROOT_MOUNT/proc; needs hostPID or the host's /proc)"),
+    ("--lock-key", "ACCELOPS_VGPU_LOCK_KEY", None, "str",
+     "the host's path of the sysfs root, naming the node lock shared with the boot unit and the modules "
+     "(default /sys when the sysfs root is $HOST_ROOT_MOUNT/sys, else the sysfs root); mount the host's "
+     "/run/accelops-vgpu at /run/accelops-vgpu to share it"),
+    ("--kubeconfig", "KUBECONFIG", None, "str",
+     "kubeconfig file (out of cluster, tests); default: the in-cluster service account "
+     "(KUBERNETES_SERVICE_HOST/PORT, /var/run/secrets/kubernetes.io/serviceaccount/{token,ca.crt,namespace})"),
+    ("--sriov-manage", "SRIOV_MANAGE", None, "str",
+     "sriov-manage to enable VFs with (GPU Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage; "
+     "default /usr/lib/nvidia/sriov-manage, then PATH)"),
+    ("--resync-interval", "RESYNC_INTERVAL", "300", "seconds",
+     "seconds after which a failed layout is retried and an idle node re-asserted (default 300)"),
+    ("--config-poll-interval", "CONFIG_POLL_INTERVAL", "5", "seconds",
+     "seconds between checks of CONFIG_FILE for a new content (default 5; a stat and a readlink, no sysfs)"),
+    ("--watch-timeout", "WATCH_TIMEOUT", "300", "seconds",
+     "timeoutSeconds of each watch of the node; it is resumed afterwards (default 300)"),
+    ("--lock-timeout", "LOCK_TIMEOUT", "300", "seconds",
+     "seconds to wait for the node lock held by another apply (default 300)"),
+    ("--wait-timeout", "WAIT_TIMEOUT", "120", "seconds", "seconds enabled VFs may take to appear (default 120)"),
+    ("--mixed-size", "MIXED_SIZE", "false", "bool", "true: allow several framebuffer sizes per GPU (apply --mixed-size)"),
+    ("--status-file", "STATUS_FILE", None, "str",
+     "file the agent rewrites with its last state as JSON (for a readiness/liveness probe)"),
+)
+REQUIRED = ("node_name", "config_file", "default_vgpu_config")
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+class SettingsError(EngineError):
+    """Bad startup configuration (exit 2)."""
+
+
+def _dest(flag):
+    return flag[2:].replace("-", "_")
+
+
+def add_arguments(parser):
+    for flag, env, default, kind, text in OPTIONS:
+        shown = " (env %s)" % env
+        if kind == "bool":
+            parser.add_argument(flag, dest=_dest(flag), nargs="?", const="true", default=None, metavar="true|false",
+                                help=text + shown)
+        else:
+            parser.add_argument(flag, dest=_dest(flag), default=None, metavar="S" if kind == "seconds" else "VALUE",
+                                help=text + shown)
+
+
+def _seconds(name, text):
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not value > 0:
+        raise SettingsError("%s=%r is not a positive number of seconds" % (name, text))
+    return value
+
+
+def _bool(name, text):
+    lowered = str(text).strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off", ""):
+        return False
+    raise SettingsError("%s=%r is neither true nor false" % (name, text))
+
+
+def resolve(args, environ=None):
+    """A plain object with every setting; SettingsError names the first bad one."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for flag, env, default, kind, dummy in OPTIONS:
+        dest = _dest(flag)
+        given = getattr(args, dest, None)
+        raw = given if given is not None else environ.get(env) or default
+        name = flag if given is not None else env
+        if kind == "seconds":
+            raw = _seconds(name, raw)
+        elif kind == "bool":
+            raw = _bool(name, raw)
+        values[dest] = raw
+    for dest in REQUIRED:
+        if not values[dest]:
+            env = [o[1] for o in OPTIONS if _dest(o[0]) == dest][0]
+            raise SettingsError("%s is required (or --%s)" % (env, dest.replace("_", "-")))
+    host = values["host_root_mount"]
+    derived_sysfs = not values["sysfs_root"]
+    values["sysfs_root"] = values["sysfs_root"] or os.path.join(host, "sys")
+    values["dev_root"] = values["dev_root"] or os.path.join(host, "dev")
+    values["proc_root"] = values["proc_root"] or os.path.join(host, "proc")
+    if not values["lock_key"]:
+        values["lock_key"] = "/sys" if derived_sysfs else None
+    if not os.path.isdir(values["sysfs_root"]):
+        raise SettingsError("sysfs root %s is not a directory (HOST_ROOT_MOUNT or ACCELOPS_VGPU_SYSFS_ROOT)"
+                            % values["sysfs_root"])
+    if not values["namespace"]:
+        try:
+            with open(SA_NAMESPACE) as handle:
+                values["namespace"] = handle.read().strip() or None
+        except OSError:
+            pass
+    return type("Settings", (), values)()

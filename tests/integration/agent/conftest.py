@@ -1,0 +1,50 @@
+"""Agent tests: one API server double per session (reset per test), the node CLI zipapp built once."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
+    NODE_PYTHON, AgentProcess, Cluster, agent_state)
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ROOT, ApiServer
+
+
+@pytest.fixture(scope="session")
+def pyz(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("agent-cli") / "accelops-vgpu.pyz")
+    subprocess.run([NODE_PYTHON, str(ROOT / "tools" / "build-node-cli.py"), out], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def agent_api():
+    server = ApiServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def cluster(agent_api):
+    """The double holding one Node `gpu-a` without labels; `cluster.api.reset(agent_state(...))` for others."""
+    agent_api.reset(agent_state())
+    agent_api.control("watch-config", {"bookmark_interval": None})
+    return Cluster(agent_api)
+
+
+@pytest.fixture
+def start_agent(pyz, tmp_path):
+    """start_agent(gpu_node, api=..., **env) -> a running AgentProcess, stopped at teardown."""
+    started = []
+
+    def start(gpu_node, api, argv_prefix=(), **env):
+        agent = AgentProcess(pyz, gpu_node, api, tmp_path, argv_prefix, **env).start()
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.stop()

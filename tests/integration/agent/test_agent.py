@@ -1,0 +1,124 @@
+"""`accelops-vgpu agent` as a real process: labels in, layouts on the simulated node, state out."""
+
+from __future__ import annotations
+
+import subprocess
+
+from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
+    CONFIG_LABEL, CONFIGS, NODE_PYTHON, PLUGIN_LABEL, PROFILE, REASON, STATE_LABEL, VALIDATOR_LABEL, agent_state)
+
+
+def node_matches(pyz, gpu_node, config):
+    """`accelops-vgpu assert` (the node CLI, read-only) says the node carries `config`."""
+    proc = subprocess.run([NODE_PYTHON, pyz, "assert", "--config", str(CONFIGS), "--selected", config,
+                           "--sysfs-root", gpu_node.root, "--dev-root", gpu_node.dev_root],
+                          capture_output=True, text=True, env=gpu_node.env, timeout=120, check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode == 0
+
+
+def test_label_change_applies_the_config_and_relabelling_back_converges_back(gpusim_node, cluster, start_agent, pyz):
+    node = gpusim_node("l40s:2")
+    agent = start_agent(node, cluster.api)
+    agent.wait("success", "default")  # no label: DEFAULT_VGPU_CONFIG, VFs enabled first
+    assert cluster.state() == "success"
+    assert cluster.profile_labels() == {PROFILE + "L40S-24Q": "4"}
+    assert node_matches(pyz, node, "default")
+
+    agent.forget_status()
+    cluster.select("L40S-12Q")
+    agent.wait("success", "L40S-12Q")
+    assert cluster.profile_labels() == {PROFILE + "L40S-12Q": "8"}  # the stale 24Q label went
+    assert node_matches(pyz, node, "L40S-12Q") and not node_matches(pyz, node, "default")
+    states = [v["metadata"]["labels"].get(STATE_LABEL) for v in cluster.history()]
+    assert states[-3:] == ["success", "pending", "success"]
+
+    agent.forget_status()
+    cluster.relabel(**{CONFIG_LABEL: None})  # label removed: back to the default
+    agent.wait("success", "default")
+    assert cluster.profile_labels() == {PROFILE + "L40S-24Q": "4"}
+    assert node_matches(pyz, node, "default")
+    assert REASON not in cluster.annotations()
+
+
+def test_unknown_config_and_broken_file_fail_with_the_reason_and_write_nothing(gpusim_node, cluster, start_agent,
+                                                                               tmp_path):
+    node = gpusim_node("l40s:1")
+    config = tmp_path / "vgpu.yaml"
+    config.write_text('{"version": "v1", "vgpu-configs": {"default": [{"devices": "all", '
+                      '"vgpu-devices": {"L40S-24Q": 2}}]}}')
+    agent = start_agent(node, cluster.api, CONFIG_FILE=config)
+    agent.wait("success", "default")
+    node.clear_log()
+
+    agent.forget_status()
+    cluster.select("no-such-config")
+    status = agent.wait("failed", "no-such-config")
+    assert "'no-such-config' not present" in status["reason"]
+    assert cluster.state() == "failed"
+    assert cluster.annotations()[REASON] == status["reason"]
+    assert "\n" not in status["reason"]
+
+    agent.forget_status()
+    config.write_text('{"version": "v1", "vgpu-configs": {')  # a broken edit of the ConfigMap
+    cluster.select("default")
+    status = agent.wait("failed", "default")
+    assert str(config) in status["reason"] and "not valid YAML" in status["reason"]
+    assert node.log() == []  # nothing written to sysfs by either failure
+    assert agent.proc.poll() is None  # and no crash
+
+
+def test_held_vf_fails_naming_it_then_release_and_relabel_succeed(gpusim_node, cluster, start_agent):
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api, RESYNC_INTERVAL=600)
+    agent.wait("success", "default")
+    held = node.vfs(node.pfs()[0])[0]
+    node.hold(held)
+    node.clear_log()
+
+    agent.forget_status()
+    cluster.select("L40S-12Q")
+    status = agent.wait("failed", "L40S-12Q")
+    assert held in status["reason"] and "held by a VM" in status["reason"]
+    assert cluster.annotations()[REASON] == status["reason"]
+    assert node.log() == []
+
+    node.release(held)
+    agent.forget_status()
+    cluster.select("default")  # relabel: back to what is applied (no pending, success)
+    agent.wait("success", "default")
+    agent.forget_status()
+    cluster.select("L40S-12Q")
+    agent.wait("success", "L40S-12Q")
+    assert cluster.profile_labels() == {PROFILE + "L40S-12Q": "4"}
+
+
+def test_sandbox_operands_are_paused_and_restored_also_when_the_apply_fails(gpusim_node, cluster, start_agent):
+    cluster.api.reset(agent_state({PLUGIN_LABEL: "true", VALIDATOR_LABEL: "false"}))
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api)
+    agent.wait("success", "default")
+    versions = [v["metadata"]["labels"] for v in cluster.history()]
+    pending = [v for v in versions if v.get(STATE_LABEL) == "pending"]
+    assert [v[PLUGIN_LABEL] for v in pending] == ["true", "paused-for-vgpu-change"]  # pending, then the pause
+    assert versions[-1][STATE_LABEL] == "success"
+    assert all(v[VALIDATOR_LABEL] == "false" for v in versions)  # "false" is not ours to touch
+    assert cluster.labels()[PLUGIN_LABEL] == "true"
+
+    held = node.vfs(node.pfs()[0])[0]
+    node.hold(held)
+    agent.forget_status()
+    cluster.select("L40S-12Q")
+    agent.wait("failed", "L40S-12Q")
+    assert cluster.labels()[PLUGIN_LABEL] == "true"
+    node.release(held)
+
+
+def test_an_operand_label_owned_by_another_operation_fails_the_change(gpusim_node, cluster, start_agent):
+    cluster.api.reset(agent_state({PLUGIN_LABEL: "paused-for-mig-change"}))
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api)
+    status = agent.wait("failed", "default")
+    assert status["reason"] == "label %s=paused-for-mig-change is owned by another operation" % PLUGIN_LABEL
+    assert cluster.labels()[PLUGIN_LABEL] == "paused-for-mig-change"
+    assert node.writes() == []
