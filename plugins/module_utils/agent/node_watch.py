@@ -64,7 +64,10 @@ class NodeWatcher:
             try:
                 if self.resource_version is None:
                     self._list()
-                if self._watch_once():
+                healthy = self._watch_once()
+                if self.stop.is_set():
+                    return
+                if healthy:
                     self.backoff.reset()
                     continue
                 delay = self.backoff.next()

@@ -79,3 +79,11 @@ def test_unwritable_preferred_directory_falls_back_to_tempdir(tmp_path):
     blocker.write_text("")
     chosen = nl.lock_dir(str(blocker / "sub"))
     assert chosen.endswith("accelops-vgpu") and os.access(chosen, os.W_OK)
+
+
+def test_a_container_names_the_lock_after_the_hosts_sysfs_path(tmp_path, monkeypatch):
+    (tmp_path / "host" / "sys").mkdir(parents=True)
+    monkeypatch.setenv(nl.LOCK_KEY_ENV, "/sys")
+    assert nl.lock_name(str(tmp_path / "host" / "sys")) == nl.lock_name("/sys")
+    monkeypatch.delenv(nl.LOCK_KEY_ENV)
+    assert nl.lock_name(str(tmp_path / "host" / "sys")) != nl.lock_name("/sys")
