@@ -37,6 +37,34 @@ NVIDIA_MODELS = {
 }
 
 
+# What a GPU offers to time-sliced vGPUs, for the checks that run before its VFs are enabled
+# (node/layout_fit.py), when the driver cannot list its types (`nvidia-smi vgpu -s` missing or failing).
+# Per device ID (vendor 10de): the profile prefix the driver's names use, the framebuffer in GB that
+# vGPUs share (the size of the largest profile, one vGPU per GPU), and the offered profiles as
+# {series: (sizes in GB)}. A type's per-GPU maximum is framebuffer // size, capped at one vGPU per VF
+# (the PF's sriov_totalvfs, read from sysfs). Only fully sourced models are listed; any other GPU
+# fails closed unless the driver answers. Sources:
+# - L40S: profile names and sizes from the harvester/pcidevices fixture (type IDs 1145..1166, domain
+#   brief section 9) and VDM's config-example (L40S-24Q: 2 per GPU); 48 GB (NVIDIA L40S datasheet).
+# - L40: the same Ada 48 GB profile set as L40S (VDM config-example lists the same L40-nQ counts); 48 GB
+#   (NVIDIA L40 datasheet).
+# - H100 PCIe: C-series 4, 5, 8, 10, 16, 20, 40, 80 GB (NVIDIA vGPU user guide, H100 PCIe 80GB table;
+#   VDM H100-40C); 80 GB (NVIDIA H100 datasheet).
+_ADA_48GB = {"Q": (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "A": (1, 2, 3, 4, 6, 8, 12, 16, 24, 48), "B": (1, 2, 3)}
+VGPU_OFFERS = {
+    "26b9": ("L40S", 48, _ADA_48GB),
+    "26b5": ("L40", 48, _ADA_48GB),
+    "2331": ("H100", 80, {"C": (4, 5, 8, 10, 16, 20, 40, 80)}),
+}
+
+
+def vgpu_offer(vendor, device):
+    """(profile prefix, framebuffer GB, {series: sizes}) of a GPU from VGPU_OFFERS, or None when unknown."""
+    if not vendor or not device or vendor.lower() != NVIDIA_VENDOR:
+        return None
+    return VGPU_OFFERS.get(device.lower())
+
+
 def model_name(vendor, device):
     """Model name for a (vendor, device) pair of 4-digit hex strings, or None when unknown."""
     if not vendor or not device or vendor.lower() != NVIDIA_VENDOR:

@@ -30,7 +30,7 @@ import json
 import os
 from collections import OrderedDict
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pci, sriov, vgpu_mdev, vgpu_vfio
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, layout_fit, pci, sriov, vgpu_mdev, vgpu_vfio
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import model_name
@@ -208,7 +208,7 @@ class Node:
                 if not (enable_vfs or check_mode):
                     raise LayoutError("GPU %s: SR-IOV VFs are not enabled; enable them first (accelops.vgpu.sriov_vfs, "
                                       "or accelops-vgpu apply which enables them)" % address)
-                plans.append((gpu, framework, None, self._pending_plan(gpu, gpu_entries, state, enable_vfs)))
+                plans.append((gpu, framework, None, self._pending_plan(gpu, gpu_entries, state, enable_vfs, mixed_size)))
                 continue
             view = self.view(gpu, framework, held, vfs_of.get(address))
             plan = BACKENDS[framework].plan(view, gpu_entries, mixed_size, state == "absent")
@@ -224,24 +224,25 @@ class Node:
             plans.append((gpu, framework, view, plan))
         return plans
 
-    def _pending_plan(self, gpu, entries, state, by_apply=True):
-        """A GPU whose VFs are enabled first (by apply, or by sriov_vfs before a check-mode run): its
-        vGPUs can only be planned afterwards, so every requested vGPU counts as to be created."""
+    def _pending_plan(self, gpu, entries, state, by_apply=True, mixed_size=False):
+        """A GPU whose VFs are enabled first (by apply, or by sriov_vfs before a check-mode run): the
+        layout is validated now (layout_fit: nothing may be written for a layout that cannot fit);
+        its vGPUs are planned once the VFs exist, so every requested vGPU counts as to be created."""
         plan = GpuPlan(gpu.address, None, model_name(gpu.vendor, gpu.device), "%s:%s" % (gpu.vendor, gpu.device),
                        entries[-1].origin)
-        if state == "absent" and not by_apply:
+        if state == "absent":
             return plan
-        plan.pending = OrderedDict(entries[-1].profiles)
+        entry, plan.pending, offer = layout_fit.check_gpu_without_vfs(
+            self.sysfs, gpu, entries, mixed_size, self.names, lambda pf: mixed_mode_supported(self.runner, pf))
+        plan.origin = entry.origin
         plan.steps.append(("enable-vfs", gpu.address))
         creates = ", ".join("%d x %s" % (n, p) for p, n in plan.pending.items()) or "nothing"
         if by_apply:
             plan.warnings.append("GPU %s: VFs are disabled; apply enables them, then creates %s" % (gpu.address, creates))
         else:
             plan.warnings.append("GPU %s: SR-IOV VFs are not enabled yet; once accelops.vgpu.sriov_vfs has enabled "
-                                 "them, %s will be created (check mode: the layout could not be validated against "
-                                 "the driver's creatable lists yet)" % (gpu.address, creates))
-        if state == "absent":
-            plan.steps, plan.pending = [], None
+                                 "them, %s will be created (check mode: validated against %s, not yet against the "
+                                 "driver's creatable lists)" % (gpu.address, creates, offer.source))
         return plan
 
     def execute(self, plans):

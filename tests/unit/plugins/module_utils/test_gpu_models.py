@@ -27,3 +27,15 @@ def test_unknown_ids_have_no_model(vendor, device):
 
 def test_table_keys_are_normalised_device_ids():
     assert all(len(key) == 4 and key == key.lower() for key in gpu_models.NVIDIA_MODELS)
+
+
+def test_vgpu_offers_are_catalogued_models_whose_largest_profile_is_the_framebuffer():
+    for device, (prefix, framebuffer_gb, offers) in gpu_models.VGPU_OFFERS.items():
+        assert gpu_models.model_name("10de", device).replace(" PCIe", "") == prefix
+        assert max(size for sizes in offers.values() for size in sizes) == framebuffer_gb
+        assert all(framebuffer_gb % size == 0 for sizes in offers.values() for size in sizes)
+
+
+def test_vgpu_offer_lookup():
+    assert gpu_models.vgpu_offer("10DE", "26B9")[:2] == ("L40S", 48)
+    assert gpu_models.vgpu_offer("10de", "2335") is None and gpu_models.vgpu_offer("8086", "26b9") is None
