@@ -40,6 +40,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.errors import Engine
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import profiles_in_use
 
@@ -118,6 +119,7 @@ class Agent:
     # --- one reconcile ---------------------------------------------------------------------------
     def engine(self):
         s = self.settings
+        check_roots(s.sysfs_root, s.dev_root, s.proc_root)  # a mount lost while running fails the reconcile
         return vgpu_apply.Node(Sysfs(s.sysfs_root), CommandRunner(), s.dev_root, s.proc_root,
                                sriov_manage_path=s.sriov_manage)
 
@@ -247,6 +249,7 @@ def main(args):
     """`accelops-vgpu agent`: settings from flags/environment, credentials, then run until
     SIGTERM/SIGINT (exit 0). Bad settings or credentials raise (the CLI exits 2, one line)."""
     settings = agent_settings.resolve(args)
+    check_roots(settings.sysfs_root, settings.dev_root, settings.proc_root)  # a typo is no empty node
     if settings.kubeconfig:
         credentials = kube.from_kubeconfig(settings.kubeconfig)
     else:

@@ -159,3 +159,14 @@ def test_layout_devices_follow_the_sriov_vfs_rules(node, capsys, tmp_path, devic
     assert code == 2 and err.startswith("accelops-vgpu apply: ") and err.endswith(": %s\n" % message)
     assert err.count("\n") == 1
     assert (fake.dir("0000:41:00.4") / "nvidia/current_vgpu_type").read_text() == "0\n"
+
+
+def test_the_agent_refuses_to_start_on_a_missing_root(node, capsys, tmp_path, monkeypatch):
+    fake, dummy = node
+    for name, value in (("NODE_NAME", "gpu-a"), ("CONFIG_FILE", str(tmp_path / "c.yaml")),
+                        ("DEFAULT_VGPU_CONFIG", "default"), ("KUBECONFIG", str(tmp_path / "kubeconfig"))):
+        monkeypatch.setenv(name, value)
+    code = cli.main(["agent", "--sysfs-root", str(fake.sys), "--dev-root", str(tmp_path / "typo"),
+                     "--proc-root", str(fake.proc)])
+    out, err = capsys.readouterr()
+    assert code == 2 and err == "accelops-vgpu agent: dev_root %s: no such directory\n" % (tmp_path / "typo")
