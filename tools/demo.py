@@ -8,6 +8,8 @@
 3. runs `ansible-playbook -i inventories/demo playbooks/site.yml`, streaming its output;
 4. prints a summary (GPUs, VFs, vGPUs, KubeVirt resources, what changed, how to look further);
 5. tears everything down, unless --keep (then `tools/demo.py --down` does it later).
+Last, the conformance report of the demo cluster (playbooks/conformance.yml, KAR-0003 / KAR-0004) against
+the API emulator and the fake KubeVirt controller tests/fakes/vmi_controller.py.
 """
 
 from __future__ import annotations
@@ -347,6 +349,44 @@ def summarize(gpus, rc, changed, facts, api_url, elapsed):
     return print_persistence()
 
 
+# ---------------------------------------------------------------- conformance (KAR-0003 / KAR-0004)
+
+VMI_CONTROLLER = os.path.join(REPO, "tests", "fakes", "vmi_controller.py")
+
+
+def run_conformance(env, api_url, facts):
+    """playbooks/conformance.yml against the emulator. No kubelet runs there, so the demo stands in for
+    the device plugins (status.allocatable of demo-node = the vGPUs the node got) and starts the fake
+    KubeVirt controller, which schedules the test VMIs by that capacity and starts them."""
+    shutil.rmtree(os.path.join(DEMO, "conformance"), ignore_errors=True)
+    allocatable = dict((r["resource_name"], str(r["count"])) for r in facts["resources"])
+    request = urllib.request.Request(api_url + "/api/v1/nodes/demo-node", method="PATCH",
+                                     data=json.dumps({"status": {"allocatable": allocatable}}).encode(),
+                                     headers={"Content-Type": "application/merge-patch+json"})
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+    controller = subprocess.Popen([sys.executable, VMI_CONTROLLER, "--api", api_url], stdout=subprocess.DEVNULL)
+    argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "inventories/demo", "playbooks/conformance.yml"]
+    try:
+        proc = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              check=False)
+    finally:
+        controller.terminate()
+        controller.wait()
+    section("Conformance report of the demo cluster (KAR-0003 / KAR-0004)")
+    print("Against the Kubernetes API emulator %s and the fake KubeVirt controller %s, not a real cluster:"
+          % (rel(KMOCK), rel(VMI_CONTROLLER)))
+    print("demo-node's allocatable vGPUs are set by the demo (standing in for the device plugins); the VMIs never boot.")
+    print("$ " + " ".join(argv[1:]) + "   (rc %d)\n" % proc.returncode)
+    report = read(DEMO, "conformance", "vgpu-conformance.md")
+    if report is None:
+        print(proc.stdout[-3000:])
+        return proc.returncode or 1
+    print(report)
+    print("\nFiles: %s/vgpu-conformance.{json,md,junit.xml}" % rel(os.path.join(DEMO, "conformance")))
+    return proc.returncode
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", default=DEFAULT_GPUS, help="gpusim SPEC of the node (default %(default)s)")
@@ -367,6 +407,8 @@ def main(argv=None):
         facts = node_facts(env)
         exec_start = summarize(args.gpus, rc, changed, facts, api_url, time.monotonic() - start)
         print_next_steps(args.keep, exec_start)
+        if api_url and rc == 0:
+            rc = run_conformance(env, api_url, facts)
     finally:
         if not args.keep:
             down()

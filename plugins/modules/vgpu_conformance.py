@@ -105,7 +105,9 @@ options:
     type: float
     default: 300
   pending_timeout:
-    description: Seconds the VMI beyond capacity is watched; it must stay Pending and be marked Unschedulable.
+    description:
+      - Seconds the VMI beyond capacity is watched, from the moment KubeVirt gives it a phase (at most
+        O(running_timeout) after its creation); it must stay Pending and be marked Unschedulable.
     type: float
     default: 60
   cleanup_timeout:
@@ -154,7 +156,7 @@ summary_line:
   type: str
   sample: 13 PASS, 0 FAIL, 2 UNKNOWN of 15 checks
 lines:
-  description: One line per check, C(<STATUS> <check> <subject>: <why>).
+  description: "One line per check: status, check, subject, the reason."
   returned: when state is present
   type: list
   elements: str

@@ -82,7 +82,7 @@ def healthy_state(dra=True):
 
 def module_args(kubeconfig, report_dir=None, **extra):
     args = {"kubeconfig": kubeconfig, "node_facts": NODE_FACTS, "running_timeout": 10, "ready_timeout": 10,
-            "pending_timeout": 1, "cleanup_timeout": 10, "poll_interval": 0.2, "container_disk_image": "example/disk:1"}
+            "pending_timeout": 2, "cleanup_timeout": 10, "poll_interval": 0.2, "container_disk_image": "example/disk:1"}
     if report_dir is not None:
         args["report_dir"] = str(report_dir)
     args.update(extra)

@@ -14,7 +14,7 @@ from ansible_collections.accelops.vgpu.tests.integration.conformance.conformance
     NAMESPACES, NODE_FACTS, healthy_state)
 
 FAST = {"vgpu_conformance_running_timeout": 10, "vgpu_conformance_ready_timeout": 10,
-        "vgpu_conformance_pending_timeout": 1, "vgpu_conformance_cleanup_timeout": 10,
+        "vgpu_conformance_pending_timeout": 2, "vgpu_conformance_cleanup_timeout": 10,
         "vgpu_conformance_poll_interval": 0.2}
 
 
@@ -44,8 +44,8 @@ def task_output(stdout, task):
     return [line for line in after.splitlines()[1:] if line.strip()][0]
 
 
-def test_role_attests_a_healthy_cluster_with_the_nodes_facts_and_writes_the_report(cluster, controller, kubeconfig,
-                                                                                    tmp_path):
+def test_role_attests_a_healthy_cluster_with_the_nodes_facts_and_writes_the_report(
+        cluster, controller, kubeconfig, tmp_path):
     controller()
     proc = run_role(tmp_path, kubeconfig)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -61,8 +61,8 @@ def assert_cleaned_up(cluster, vmis):
     assert stored(cluster, NAMESPACES, NS) is None
 
 
-def test_a_healthy_cluster_passes_every_check_and_the_files_say_so(cluster, controller, kubeconfig, tmp_path,
-                                                                     guest_runner):
+def test_a_healthy_cluster_passes_every_check_and_the_files_say_so(
+        cluster, controller, kubeconfig, tmp_path, guest_runner):
     controller()
     rc, result = run_module("vgpu_conformance", module_args(kubeconfig, tmp_path, guest_command="nvidia-smi",
                                                             guest_runner=guest_runner))

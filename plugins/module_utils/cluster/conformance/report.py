@@ -33,14 +33,13 @@ def _cell(text):
 
 def markdown(report):
     summary = report["summary"]
+    cluster = report["cluster"]
+    mode = " (check mode: nothing created)" if report["check_mode"] else ""
     lines = ["# vGPU conformance report (KAR-0003 / KAR-0004)", "",
-             "Cluster: %s, %s (%s)" % (report["cluster"].get("server") or "?",
-                                                 report["cluster"].get("kubevirt") or "?",
-                                                 report["cluster"].get("version") or "?"),
-             "Generated: %s, run %s%s" % (report["generated"], report["run_id"],
-                                          " (check mode: nothing created)" if report["check_mode"] else ""),
-             "", "**%d PASS, %d FAIL, %d UNKNOWN** of %d checks" % (summary["pass"], summary["fail"],
-                                                                   summary["unknown"], summary["total"]), "",
+             "Cluster: %s, %s (%s)" % (cluster.get("server") or "?", cluster.get("kubevirt") or "?",
+                                       cluster.get("version") or "?"),
+             "Generated: %s, run %s%s" % (report["generated"], report["run_id"], mode), "",
+             "**%(pass)d PASS, %(fail)d FAIL, %(unknown)d UNKNOWN** of %(total)d checks" % summary, "",
              "| Check | Requirement | Subject | Status | Why |", "|---|---|---|---|---|"]
     for row in report["checks"]:
         lines.append("| %s | %s | %s | %s | %s |" % tuple(_cell(row[key]) for key in (

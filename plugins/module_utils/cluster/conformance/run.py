@@ -128,9 +128,14 @@ def wait_for(api, namespace, run_id, done, timeout, poll, clock=time.monotonic, 
         sleep(min(poll, max(0.0, deadline - clock())))
 
 
-def observe(api, namespace, run_id, name, window, poll, clock=time.monotonic, sleep=time.sleep):
-    """Every state of VMI `name` seen during `window` seconds (stops early once it is placed)."""
-    deadline, seen = clock() + window, []
+def observe(api, namespace, run_id, name, window, poll, pickup_timeout, clock=time.monotonic, sleep=time.sleep):
+    """Every state of VMI `name` seen during `window` seconds (stops early once it is placed).
+
+    The window starts once KubeVirt has picked the VMI up (status.phase set, at most `pickup_timeout`),
+    so a slow controller cannot make an unprocessed VMI look blocked."""
+    picked = wait_for(api, namespace, run_id, lambda v: bool(((v.get(name) or {}).get("status") or {}).get("phase")),
+                      pickup_timeout, poll, clock, sleep)
+    deadline, seen = clock() + window, [picked.get(name)]
     while True:
         vmi = api.list_vmis(namespace, run_id).get(name)
         seen.append(vmi)
@@ -313,7 +318,7 @@ def _exercise(api, params, created, plan, rows):
     created.vmis.append(extra)
     created.items.append("VirtualMachineInstance %s/%s (one more than the %d vGPU(s) of %s)"
                          % (namespace, extra, plan["count"], plan["node"]))
-    seen = observe(api, namespace, run_id, extra, params["pending_timeout"], poll)
+    seen = observe(api, namespace, run_id, extra, params["pending_timeout"], poll, params["running_timeout"])
     rows.append(checks.overallocation_check(plan, extra, seen, params["pending_timeout"]))
     for name in names + [extra]:
         try:
@@ -349,8 +354,8 @@ def run(api, params, check_mode, now=None):
         except BaseException as exc:
             with uninterrupted():
                 cleanup = created.cleanup(api, params)
-            what = "; cleanup deleted %d object(s)%s" % (len(cleanup["deleted"]), (", left: " + ", ".join(cleanup["left"]))
-                                                          if cleanup["left"] else "")
+            left = (", left: " + ", ".join(cleanup["left"])) if cleanup["left"] else ""
+            what = "; cleanup deleted %d object(s)%s" % (len(cleanup["deleted"]), left)
             if isinstance(exc, (ConformanceError, K8sError)):
                 raise type(exc)(str(exc) + what) from None
             raise

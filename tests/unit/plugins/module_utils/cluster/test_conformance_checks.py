@@ -45,10 +45,10 @@ def test_only_nvidia_entries_are_vgpu_resources_and_nodes_map_by_allocatable_and
                         {"mdevNameSelector": "i915-GVTg_V5_4", "resourceName": "intel.com/gvt"}])
     nodes = [node("a", {PREFIX + "L40S-24Q": "3"}, {L40S: 3}), node("b", {}, {L40S: 0}), node("c")]
     found = checks.discover_resources(kubevirt, nodes)
-    assert [(r.name, r.kind, r.model) for r in found] == [(L40S, "pciHostDevices", "L40S"),
-                                                         ("nvidia.com/NVIDIA_A16-4Q", "mediatedDevices", "A2/A16")]
-    assert (found[0].allocatable, found[0].labelled, found[0].profiles) == ({"a": 3}, {"a": {"L40S-24Q": 3}},
-                                                                             {"L40S-24Q"})
+    assert [(r.name, r.kind, r.model) for r in found] == [
+        (L40S, "pciHostDevices", "L40S"), ("nvidia.com/NVIDIA_A16-4Q", "mediatedDevices", "A2/A16")]
+    assert (found[0].allocatable, found[0].labelled, found[0].profiles) == (
+        {"a": 3}, {"a": {"L40S-24Q": 3}}, {"L40S-24Q"})
     assert found[1].profiles == {"A16-4Q"}
 
 
@@ -193,8 +193,8 @@ def test_dra_is_reported_never_failed():
     assert checks.dra_check("DeviceClasses: forbidden (HTTP 403)", [], []).reason.startswith("DeviceClasses: forbidden")
     assert checks.dra_check(True, [{"metadata": {"name": "nic.example.com"}}], []).status == UNKNOWN
     row = checks.dra_check(True, [gpu_class], [{"spec": {"driver": "gpu.nvidia.com"}}])
-    assert (row.status, row.reason) == (PASS, "DeviceClass(es) for GPUs: vfio.gpu.nvidia.com; ResourceSlice drivers: "
-                                               "gpu.nvidia.com")
+    assert (row.status, row.reason) == (
+        PASS, "DeviceClass(es) for GPUs: vfio.gpu.nvidia.com; ResourceSlice drivers: gpu.nvidia.com")
 
 
 def test_vmi_names_are_dns_labels():
