@@ -5,7 +5,13 @@
 from __future__ import annotations
 
 
-_AUTH_OPTIONS = r"""  kubeconfig:
+class ModuleDocFragment:
+    # The cluster-side modules' connection options: the same names, aliases and K8S_AUTH_*
+    # environment variables as kubernetes.core (doc fragment k8s_auth_options), so
+    # module_defaults written for kubernetes.core carry over. The write options are k8s_write.
+    DOCUMENTATION = r"""
+options:
+  kubeconfig:
     description:
       - Path to a kubeconfig file, several paths separated by C(:), or the kubeconfig content as a
         dictionary.
@@ -99,9 +105,7 @@ _AUTH_OPTIONS = r"""  kubeconfig:
       - Can also be set with E(K8S_AUTH_IMPERSONATE_GROUPS) (comma-separated).
     type: list
     elements: str
-"""
-
-_REQUIREMENTS = r"""requirements:
+requirements:
   - python >= 3.9
   - kubernetes >= 28.1.0
 notes:
@@ -110,40 +114,3 @@ notes:
   - Set defaults for all cluster modules at once with
     C(module_defaults) and C(group/accelops.vgpu.cluster).
 """
-
-
-class ModuleDocFragment:
-    # The cluster-side modules' connection options: the same names, aliases and K8S_AUTH_*
-    # environment variables as kubernetes.core (doc fragment k8s_auth_options), so
-    # module_defaults written for kubernetes.core carry over. Also the shared write options.
-    DOCUMENTATION = r"""
-attributes:
-  check_mode:
-    support: full
-    description: Server-side dry run (O(dry_run=server)) or a local computation (O(dry_run=client)); no write is stored.
-  diff_mode:
-    support: full
-    description: Before and after of the fields (or list entries, or labels) the module manages, nothing else.
-options:
-""" + _AUTH_OPTIONS + r"""  dry_run:
-    description:
-      - How check mode computes its result.
-      - V(server) sends the write with C(dryRun=All), so admission and validation run and nothing
-        is stored (every supported Kubernetes version has server-side dry run).
-      - V(client) computes the result locally and sends no write at all.
-    type: str
-    choices: [server, client]
-    default: server
-  conflict_retries:
-    description:
-      - How many times to read, merge and write again when the object changed between read and
-        write (HTTP 409 on the resourceVersion guard).
-    type: int
-    default: 5
-""" + _REQUIREMENTS
-
-    # The connection options alone (extends_documentation_fragment: accelops.vgpu.k8s_auth.connection),
-    # for cluster modules that write no object of their own (vgpu_conformance: no dry_run, no conflicts).
-    CONNECTION = r"""
-options:
-""" + _AUTH_OPTIONS + _REQUIREMENTS

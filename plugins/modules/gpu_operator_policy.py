@@ -24,6 +24,7 @@ author:
   - accelops.vgpu contributors (@accelops)
 extends_documentation_fragment:
   - accelops.vgpu.k8s_auth
+  - accelops.vgpu.k8s_write
 options:
   name:
     description: Name of the ClusterPolicy.

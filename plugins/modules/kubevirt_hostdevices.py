@@ -32,6 +32,7 @@ author:
   - accelops.vgpu contributors (@accelops)
 extends_documentation_fragment:
   - accelops.vgpu.k8s_auth
+  - accelops.vgpu.k8s_write
 options:
   name:
     description: Name of the KubeVirt CR. Without it, the only KubeVirt CR of the cluster is used.

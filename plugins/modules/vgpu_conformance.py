@@ -29,7 +29,7 @@ description:
 author:
   - accelops.vgpu contributors (@accelops)
 extends_documentation_fragment:
-  - accelops.vgpu.k8s_auth.connection
+  - accelops.vgpu.k8s_auth
 attributes:
   check_mode:
     support: full
