@@ -55,14 +55,20 @@ def is_mounted(path):
 
 # ---------------------------------------------------------------- bring up / tear down
 
+# A runbook's hand-written entry for the L40S VFs; the demo inventory takes it over
+# (kubevirt_vgpu_take_over), as a cluster migrating to the collection would.
+HAND_WRITTEN = {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/L40S-24Q"}
+
+
 def cluster_seed(node_name):
     """What the emulated cluster holds before the run: KubeVirt (with another team's NIC entry the
-    run must keep), the GPU Operator ClusterPolicy and the node object."""
+    run must keep, and a hand-written L40S entry the run takes over), the GPU Operator ClusterPolicy
+    and the node object."""
     kubevirt = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
                 "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "1"},
                 "spec": {"configuration": {
                     "permittedHostDevices": {"pciHostDevices": [
-                        {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710"}]},
+                        {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710"}, dict(HAND_WRITTEN)]},
                     "developerConfiguration": {"featureGates": ["LiveMigration"]}}},
                 "status": {"observedKubeVirtVersion": "v1.9.0", "operatorVersion": "v1.9.0", "phase": "Deployed"}}
     policy = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
@@ -278,12 +284,24 @@ def print_cluster(api_url):
     for key in ("pciHostDevices", "mediatedDevices"):
         names = [entry.get("resourceName") for entry in permitted.get(key) or []]
         print("  KubeVirt kubevirt/kubevirt %-16s %s" % (key + ":", ", ".join(names) or "-"))
+    print_take_over(permitted.get("pciHostDevices") or [])
     labels = ((api_get(api_url, "/api/v1/nodes/demo-node") or {}).get("metadata") or {}).get("labels") or {}
     print("  Node demo-node labels:           %s" % ", ".join(
         "%s=%s" % item for item in sorted(labels.items()) if item[0] != "kubernetes.io/hostname"))
     policy = (api_get(api_url, "/apis/nvidia.com/v1/clusterpolicies/cluster-policy") or {}).get("spec") or {}
     print("  ClusterPolicy cluster-policy:    sandboxWorkloads.enabled=%s, vgpuDeviceManager.enabled=%s"
           % ((policy.get("sandboxWorkloads") or {}).get("enabled"), (policy.get("vgpuDeviceManager") or {}).get("enabled")))
+
+
+def print_take_over(pci_entries):
+    """The hand-written entry: replaced by ours (taken over), or still there when no GPU of ours has its ID."""
+    selector = HAND_WRITTEN["pciVendorSelector"]
+    if HAND_WRITTEN in pci_entries:
+        print("  hand-written %s (%s) kept: no GPU of this demo has that PCI ID" % (HAND_WRITTEN["resourceName"], selector))
+        return
+    ours = [e["resourceName"] for e in pci_entries if str(e.get("pciVendorSelector", "")).upper() == selector]
+    print("  taken over: hand-written %s (pciVendorSelector %s) -> %s (kubevirt_vgpu_take_over)"
+          % (HAND_WRITTEN["resourceName"], selector, ", ".join(ours) or "-"))
 
 
 def print_changes(facts, changed):

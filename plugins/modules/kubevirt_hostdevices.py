@@ -108,7 +108,7 @@ options:
         one of ours (same C(pciVendorSelector) or C(mdevNameSelector)) and are to be replaced by ours, for
         example V(nvidia.com/L40S-24Q) from a runbook when migrating to this collection.
       - Only an entry that selects one of our devices is removed; a listed name whose entry selects other
-        devices fails the task. Names not present are fine (the task stays idempotent after the take-over).
+        devices is left alone, and names not present are fine (the task stays idempotent after the take-over).
       - Ignored with O(state=absent).
     type: list
     elements: str

@@ -123,20 +123,15 @@ def validate_entries(kind, entries, state):
 
 def _conflicts(kind, current, desired, exclusive, take_over, where):
     """Foreign entries that permit the devices of one of ours: [(foreign entry, our entry)] for those
-    listed in take_over (to be removed); any other such entry is an error naming both, and so is a
-    take_over name whose entry permits none of our devices (it is not ours to remove)."""
+    listed in take_over (to be removed); any other such entry is an error naming both. A take_over
+    name whose entry permits none of our devices is not ours to remove: it stays."""
     ours = dict((selector_key(kind, e), e) for e in desired if selector_key(kind, e))
     names = set(e["resourceName"] for e in desired)
     taken = []
     for entry in current or []:
         name = entry.get("resourceName")
-        if name in names or (exclusive and _is_exclusive(kind, entry, exclusive)):
-            continue
         mine = ours.get(selector_key(kind, entry))
-        if mine is None and name in take_over:
-            raise KubeVirtError("%s %s: take_over lists %s, but its %s %s is none of ours; refusing to remove it"
-                                % (where, kind, shown(name), SELECTOR[kind], shown(entry.get(SELECTOR[kind]))))
-        if mine is None:
+        if name in names or mine is None or (exclusive and _is_exclusive(kind, entry, exclusive)):
             continue
         if name not in take_over:
             raise KubeVirtError(
