@@ -56,6 +56,19 @@ NODE = [
     case("layout-gpu-index-missing", "layout", "GPU index 7", layout=[{"devices": [7], "profiles": {"L40S-24Q": 1}}]),
     case("layout-unknown-pf", "layout", "0000:99:00.0",
          layout=[{"devices": ["0000:99:00.0"], "profiles": {"L40S-24Q": 1}}]),
+    # one set of device rules for sriov_vfs and layouts (node/device_selection.py)
+    case("layout-vf-given-as-gpu", "layout", "is a VF of %s; select its physical function" % PF_FREE,
+         layout=[{"devices": [TYPED_VF], "profiles": {"L40S-24Q": 1}}]),
+    case("layout-gpu-twice-in-two-spellings", "layout", "'42:00.0' and '0000:42:00.0' select the same devices",
+         layout=[{"devices": ["42:00.0", PF_FREE], "profiles": {"L40S-48Q": 1}}]),
+    case("layout-gpu-twice-by-index-and-address", "layout", "%s is selected twice" % PF_FREE,
+         layout=[{"devices": [1, PF_FREE], "profiles": {"L40S-48Q": 1}}]),
+    case("layout-nic-given-as-gpu", "layout", "%s is not an NVIDIA GPU" % PF_NIC,
+         layout=[{"devices": [PF_NIC], "profiles": {"L40S-24Q": 1}}]),
+    case("vdm-gpu-index-twice", "layout", "devices: 1 and 1 select the same devices", selected="twice",
+         config=vdm({"twice": [{"devices": [1, 1], "vgpu-devices": {"L40S-48Q": 1}}]})),
+    case("sriov-gpu-twice-in-two-spellings", "sriov", "'42:00.0' and '0000:42:00.0' select the same devices",
+         devices=["42:00.0", PF_FREE]),
     case("profile-name-path-traversal", "layout", "../../etc/shadow",
          layout=[{"devices": [PF_FREE], "profiles": {"../../etc/shadow": 1}}]),
     case("profile-count-negative", "layout", "L40S-24Q", layout=[{"devices": [PF_FREE], "profiles": {"L40S-24Q": -1}}]),
@@ -86,6 +99,9 @@ NODE = [
 # --- cluster side: the modules as Ansible runs them, against the API server process --------------
 L40S = {"pci_vendor_selector": "10de:26b9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q"}
 KUBEVIRT_ARGS = {"pci_host_devices": [L40S]}
+A16_MDEV = {"mdev_name_selector": "NVIDIA A16-4Q", "resource_name": "nvidia.com/NVIDIA_A16-4Q"}
+HAND_WRITTEN_BOTH = ("pciVendorSelector 10DE:26B9 is permitted as nvidia.com/L40S-24Q and would also be as "
+                     "nvidia.com/NVIDIA_L40S-24Q")
 
 
 def cluster_case(case_id, module, names, cluster="default", bug=None, **args):
@@ -119,6 +135,21 @@ CLUSTER = [
     cluster_case("kubeconfig-missing", "kubevirt_hostdevices", "{kubeconfig}", kubeconfig="missing", **KUBEVIRT_ARGS),
     cluster_case("kubeconfig-dict-without-context", "kubevirt_hostdevices", "kubeconfig",
                  kubeconfig="dict-without-context", **KUBEVIRT_ARGS),
+    # one device, one KubeVirt owner: a foreign entry for our devices fails before any write, naming both
+    cluster_case("foreign-entry-same-pci-selector", "kubevirt_hostdevices", HAND_WRITTEN_BOTH,
+                 cluster="hand-written-l40s", **KUBEVIRT_ARGS),
+    cluster_case("foreign-entry-lower-case-selector", "kubevirt_hostdevices", HAND_WRITTEN_BOTH,
+                 cluster="hand-written-l40s-lower-case", **KUBEVIRT_ARGS),
+    cluster_case("foreign-entry-external-provider", "kubevirt_hostdevices", HAND_WRITTEN_BOTH,
+                 cluster="hand-written-l40s-external", **KUBEVIRT_ARGS),
+    cluster_case("foreign-entry-same-mdev-selector", "kubevirt_hostdevices",
+                 "mdevNameSelector NVIDIA A16-4Q is permitted as example.org/a16-small and would also be as "
+                 "nvidia.com/NVIDIA_A16-4Q", cluster="hand-written-a16-mdev", mediated_devices=[A16_MDEV]),
+    cluster_case("take-over-of-another-foreign-name", "kubevirt_hostdevices", HAND_WRITTEN_BOTH,
+                 cluster="hand-written-l40s", take_over=["intel.com/x710"], **KUBEVIRT_ARGS),
+    cluster_case("two-of-ours-for-one-selector", "kubevirt_hostdevices",
+                 "pciVendorSelector 10DE:26B9 is listed for both nvidia.com/NVIDIA_L40S-24Q and nvidia.com/NVIDIA_L40S",
+                 pci_host_devices=[L40S, dict(L40S, resource_name="nvidia.com/NVIDIA_L40S")]),
     cluster_case("cluster-policy-absent", "gpu_operator_policy", "cluster-policy", cluster="no-cluster-policy",
                  sandbox_workloads_enabled=True),
     cluster_case("vgpu-manager-version-with-os-tag", "gpu_operator_policy", "580.82.02-ubuntu22.04",

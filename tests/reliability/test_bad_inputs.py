@@ -39,9 +39,22 @@ def test_node_input_is_refused_in_one_line_without_writes(row, lab, tmp_path, fa
     assert dict((vf, lab.vgpu_type(vf)) for vf in watched) == types_before
 
 
+HAND_WRITTEN = {  # what a runbook left in the KubeVirt CR for our devices, under another name
+    "hand-written-l40s": ("pciHostDevices", {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/L40S-24Q"}),
+    "hand-written-l40s-lower-case": ("pciHostDevices", {"pciVendorSelector": "10de:26b9",
+                                                        "resourceName": "nvidia.com/L40S-24Q"}),
+    "hand-written-l40s-external": ("pciHostDevices", {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/L40S-24Q",
+                                                      "externalResourceProvider": True}),
+    "hand-written-a16-mdev": ("mediatedDevices", {"mdevNameSelector": "NVIDIA A16-4Q", "resourceName": "example.org/a16-small"}),
+}
+
+
 def cluster_state(name):
     """The API server's content for a case (see cases.CLUSTER `cluster`)."""
     state = default_state("v1.5.0" if name == "old-kubevirt" else "v1.9.0")
+    if name in HAND_WRITTEN:
+        kind, entry = HAND_WRITTEN[name]
+        state["objects"][0]["body"]["spec"]["configuration"]["permittedHostDevices"][kind].append(entry)
     if name == "no-kubevirt-crd":
         del state["resources"][KUBEVIRT]
     drop = {"no-kubevirt-cr": KUBEVIRT, "no-kubevirt-crd": KUBEVIRT, "no-cluster-policy": CLUSTER_POLICY}.get(name)
