@@ -13,7 +13,7 @@ import pytest
 
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import run_module
 from ansible_collections.accelops.vgpu.tests.integration.conformance.conformance_helpers import (
-    A16_RES, KUBEVIRT, L40S_RES, NAMESPACES, NODES, VMIS, gpu_node, healthy_state, kubevirt_cr, module_args, row, rows,
+    KUBEVIRT, L40S_RES, NAMESPACES, NODES, VMIS, gpu_node, healthy_state, kubevirt_cr, module_args, row, rows,
     start_module)
 
 NS = "vgpu-conformance"

@@ -60,14 +60,21 @@ class Resource:
     allocatable: dict = field(default_factory=dict)    # node -> int (nodes advertising it)
     labelled: dict = field(default_factory=dict)       # node -> {profile: count} from the profile labels
     profiles: set = field(default_factory=set)         # profiles that map to this resource
+    named: set = field(default_factory=set)            # the profile its own name or mdev type names
 
 
 # --- names -----------------------------------------------------------------------------------
 
 def profile_resources(profile):
-    """The resource names a profile is published under: per profile (default naming) or per model."""
-    full = "NVIDIA " + profile
-    return {resource_name(full), model_resource_name(full)}
+    """The resource names a profile is published under: per profile (default naming) or per model.
+    Drivers name types `NVIDIA <profile>`, older ones (T4, mdev) `GRID <profile>`."""
+    return set(name for vendor in ("NVIDIA ", "GRID ")
+               for name in (resource_name(vendor + profile), model_resource_name(vendor + profile)))
+
+
+def publishes(res, profile):
+    """Whether vGPUs of `profile` show up as resource `res` (by its name, or its mdev type's short name)."""
+    return profile in res.named or res.name in profile_resources(profile)
 
 
 def _profile_from_resource(name):
@@ -174,14 +181,15 @@ def discover_resources(kubevirt_cr, nodes, prefix=DEFAULT_PROFILE_PREFIX):
             selector = entry.get(SELECTOR[kind])
             res = Resource(entry["resourceName"], kind, selector, bool(entry.get("externalResourceProvider")),
                            catalog_model(kind, selector))
-            named = _profile_from_resource(res.name) or (short_name(selector) if kind == MDEV and selector else None)
+            named = (short_name(selector) if kind == MDEV and selector else None) or _profile_from_resource(res.name)
             if named:
+                res.named.add(named)
                 res.profiles.add(named)
             for node in nodes:
                 count = _int(((node.get("status") or {}).get("allocatable") or {}).get(res.name))
                 if count > 0:
                     res.allocatable[node_name(node)] = count
-                mine = dict((p, c) for p, c in label_profiles(node, prefix).items() if res.name in profile_resources(p))
+                mine = dict((p, c) for p, c in label_profiles(node, prefix).items() if publishes(res, p))
                 if mine:
                     res.labelled[node_name(node)] = mine
                     res.profiles.update(mine)
@@ -230,7 +238,7 @@ def accounting_checks(resources, node_facts):
     for res in resources:
         nodes = set(res.allocatable) | set(res.labelled)
         for name, facts in node_facts.items():
-            if any(res.name in profile_resources(p) for p in facts_profiles(facts)):
+            if any(publishes(res, p) for p in facts_profiles(facts)):
                 nodes.add(name)
         for name in sorted(nodes):
             alloc = res.allocatable.get(name, 0)
@@ -239,7 +247,7 @@ def accounting_checks(resources, node_facts):
             facts = node_facts.get(name)
             by_facts = None
             if facts is not None:
-                by_facts = sum(v["count"] for p, v in facts_profiles(facts).items() if res.name in profile_resources(p))
+                by_facts = sum(v["count"] for p, v in facts_profiles(facts).items() if publishes(res, p))
             details = {"node": name, "allocatable": alloc, "labels": labelled, "facts": by_facts}
             subject = "%s %s" % (name, res.name)
             if by_facts is not None:

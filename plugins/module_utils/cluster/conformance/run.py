@@ -155,8 +155,10 @@ def run_guest(params, namespace, names):
         argv = [part.replace("{namespace}", namespace).replace("{vmi}", name).replace("{command}", command)
                 for part in runner]
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=params["guest_command_timeout"],
-                                  check=False)
+            # not AnsibleModule.run_command: it has no timeout, and a hanging `virtctl ssh` must not stop
+            # the run (and its cleanup) forever
+            proc = subprocess.run(argv, capture_output=True, text=True,  # pylint: disable=ansible-bad-function
+                                  timeout=params["guest_command_timeout"], check=False)
             lines = [line.strip() for line in (proc.stdout + "\n" + proc.stderr).splitlines() if line.strip()]
             results[name] = (proc.returncode, (lines[-1] if lines else "")[:200])
         except subprocess.TimeoutExpired:

@@ -201,3 +201,14 @@ def test_vmi_names_are_dns_labels():
     names, extra = checks.vmi_names(dict(PLAN, profile="H200X-1-18C", count=2))
     assert (names, extra) == (["vgpu-conformance-h200x-1-18c-1", "vgpu-conformance-h200x-1-18c-2"],
                               "vgpu-conformance-h200x-1-18c-extra")
+
+
+def test_grid_named_mdev_types_map_to_their_profile_labels_and_facts():
+    kubevirt = cr(mdev=[{"mdevNameSelector": "GRID T4-8Q", "resourceName": "nvidia.com/GRID_T4-8Q"}])
+    nodes = [node("a", {PREFIX + "T4-8Q": "2"}, {"nvidia.com/GRID_T4-8Q": 2})]
+    res = checks.discover_resources(kubevirt, nodes)
+    assert (res[0].model, res[0].labelled) == ("T4", {"a": {"T4-8Q": 2}})
+    facts = {"vfs": [], "mdevs": [{"parent": "0000:47:00.0", "type_name": "GRID T4-8Q"}] * 2}
+    rows = checks.accounting_checks(res, {"a": facts})
+    assert [(r.status, r.reason) for r in rows] == [(PASS, "allocatable 2, node facts 2 vGPU(s), profile labels 2")]
+    assert checks.consistency_checks(res, nodes)[0].status == PASS
