@@ -395,7 +395,7 @@ def run_conformance(env, api_url, facts):
     print("Against the Kubernetes API emulator %s and the fake KubeVirt controller %s, not a real cluster:"
           % (rel(KMOCK), rel(VMI_CONTROLLER)))
     print("demo-node's allocatable vGPUs are set by the demo (standing in for the device plugins); the VMIs never boot.")
-    print("$ " + " ".join(argv[1:]) + "   (rc %d)\n" % proc.returncode)
+    print("$ ansible-playbook " + " ".join(argv[1:]) + "   (rc %d)\n" % proc.returncode)
     report = read(DEMO, "conformance", "vgpu-conformance.md")
     if report is None:
         print(proc.stdout[-3000:])
