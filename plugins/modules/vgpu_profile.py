@@ -85,6 +85,28 @@ options:
       - Seconds to wait for the node's apply lock.
     type: float
     default: 120
+  boot_files:
+    description:
+      - Files expected on the node, only looked at (never written), so that a role learns in the same
+        call which of its boot persistence files it must install (RV(boot_files_outdated)).
+      - A file is up to date when it is a regular file owned by root:root with this content checksum
+        and mode.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Absolute path on the node.
+        type: path
+        required: true
+      checksum:
+        description: SHA-1 of the expected content (hex).
+        type: str
+        required: true
+      mode:
+        description: Expected mode, octal, as a string (V('0644')).
+        type: str
+        required: true
 attributes:
   check_mode:
     support: full
@@ -152,15 +174,23 @@ resources:
       pci_vendor_selector: "10DE:26B9"
       framework: vendor-vfio
       count: 2
+boot_files_outdated:
+  description: The paths of O(boot_files) that are missing or differ in content, mode or owner.
+  returned: always
+  type: list
+  elements: str
+  sample: ["/etc/accelops-vgpu/layout.json"]
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, engine_errors, exit_with_diff, node_argspec)
 
 LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(type="raw"),
                     profiles=dict(type="dict", required=True))
+BOOT_FILE = dict(path=dict(type="path", required=True), checksum=dict(type="str", required=True),
+                 mode=dict(type="str", required=True))
 
 
 def main():
@@ -169,7 +199,8 @@ def main():
             config=dict(type="dict"), config_file=dict(type="path"), selected=dict(type="str"),
             layout=dict(type="list", elements="dict", options=LAYOUT_ENTRY),
             mixed_size=dict(type="bool", default=False), lock_timeout=dict(type="float", default=120.0),
-            state=dict(type="str", default="present", choices=["present", "absent"])),
+            state=dict(type="str", default="present", choices=["present", "absent"]),
+            boot_files=dict(type="list", elements="dict", options=BOOT_FILE, default=[])),
         mutually_exclusive=[("config", "config_file", "layout")],
         required_one_of=[("config", "config_file", "layout")],
         supports_check_mode=True)
@@ -183,9 +214,11 @@ def main():
         result = vgpu_apply.apply(vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root), entries,
                                   state=params["state"], mixed_size=params["mixed_size"],
                                   check_mode=module.check_mode, lock_timeout=params["lock_timeout"])
+        outdated = boot_files.outdated(params["boot_files"])
     for warning in result["warnings"]:
         module.warn(warning)
-    exit_with_diff(module, result["changed"], result["diff"], gpus=result["gpus"], resources=result["resources"])
+    exit_with_diff(module, result["changed"], result["diff"], gpus=result["gpus"], resources=result["resources"],
+                   boot_files_outdated=outdated)
 
 
 if __name__ == "__main__":

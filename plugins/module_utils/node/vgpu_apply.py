@@ -39,6 +39,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout imp
     GpuPlan, LayoutError, nvidia_gpus, resolve, type_size_gb)
 
 NVIDIA_SMI = "nvidia-smi"
+DRIVER_VERSION = "module/nvidia/version"
 STATES = ("present", "absent")
 BACKENDS = {vgpu_vfio.FRAMEWORK: vgpu_vfio, vgpu_mdev.FRAMEWORK: vgpu_mdev}
 NEEDS_VFS = "needs-vfs"
@@ -81,8 +82,12 @@ class TypeNames:
                 self.cache = json.load(handle)
         except (OSError, ValueError):
             self.cache = {}
-        if not isinstance(self.cache, dict) or not isinstance(self.cache.get("types"), dict):
-            self.cache = {"types": {}, "complete": []}
+        # type IDs are the driver's: a cache from another driver version (reloaded without a
+        # reboot, /run survives that) names nothing
+        driver = sysfs.read_optional(DRIVER_VERSION)
+        if not isinstance(self.cache, dict) or not isinstance(self.cache.get("types"), dict) or \
+                self.cache.get("driver") != driver:
+            self.cache = {"types": {}, "complete": [], "driver": driver}
 
     def __call__(self, pf):
         known = [vt.VgpuType(int(i), n) for i, n in self.cache["types"].get(pf, {}).items() if str(i).isdigit()]

@@ -51,10 +51,15 @@ class VfioGpu:
         for vf in self.vfs[1:]:
             self.current[vf] = 0 if self.all_free else (vt.read_current(sysfs, vf) or 0)
         # Lists of a GPU without vGPUs show every supported type, the same on every VF: one read
-        # does. Once some are set the lists collapse and differ (brief 1.4): all are needed.
+        # does. Once some are set the lists collapse and differ (brief 1.4): they only name types,
+        # so they are read only when the node cache (same driver) cannot name every set ID.
         self.lists_complete = self.complete = not any(self.current.values())
-        for vf in self.vfs[1:] if not self.lists_complete else []:
-            listed = listed + vt.read_creatable(sysfs, vf)
+        known = dict((t.type_id, t) for t in known_types or [])
+        if not self.lists_complete and known and all(i in known for i in self.current.values() if i):
+            listed, self.complete = listed + list(known.values()), True
+        elif not self.lists_complete:
+            for vf in self.vfs[1:]:
+                listed = listed + vt.read_creatable(sysfs, vf)
         for vgpu_type in listed:
             self.catalog.setdefault(vgpu_type.type_id, vgpu_type)
         self._supported_types = supported_types

@@ -262,6 +262,20 @@ def test_type_names_come_from_the_cache_then_nvidia_smi(tmp_path):
     assert unknown("0000:41:00.0") == ([VgpuType(1153, "NVIDIA L40S-12Q")], False)
 
 
+def test_a_cache_from_another_driver_version_names_nothing(tmp_path):
+    version = tmp_path / "module/nvidia/version"
+    version.parent.mkdir(parents=True)
+    version.write_text("580.65.06\n")
+    names = vgpu_apply.TypeNames(Sysfs(str(tmp_path)), None, cache_dir=str(tmp_path))
+    names.remember("0000:42:00.0", [VgpuType(1155, "NVIDIA L40S-24Q")], complete=True)
+    names.save()
+    same = vgpu_apply.TypeNames(Sysfs(str(tmp_path)), None, cache_dir=str(tmp_path))
+    assert same.supported("0000:42:00.0") == [VgpuType(1155, "NVIDIA L40S-24Q")]
+    version.write_text("580.82.07\n")
+    other = vgpu_apply.TypeNames(Sysfs(str(tmp_path)), None, cache_dir=str(tmp_path))
+    assert other.supported("0000:42:00.0") is None and other("0000:42:00.0") == ([], False)
+
+
 def test_without_the_cache_nvidia_smi_names_the_consumed_types(l40s, monkeypatch, tmp_path):
     node, engine = l40s
     apply(engine, L40S_24Q)

@@ -241,6 +241,22 @@ def test_a_gpu_offering_its_whole_framebuffer_type_has_no_vgpu_to_read(tmp_path)
     assert view.all_free and view.lists_complete and view.current == dict((vf, 0) for vf in gpu.vfs)
 
 
+def test_set_ids_the_node_cache_names_need_no_other_list(tmp_path):
+    gpu = L40sNode(tmp_path)
+    gpu.set_types({gpu.vfs[0]: "L40S-24Q", gpu.vfs[1]: "L40S-24Q"})
+    sysfs = CountingSysfs(gpu.sysfs.root)
+    gpu_info = nvidia_gpus(sysfs)[0]
+    sysfs.reads = []
+    view = vgpu_vfio.VfioGpu(sysfs, gpu_info, {}, forgotten, known_types=list(L40S))
+    assert [r for r in sysfs.reads if r.endswith("creatable_vgpu_types")] == [
+        "bus/pci/devices/%s/nvidia/creatable_vgpu_types" % gpu.vfs[0]]
+    assert view.complete and view.total_gb() == 48 and vgpu_vfio.current_profiles(view) == {"L40S-24Q": 2}
+    # an ID the cache does not name: every list is read, as without a cache
+    sysfs.reads = []
+    vgpu_vfio.VfioGpu(sysfs, gpu_info, {}, remembered, known_types=[BY_NAME["L40S-12Q"]])
+    assert len([r for r in sysfs.reads if r.endswith("creatable_vgpu_types")]) == len(gpu.vfs)
+
+
 @pytest.mark.parametrize("known,vgpu_on_third", [
     (None, False),                                    # nothing cached: no way to tell
     (list(L40S), True),                               # a vGPU on VF 2: 48Q is gone from VF 0's list
