@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Build the node CLI `accelops-vgpu` as one zipapp file (stdlib only, any python3 >= 3.7).
 
-The output is reproducible: the same sources give the same bytes (fixed zip timestamps).
+The output is reproducible: the same sources give the same bytes (fixed zip timestamps). Next to
+OUT goes OUT.sha1, the SHA-1 of OUT, so a role need not read the archive to know its checksum.
 
     python3 tools/build-node-cli.py [OUT]        # default OUT: .build/accelops-vgpu.pyz
     python3 OUT apply --config vgpu.yaml --selected default
@@ -12,6 +13,7 @@ The archive holds `node/cli.py` and the module_utils it imports (followed transi
 `__main__.py` calling `cli.main()`. Ansible itself is not needed on the node.
 """
 
+import hashlib
 import os
 import re
 import sys
@@ -72,6 +74,12 @@ def build(out):
                 info.external_attr = 0o644 << 16
                 archive.writestr(info, files[arcname])
     os.chmod(tmp, 0o755)
+    with open(tmp, "rb") as handle:
+        checksum = hashlib.sha1(handle.read()).hexdigest()
+    # OUT.sha1 first: whoever sees OUT may rely on its checksum file (the vgpu_profiles role does)
+    with open(out + ".sha1.tmp", "w") as handle:
+        handle.write(checksum + "\n")
+    os.replace(out + ".sha1.tmp", out + ".sha1")
     os.replace(tmp, out)
     return out
 

@@ -8,6 +8,8 @@ execs the node Python (Debian's python3, as the integration tests use).
 
 P2: a converged node, nodes.yml again (no change, no sysfs write) vs a one-task ping playbook.
 P4: cold converge (VFs off, no vGPUs, no boot files) of 4, 16, 32 hosts, forks = hosts / ratio.
+P4b: the same converges' controller CPU per host (all CPU less what the module runs took on the
+node side) as a ratio to the ping playbook's on the same fleet and forks.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ PING_PLAY = [{"name": "One task", "hosts": "vgpu_nodes", "gather_facts": False,
               "tasks": [{"name": "Ping", "ansible.builtin.ping": {}}]}]
 
 
-PlayRun = collections.namedtuple("PlayRun", "wall cpu recap tasks changed")
+PlayRun = collections.namedtuple("PlayRun", "wall cpu node_cpu recap tasks changed")
+TIMES = re.compile(r"(\d+)m([\d.]+)s")
 
 
 def changed_tasks(output):
@@ -59,6 +62,8 @@ class Fleet:
         self.nodes, self.workdir = nodes, workdir
         self.hosts = ["node-%03d" % (i + 1) for i in range(len(nodes))]
         self.profiles = profiles
+        self.node_cpu_dir = os.path.join(workdir, "node-cpu")
+        os.makedirs(self.node_cpu_dir)
         self.inventory = os.path.join(workdir, "hosts.yml")
         self.ping = os.path.join(workdir, "ping.yml")
         with open(self.ping, "w") as handle:
@@ -74,10 +79,14 @@ class Fleet:
                            handle, sort_keys=False)
 
     def _host_vars(self, host, node):
+        # bash's `times` after the module: its CPU and that of everything it ran (sriov-manage,
+        # nvidia-smi), one file per module run, so the node side can be told from the controller's
         wrapper = os.path.join(self.workdir, "python-%s" % host)
         with open(wrapper, "w") as handle:
-            handle.write("#!/bin/sh\nexport GPUSIM_ROOT=%s\nexport PATH=%s:\"$PATH\"\nexec %s \"$@\"\n"
-                         % (shlex.quote(node.root), shlex.quote(node.tools_dir), shlex.quote(NODE_PYTHON)))
+            handle.write("#!/bin/bash\nexport GPUSIM_ROOT=%s\nexport PATH=%s:\"$PATH\"\n%s \"$@\"\nrc=$?\n"
+                         "times > %s/$$.times\nexit $rc\n"
+                         % (shlex.quote(node.root), shlex.quote(node.tools_dir), shlex.quote(NODE_PYTHON),
+                            shlex.quote(self.node_cpu_dir)))
         os.chmod(wrapper, 0o755)
         return {"ansible_python_interpreter": wrapper,
                 "sriov_sysfs_root": node.root, "sriov_dev_root": node.dev_root,
@@ -91,7 +100,8 @@ class Fleet:
         """A PlayRun; fails unless every host (or `limit`, one host) is ok.
 
         `cpu` counts ansible-playbook and everything it ran (modules, sriov-manage, nvidia-smi), not the
-        gpusim servers; `profile` fills `tasks` ({task name: seconds}, the profile_tasks callback).
+        gpusim servers; `node_cpu` the part of it the module runs took (what a remote node would
+        spend); `profile` fills `tasks` ({task name: seconds}, the profile_tasks callback).
         """
         tmp = os.path.join(self.workdir, "ansible-tmp")
         env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
@@ -101,6 +111,7 @@ class Fleet:
             env.update(ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks", PROFILE_TASKS_SORT_ORDER="none",
                        PROFILE_TASKS_TASK_OUTPUT_LIMIT="all")
         argv = [ANSIBLE_PLAYBOOK, "-i", self.inventory, "-f", str(forks), playbook] + (["--limit", limit] if limit else [])
+        self.node_cpu()  # empties the node CPU records
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=self.workdir,
@@ -118,7 +129,17 @@ class Fleet:
                 os.path.basename(playbook), proc.returncode, ", ".join(bad) or "-",
                 (proc.stdout[-1500:] + proc.stderr[-500:]).strip()))
         tasks = dict((m.group(1).strip(), float(m.group(2))) for m in TASK_TIME.finditer(proc.stdout))
-        return PlayRun(wall, cpu, recap, tasks, changed_tasks(proc.stdout))
+        return PlayRun(wall, cpu, self.node_cpu(), recap, tasks, changed_tasks(proc.stdout))
+
+    def node_cpu(self):
+        """Seconds of CPU the module runs took on the node side since the last call (records removed)."""
+        total = 0.0
+        for name in os.listdir(self.node_cpu_dir):
+            path = os.path.join(self.node_cpu_dir, name)
+            with open(path) as handle:
+                total += sum(int(m) * 60 + float(s) for m, s in TIMES.findall(handle.read()))
+            os.unlink(path)
+        return total
 
     def reset(self):
         """Cold nodes: simulated reboot (no VFs, no vGPUs), empty logs, no boot files."""
@@ -192,23 +213,38 @@ def run_p4(settings, tmp):
             if position == 0:
                 fleet.reset()
                 fleet.run(NODES_PLAYBOOK, 1, limit=fleet.hosts[0])
-            wall, cpu = [], []
+            wall, cpu, ping_cpu, controller, ping_controller = [], [], [], [], []
             for dummy in range(settings.runs["p4"]):
                 fleet.reset()
                 play = fleet.run(NODES_PLAYBOOK, forks)
                 writes = fleet.check_converged("P4 %d hosts" % hosts)
                 wall.append(play.wall)
                 cpu.append(play.cpu)
+                controller.append(play.cpu - play.node_cpu)
+                # P4b's baseline, same fleet and forks: what Ansible itself costs per host
+                ping = fleet.run(fleet.ping, forks)
+                ping_cpu.append(ping.cpu)
+                ping_controller.append(ping.cpu - ping.node_cpu)
             minimum = fleet.minimum_writes()
         sizes[str(hosts)] = {"hosts": hosts, "forks": forks, "wall_s": stats.summary(wall),
                              "per_host_s": stats.summary([w / hosts for w in wall]),
                              "per_host_per_fork_s": stats.summary([w * forks / hosts for w in wall]),
                              "cpu_per_host_s": stats.summary([c / hosts for c in cpu]),
+                             "ping_cpu_per_host_s": stats.summary([c / hosts for c in ping_cpu]),
+                             "controller_cpu_per_host_s": stats.summary([c / hosts for c in controller]),
+                             "ping_controller_cpu_per_host_s": stats.summary([c / hosts for c in ping_controller]),
+                             "cpu_over_ping": stats.ratio_summary(cpu, ping_cpu),
+                             "controller_cpu_over_ping": stats.ratio_summary(controller, ping_controller),
                              "writes_per_host_most": writes, "writes_per_host_min": minimum}
     first, last = sizes[str(settings.fleet[0])], sizes[str(settings.fleet[-1])]
     growth = stats.ratio_of_medians(last["per_host_s"], first["per_host_s"])
     cpu_growth = stats.ratio_of_medians(last["cpu_per_host_s"], first["cpu_per_host_s"])
+    cpu_over_ping = max(size["controller_cpu_over_ping"]["median"] for size in sizes.values())
+    controller_growth = stats.ratio_of_medians(last["controller_cpu_per_host_s"], first["controller_cpu_per_host_s"])
     return {"gpus_per_host": settings.gpus_p4, "profiles": profiles, "forks_ratio": settings.forks_ratio,
+            "cpu_over_ping_most": cpu_over_ping, "target_cpu_over_ping": 3.0,
+            "controller_cpu_per_host_growth": controller_growth,
+            "met_cpu_over_ping": stats.within(cpu_over_ping, 3.0) and stats.within(controller_growth, 1.2),
             "runs": settings.runs["p4"], "sizes": sizes, "per_host_growth": growth,
             "per_host_per_fork_growth": stats.ratio_of_medians(last["per_host_per_fork_s"],
                                                                first["per_host_per_fork_s"]),

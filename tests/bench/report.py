@@ -58,6 +58,11 @@ def _p1_rows(p1):
             p1["gpus"], layout, data["writes"], data["writes_min"], sum(data["engine_reads"].values()))
         yield ("P1 cold converge, %s" % case, what, "engine " + _spread(data["engine_s"]),
                "floor " + _spread(data["floor_s"]), _ratio(data["ratio"]), "≤ 1.3×, writes = min", _met(data["met"]))
+    if "ops_per_written_vf" in p1["uniform"]:
+        ops = p1["uniform"]["ops_per_written_vf"]
+        yield ("P1 sysfs round trips, uniform", "engine reads + links + writes per written VF (first run: no node "
+               "cache yet)", "%.2f (%.2f–%.2f)" % (ops["median"], ops["min"], ops["max"]), "floor 1 (the write)",
+               "%.2f×" % ops["median"], "≤ 3.0 per written VF, writes = min", _met(p1["uniform"]["met_ops"]))
 
 
 def _p2_rows(p2):
@@ -91,7 +96,21 @@ def _p4_rows(p4):
            _met(p4["met"]))
 
 
-ROWS = (("p1", _p1_rows), ("p2", _p2_rows), ("p3", _p3_rows), ("p4", _p4_rows))
+def _p4b_rows(p4):
+    sizes = list(p4["sizes"].values())
+    if "controller_cpu_over_ping" not in sizes[0]:
+        return
+    cpu = ", ".join("%d: %s" % (s["hosts"], _spread(s["controller_cpu_per_host_s"])) for s in sizes)
+    ping = ", ".join("%d: %s" % (s["hosts"], _spread(s["ping_controller_cpu_per_host_s"])) for s in sizes)
+    ratio = "; ".join("%d hosts %s" % (s["hosts"], _ratio(s["controller_cpu_over_ping"])) for s in sizes)
+    total = "; ".join("%d hosts %s" % (s["hosts"], _ratio(s["cpu_over_ping"])) for s in sizes)
+    yield ("P4b controller CPU per host", "cold converge (nodes.yml) vs ping, same fleet and forks, CPU less the "
+           "node side (module runs and the tools they ran); growth %.2f× (%d vs %d hosts); with the node side: %s"
+           % (p4["controller_cpu_per_host_growth"], sizes[-1]["hosts"], sizes[0]["hosts"], total),
+           "nodes.yml " + cpu, "ping " + ping, ratio, "≤ 3×, growth ≤ 1.2×", _met(p4["met_cpu_over_ping"]))
+
+
+ROWS = (("p1", _p1_rows), ("p2", _p2_rows), ("p3", _p3_rows), ("p4", _p4_rows), ("p4", _p4b_rows))
 
 
 def rows(results):
