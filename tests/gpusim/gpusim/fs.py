@@ -33,6 +33,7 @@ class SimFS(mfusepy.Operations):
         self.state = state
         self.tree = Tree(state, self)
         self._handles = {}
+        self._contents = {}  # fh -> what its first read returned
         self._handles_lock = threading.Lock()
         self._next_fh = itertools.count(1)
         self._time = time.time_ns()
@@ -85,6 +86,7 @@ class SimFS(mfusepy.Operations):
     def release(self, path, fh):
         with self._handles_lock:
             node, dummy = self._handles.pop(fh, (None, None))
+            self._contents.pop(fh, None)
         if node is not None and node.holds is not None:
             self.state.close_handle(node.holds)
         return 0
@@ -99,9 +101,18 @@ class SimFS(mfusepy.Operations):
             raise SimError(errno.ENODEV, "the device of this attribute is gone")
 
     def read(self, path, size, offset, fh):
+        """Content is made at the first read of an open file and served from there on (the kernel's
+        seq_file does the same), so a file read in several chunks (state.json) is never torn."""
         node, dummy = self._handle(path, fh)
         self._check_owner(node)
-        return node.read().encode()[offset:offset + size]
+        with self._handles_lock:
+            content = self._contents.get(fh) if offset else None
+        if content is None:
+            content = node.read().encode()
+            with self._handles_lock:
+                if fh in self._handles:
+                    self._contents[fh] = content
+        return content[offset:offset + size]
 
     def write(self, path, data, offset, fh):
         node, canon = self._handle(path, fh)
