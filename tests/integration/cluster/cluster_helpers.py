@@ -172,3 +172,16 @@ def run_module(module, args, check=False, diff=False, env=None):
     result["_seconds"] = time.monotonic() - started
     result["_raw"] = proc.stdout
     return proc.returncode, result
+
+
+def run_playbook(tmp_path, inventory, play, check=False):
+    """ansible-playbook on an inventory and a play given as data (written to tmp_path), with this
+    checkout's collection and config; returns the CompletedProcess."""
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    (tmp_path / "play.json").write_text(json.dumps(play))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS),
+               ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default")
+    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "inventory.json"),
+            str(tmp_path / "play.json")] + (["--check"] if check else [])
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)

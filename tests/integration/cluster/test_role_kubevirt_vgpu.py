@@ -3,12 +3,9 @@ carry `vgpu_profiles_resources` as host vars (the shape the vgpu_profiles role p
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
-from cluster_helpers import CLUSTER_POLICY, COLLECTIONS, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, ROOT, default_state
+from cluster_helpers import CLUSTER_POLICY, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, default_state, run_playbook
 
 
 def resource(profile, pci_id="10DE:26B9", count=2):
@@ -22,19 +19,12 @@ def run_role(tmp_path, kubeconfig, nodes, role_vars=None, check=False, via_role_
                                  for name, res in nodes.items()}},
         "vgpu_cluster": {"hosts": {"localhost": {"ansible_connection": "local",
                                                  "ansible_python_interpreter": sys.executable}}}}}}
-    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
     # the connection comes from play-level module_defaults or from the role variable
     role_vars = dict(role_vars or {}, **({"kubevirt_vgpu_kubeconfig": kubeconfig} if via_role_var else {}))
     defaults = {} if via_role_var else {"group/accelops.vgpu.cluster": {"kubeconfig": kubeconfig}}
     play = [{"name": "Publish the vGPU devices", "hosts": "vgpu_cluster[0]", "gather_facts": False,
              "module_defaults": defaults, "roles": [{"role": "accelops.vgpu.kubevirt_vgpu", **role_vars}]}]
-    (tmp_path / "play.json").write_text(json.dumps(play))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS),
-               ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default")
-    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "inventory.json"),
-            str(tmp_path / "play.json")] + (["--check"] if check else [])
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    return run_playbook(tmp_path, inventory, play, check)
 
 
 def test_role_publishes_entries_and_labels_then_is_idempotent(cluster, kubeconfig, tmp_path):

@@ -5,11 +5,9 @@ the vgpu_facts `vgpu` fact for gpu-b), as a fact cache or playbooks/conformance.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
-from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import COLLECTIONS, ROOT
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import run_playbook
 from ansible_collections.accelops.vgpu.tests.integration.conformance.conformance_helpers import (
     NAMESPACES, NODE_FACTS, healthy_state)
 
@@ -24,18 +22,11 @@ def run_role(tmp_path, kubeconfig, role_vars=None, check=False):
                                  "gpu-b-host": {"kubevirt_vgpu_node_name": "gpu-b", "vgpu": NODE_FACTS["gpu-b"]}}},
         "vgpu_cluster": {"hosts": {"localhost": {"ansible_connection": "local",
                                                  "ansible_python_interpreter": sys.executable}}}}}}
-    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
     role_vars = dict(FAST, vgpu_conformance_kubeconfig=kubeconfig,
                      vgpu_conformance_report_dir=str(tmp_path / "report"), **(role_vars or {}))
     play = [{"name": "Attest", "hosts": "vgpu_cluster[0]", "gather_facts": False,
              "roles": [{"role": "accelops.vgpu.vgpu_conformance", **role_vars}]}]
-    (tmp_path / "play.json").write_text(json.dumps(play))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS),
-               ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default")
-    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "inventory.json"),
-            str(tmp_path / "play.json")] + (["--check"] if check else [])
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    return run_playbook(tmp_path, inventory, play, check)
 
 
 def task_output(stdout, task):

@@ -316,7 +316,7 @@ def _phase(vmi):
     return ((vmi or {}).get("status") or {}).get("phase") or "Pending"
 
 
-def _node_of(vmi):
+def node_of(vmi):
     return ((vmi or {}).get("status") or {}).get("nodeName")
 
 
@@ -358,15 +358,15 @@ def sharing_check(plan, names, vmis, timeout):
     subject = "%s@%s" % (plan["profile"], plan["node"])
     details = {"node": plan["node"], "resource": plan["resource"], "vmis": list(names),
                "physical_gpus": plan["physical_gpus"], "gpus": plan.get("gpus"),
-               "placement": dict((n, _node_of(vmis.get(n))) for n in names)}
+               "placement": dict((n, node_of(vmis.get(n))) for n in names)}
     not_running = [n for n in names if not is_running(vmis.get(n))]
-    elsewhere = [n for n in names if is_running(vmis.get(n)) and _node_of(vmis.get(n)) != plan["node"]]
+    elsewhere = [n for n in names if is_running(vmis.get(n)) and node_of(vmis.get(n)) != plan["node"]]
     if not_running:
         phases = ", ".join("%s (%s)" % (n, _phase(vmis.get(n)) if vmis.get(n) else "gone") for n in not_running)
         return Check("sharing", KAR_SHARING, subject, FAIL, "not Running after %gs: %s" % (timeout, phases), details)
     if elsewhere:
         return Check("sharing", KAR_SHARING, subject, FAIL, "Running on another node than %s: %s"
-                     % (plan["node"], ", ".join("%s on %s" % (n, _node_of(vmis[n])) for n in elsewhere)), details)
+                     % (plan["node"], ", ".join("%s on %s" % (n, node_of(vmis[n])) for n in elsewhere)), details)
     running = "%d VMI(s) requesting %s Running on %s" % (len(names), plan["resource"], plan["node"])
     gpus = plan["physical_gpus"]
     if gpus is None:
@@ -388,11 +388,11 @@ def overallocation_check(plan, name, observed, window):
     subject = "%s@%s" % (plan["profile"], plan["node"])
     last = observed[-1] if observed else None
     details = {"vmi": name, "capacity": plan["count"], "phases": [_phase(v) for v in observed if v]}
-    ran = [v for v in observed if v and (is_running(v) or _phase(v) == "Scheduled" or _node_of(v))]
+    ran = [v for v in observed if v and (is_running(v) or _phase(v) == "Scheduled" or node_of(v))]
     if ran:
         return Check("over-allocation", KAR_SHARING, subject, FAIL, "VMI %s (number %d on %d vGPU(s)) was placed on %s "
                      "(%s): over-allocation not blocked" % (name, plan["count"] + 1, plan["count"],
-                                                            _node_of(ran[-1]) or "a node", _phase(ran[-1])), details)
+                                                            node_of(ran[-1]) or "a node", _phase(ran[-1])), details)
     if last is None:
         return Check("over-allocation", KAR_SHARING, subject, FAIL, "VMI %s disappeared while observed" % name, details)
     cond = unschedulable(last)

@@ -139,7 +139,7 @@ def observe(api, namespace, run_id, name, window, poll, pickup_timeout, clock=ti
     while True:
         vmi = api.list_vmis(namespace, run_id).get(name)
         seen.append(vmi)
-        if vmi and (checks.is_running(vmi) or checks._node_of(vmi)) or clock() >= deadline:
+        if vmi and (checks.is_running(vmi) or checks.node_of(vmi)) or clock() >= deadline:
             return seen
         sleep(min(poll, max(0.0, deadline - clock())))
 
