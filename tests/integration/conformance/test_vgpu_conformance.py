@@ -251,19 +251,20 @@ def test_a_forbidden_vmi_create_fails_after_deleting_the_namespace(cluster, cont
     assert stored(cluster, NAMESPACES, NS) is None
 
 
-def test_sigterm_mid_run_deletes_everything_created(cluster, controller, kubeconfig):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_run_deletes_everything_created(cluster, controller, kubeconfig, sig):
     controller(never_ready=L40S_VMIS)
     proc = start_module(module_args(kubeconfig, profiles=["L40S-24Q"], ready_timeout=60))
     deadline = time.monotonic() + 30
     while stored(cluster, VMIS, L40S_VMIS[-1], NS) is None:
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "no VMI"
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out = proc.stdout.read()
     proc.wait(timeout=30)
     result = json.loads(out[out.index("{"):])
     assert proc.returncode != 0
-    assert result["msg"] == "interrupted by SIGTERM; cleanup deleted 5 object(s)"
+    assert result["msg"] == "interrupted by %s; cleanup deleted 5 object(s)" % sig.name
     assert_cleaned_up(cluster, L40S_VMIS)
 
 
