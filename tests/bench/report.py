@@ -110,7 +110,24 @@ def _p4b_rows(p4):
            "nodes.yml " + cpu, "ping " + ping, ratio, "≤ 3×, growth ≤ 1.2×", _met(p4["met_cpu_over_ping"]))
 
 
-ROWS = (("p1", _p1_rows), ("p2", _p2_rows), ("p3", _p3_rows), ("p4", _p4_rows), ("p4", _p4b_rows))
+def _p5_rows(p5):
+    idle = p5["idle"]
+    what = ("%d GPUs, %s -> %s (%d sysfs writes); idle %d s at resync %d s: %d sysfs writes, %d reconciles "
+            "(max %d), %d read syscalls, %d API requests (%d writes); peak RSS %.1f MB" % (
+                p5["gpus"], _profiles(p5["change"]["from"]), _profiles(p5["change"]["to"]), p5["writes_per_change"],
+                idle["seconds"], idle["resync_interval_s"], idle["sysfs_writes"], idle["reconciles"],
+                idle["reconciles_max"], idle["read_syscalls"], idle["api_requests"], idle["api_writes"],
+                p5["rss_mb"]))
+    yield ("P5 node agent, label change", what, "agent " + _spread(p5["agent_s"]), "CLI apply " + _spread(p5["cli_s"]),
+           _ratio(p5["ratio"]), "≤ 1.2×, idle 0 writes, ≤ 1 scan/resync, RSS ≤ 60 MB", _met(p5["met"]))
+
+
+def _profiles(profiles):
+    return " + ".join("%d×%s" % (n, p) for p, n in profiles.items())
+
+
+ROWS = (("p1", _p1_rows), ("p2", _p2_rows), ("p3", _p3_rows), ("p4", _p4_rows), ("p4", _p4b_rows),
+        ("p5", _p5_rows))
 
 
 def rows(results):

@@ -51,3 +51,20 @@ def test_quick_bench_writes_plausible_json_and_table(tmp_path):
     assert table in proc.stdout
     assert [line.split("|")[1].strip() for line in table.splitlines() if line[:4] in ("| P1", "| P3")] == [
         "P1 cold converge, uniform", "P1 cold converge, mixed", "P3 VF enable"]
+
+
+def test_quick_agent_bench_measures_a_label_change_and_an_idle_agent(tmp_path):
+    """P5 in --quick mode on one GPU: the agent process converges, idles without writes, stays small."""
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "tests.bench", "--quick", "--parts", "p5", "--gpus", "1",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    p5 = json.loads((out / "bench.json").read_text())["results"]["p5"]
+    assert p5["writes_per_change"] == 2 * 2 + 2  # 2 VFs 24Q -> 0 -> 12Q, 2 more VFs set to 12Q
+    assert p5["agent_s"]["n"] == p5["cli_s"]["n"] == 1 and 0 < p5["agent_s"]["median"] < 120
+    idle = p5["idle"]
+    assert idle["sysfs_writes"] == 0 and idle["api_writes"] == 0
+    assert 0 <= idle["reconciles"] <= idle["reconciles_max"] == idle["seconds"] // idle["resync_interval_s"] + 1
+    assert 10 < p5["rss_mb"] <= 200
+    assert p5["met"] == (p5["ratio"]["median"] <= 1.2 and p5["rss_mb"] <= 60)
+    assert "| P5 node agent, label change |" in (out / "bench.md").read_text()

@@ -10,12 +10,13 @@ re-asserted, which reads sysfs but writes nothing when the node still matches). 
 arrive while an apply runs are not lost: the latest one is reconciled next (last change wins).
 
 One reconcile (VDM's flow, domain brief 12, through the engine `accelops-vgpu apply` uses):
-1. the config is parsed and a check-mode plan made: errors (unknown config, broken file, a VF a
-   VM holds) fail before any sysfs or label write;
+1. the config is parsed and, under the node lock, the engine plans and validates: errors (unknown
+   config, broken file, a VF a VM holds) fail before any sysfs or label write;
 2. already applied: no `pending`, no pause; leftover paused operands are restored, state `success`;
-3. else state `pending`, operands paused (only deploy labels at "true"), apply under the node
-   lock (enabling VFs as needed), operands restored also when the apply fails, state `success`
-   with the profile labels, or `failed` with the reason (annotation + Event).
+3. else (the engine's `before_changes` hook, still before any write) state `pending` and operands
+   paused (only deploy labels at "true"); the engine writes (enabling VFs as needed) and verifies;
+   operands restored also when the apply fails, state `success` with the profile labels, or
+   `failed` with the reason (annotation + Event).
 Any error becomes state `failed` with its reason; API errors are retried with backoff. The agent
 exits only on SIGTERM/SIGINT (0).
 """
@@ -60,7 +61,8 @@ def _now():
 
 
 def log(message):
-    sys.stderr.write("%s %s: %s\n" % (_now(), COMPONENT, message))
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    sys.stderr.write("%s %s: %s\n" % (stamp, COMPONENT, message))
     sys.stderr.flush()
 
 
@@ -79,6 +81,7 @@ class Agent:
         self.api_backoff = Backoff(base=1.0, cap=30.0)
         self.last_event = None
         self.serial = time.time_ns()
+        self.checks = 0             # reconciles run: each reads the node's sysfs once (a check-mode plan)
 
     # --- threads ---------------------------------------------------------------------------------
     def on_node(self, node):
@@ -125,6 +128,7 @@ class Agent:
 
     def reconcile(self, node, wanted):
         name = wanted[0]
+        self.checks += 1
         try:
             state, profiles, reason, changed = self._converge(node, name)
         except (KubeApiError, KubeUnavailable) as exc:
@@ -143,21 +147,19 @@ class Agent:
     def _converge(self, node, name):
         """(state, profiles, reason, changed); labels and Events written on the way."""
         s = self.settings
+        changing = []
+
+        def before_changes():  # validated, and something will be written: VDM's pending + pause
+            log("config %s: applying" % name)
+            changing.append(self._patch(node, vdm.outcome_patch(_meta(node, "labels"), {}, vdm.PENDING)))
+            changing.append(self._pause(changing[-1]))
+
         try:
             entries = self.config.entries(name)
-            engine = self.engine()
-            preview = vgpu_apply.apply(engine, entries, mixed_size=s.mixed_size, check_mode=True, enable_vfs=True)
-            if not preview["changed"]:
-                profiles = profiles_in_use(preview["resources"])
-                self._finish(node, vdm.SUCCESS, profiles, None, applied=False)
-                return vdm.SUCCESS, profiles, None, False
-            log("config %s: applying" % name)
-            node = self._patch(node, vdm.outcome_patch(_meta(node, "labels"), {}, vdm.PENDING))
-            node = self._pause(node)
-            result = vgpu_apply.apply(engine, entries, mixed_size=s.mixed_size, lock_timeout=s.lock_timeout,
-                                      enable_vfs=True, wait_timeout=s.wait_timeout)
+            result = vgpu_apply.apply(self.engine(), entries, mixed_size=s.mixed_size, lock_timeout=s.lock_timeout,
+                                      enable_vfs=True, wait_timeout=s.wait_timeout, before_changes=before_changes)
         except (KubeApiError, KubeUnavailable):
-            raise
+            raise  # retried with backoff; the retry's finish restores operands this one paused
         except EngineError as exc:
             reason = vdm.reason_text(exc)
         except Exception as exc:  # a bug must not crash-loop the pod: report it like any failure
@@ -165,9 +167,9 @@ class Agent:
             reason = vdm.reason_text("internal error: %s: %s" % (type(exc).__name__, exc))
         else:
             profiles = profiles_in_use(result["resources"])
-            self._finish(node, vdm.SUCCESS, profiles, None, applied=True, config=name)
-            return vdm.SUCCESS, profiles, None, True
-        self._finish(node, vdm.FAILED, None, reason, applied=False, config=name)
+            self._finish(node, vdm.SUCCESS, profiles, None, applied=bool(changing), config=name)
+            return vdm.SUCCESS, profiles, None, bool(changing)
+        self._finish(node, vdm.FAILED, None, reason, applied=bool(changing), config=name)
         return vdm.FAILED, None, reason, False
 
     def _patch(self, node, patch):
@@ -235,7 +237,7 @@ class Agent:
         try:
             with open(tmp, "w") as handle:
                 json.dump({"state": state, "config": config, "reason": reason, "time": _now(),
-                           "pid": os.getpid()}, handle)
+                           "pid": os.getpid(), "checks": self.checks}, handle)
             os.replace(tmp, path)
         except OSError as exc:
             log("cannot write the status file %s: %s" % (path, exc.strerror))

@@ -301,14 +301,18 @@ def _text(counts):
 
 
 def apply(node, entries, state="present", mixed_size=False, check_mode=False, lock_timeout=120.0,
-          enable_vfs=False, wait_timeout=WAIT_TIMEOUT):
+          enable_vfs=False, wait_timeout=WAIT_TIMEOUT, before_changes=None):
     """The whole flow; returns the result dict (changed, gpus, resources, diff, warnings).
 
     `lock_timeout`: seconds to wait for the node lock; `wait_timeout`: for VFs it enables to be ready.
+    `before_changes()`: called once the plan is validated and changes something, before the first
+    write (the node agent sets its `pending` state there); an exception from it writes nothing.
     """
     lock = contextlib.nullcontext() if check_mode else node_lock(node.sysfs.root, lock_timeout)
     with lock:
         plans = node.plan(entries, state, mixed_size, enable_vfs, check_mode)
+        if before_changes is not None and not check_mode and any(p.changed for dummy, dummy2, dummy3, p in plans):
+            before_changes()
         pending = [gpu.address for gpu, framework, dummy, dummy2 in plans if framework == NEEDS_VFS]
         if pending and not check_mode and state == "present":
             node.enable_vfs(pending, wait_timeout)
