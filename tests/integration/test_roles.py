@@ -209,3 +209,20 @@ def test_boot_files_changed_on_the_node_are_put_back(gpusim_node, run_playbook, 
     assert dict((path, path.read_bytes()) for path in (layout, cli, unit)) == installed
     assert os.stat(cli).st_mode & 0o777 == 0o755
     assert changed_tasks(run_playbook(ROLE_TASKS, node, extra_vars=variables)) == []
+
+
+def test_a_layout_that_cannot_fit_stops_nodes_yml_before_the_vfs(gpusim_node, run_playbook, tmp_path, node_cli):
+    """nodes.yml checks the layout before the sriov role enables VFs: three 24 GB vGPUs on a 48 GB L40S."""
+    node = gpusim_node("l40s:1", fresh=True)
+    tasks = [{"name": "validate", "ansible.builtin.include_role": {"name": "accelops.vgpu.vgpu_profiles",
+                                                                   "tasks_from": "validate"}}] + ROLE_TASKS
+    too_big = {"fleet": [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 3}}]}
+    run = run_playbook(tasks, node, extra_vars=role_vars(node, tmp_path / "root", vgpu_profiles_configs=too_big,
+                                                          vgpu_profiles_cli_src=node_cli))
+    failed = [r for r in run.results if r.get("failed")]
+    assert run.rc == 2 and len(failed) == 1, run
+    assert "L40S-24Q need 72 GB of framebuffer, the GPU has 48 GB" in failed[0]["msg"]
+    assert node.writes() == [] and not (tmp_path / "root").exists()
+    fits = run_playbook(tasks, node, extra_vars=role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli))
+    assert fits.rc == 0, fits
+    assert not [task for task in changed_tasks(fits) if task.startswith("Check that the vGPU layout fits")]
