@@ -10,6 +10,7 @@ from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers imp
     CONFIG_LABEL, PROFILE, STATE_LABEL, Cluster, agent_state, wait_for)
 from ansible_collections.accelops.vgpu.tests.integration.agent.test_agent import node_matches
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 
 CONFIG = {"version": "v1", "vgpu-configs": {"default": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}]}}
 
@@ -148,3 +149,17 @@ def test_two_quick_changes_end_on_the_last_one(gpusim_node, cluster, start_agent
     assert agent.status()["state"] == "success"
     assert node_matches(pyz, node, "default")
     assert cluster.profile_labels() == {PROFILE + "L40S-24Q": "4"}
+
+
+def test_the_agent_waits_for_the_node_lock_of_another_apply(gpusim_node, cluster, start_agent, pyz):
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api)
+    agent.wait("success", "default")
+    node.clear_log()
+    with node_lock(node.root, timeout=5):  # the boot unit or a module applying right now
+        agent.forget_status()
+        cluster.select("L40S-12Q")
+        time.sleep(2)
+        assert node.log() == [] and agent.status() is None  # planned nothing, wrote nothing meanwhile
+    agent.wait("success", "L40S-12Q")
+    assert node_matches(pyz, node, "L40S-12Q")
