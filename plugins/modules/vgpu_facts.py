@@ -78,7 +78,20 @@ ansible_facts:
               sriov_numvfs: 32
               vfs: ["0000:41:00.4", "0000:41:00.5"]
               mdev_types: []
+              mig_mode: null
+              gpu_instances: []
           contains:
+            mig_mode:
+              description:
+                - V(enabled) or V(disabled) on GPUs with MIG (H100, H200), from C(nvidia-smi); null on GPUs
+                  without MIG or when nvidia-smi is missing.
+              type: str
+            gpu_instances:
+              description:
+                - The MIG GPU instances (C(nvidia-smi mig -lgi)) with C(id), C(profile_id), C(name) (V(1g.20gb))
+                  and C(placement) (V(start:size)).
+              type: list
+              elements: dict
             framework:
               description:
                 - V(vendor-vfio) when its VFs have C(nvidia/) (vGPU 17 and later on Ada, Hopper, Blackwell),
@@ -102,6 +115,7 @@ ansible_facts:
               driver: nvidia
               vgpu_type_id: 1155
               vgpu_type: NVIDIA L40S-24Q
+              gpu_instance_id: 0
               creatable_types: [{id: 1155, name: NVIDIA L40S-24Q}]
               mdev_types: []
               mdevs: []
@@ -114,6 +128,11 @@ ansible_facts:
             vgpu_type:
               description: Full name of that type when known.
               type: str
+            gpu_instance_id:
+              description:
+                - The MIG GPU instance the VF's MIG-backed vGPU occupies (the driver's C(nvidia/gpu_instance_id));
+                  0 for time-sliced types, null without a vGPU.
+              type: int
             creatable_types:
               description: Types the VF can take right now (the list shrinks as siblings get types).
               type: list
@@ -145,14 +164,16 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, module_glue, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, mig, module_glue, vgpu_apply
 
 
 def main():
     module = AnsibleModule(argument_spec=module_glue.node_argspec(), supports_check_mode=True)
     node = module_glue.NodeContext(module)
     with module_glue.engine_errors(module):
-        found = facts.gather(node.sysfs, node.held(), vgpu_apply.TypeNames(node.sysfs, node.runner))
+        smi = mig.Smi(node.runner)
+        found = facts.gather(node.sysfs, node.held(), vgpu_apply.TypeNames(node.sysfs, node.runner),
+                             lambda pf: mig.facts(smi, pf))
     module.exit_json(changed=False, ansible_facts={"vgpu": found})
 
 

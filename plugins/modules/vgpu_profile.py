@@ -107,13 +107,39 @@ options:
         description: Expected mode, octal, as a string (V('0644')).
         type: str
         required: true
+  mig_mode_order:
+    description:
+      - MIG-backed profiles (C(H100-1-20C), C(H200X-3-71C); Hopper) put the GPU into MIG mode, create one
+        MIG GPU instance per vGPU, then type the VFs. Mixing them with time-sliced profiles on one GPU
+        is refused.
+      - V(after-vfs) sets MIG mode (C(nvidia-smi -i <PF> -mig 1)) once the VFs exist; V(before-vfs) sets it
+        before the VFs are enabled, which only applies where this run enables them (the node CLI). Which
+        order the driver needs is unconfirmed (docs/design.md).
+    type: str
+    choices: [after-vfs, before-vfs]
+    default: after-vfs
+  mig_compute_instances:
+    description:
+      - Create a compute instance in every new GPU instance (C(nvidia-smi mig -cgi <IDs> -C)), as
+        mig-parted does. Whether MIG-backed vGPUs need one on the host is unconfirmed.
+    type: bool
+    default: true
+  mig_gi_cleanup:
+    description:
+      - V(destroy) removes GPU instances the layout no longer needs (their compute instance first);
+        V(keep) leaves them. A GPU instance a kept vGPU occupies is never touched.
+    type: str
+    choices: [destroy, keep]
+    default: destroy
 attributes:
   check_mode:
     support: full
     description: Plans and validates everything, writes nothing, reports the same C(changed).
   diff_mode:
     support: full
-    description: Per GPU, per VF (or parent/mdev UUID) the profile before and after.
+    description:
+      - Per GPU, per VF (or parent/mdev UUID) the profile before and after; for MIG-backed layouts also
+        C(mig) with the MIG mode and the GPU instances before and after.
 notes:
   - Resource names follow Harvester, C(nvidia.com/) plus the full type name with whitespace, C(/) and
     C(.) replaced by C(_).
@@ -143,6 +169,17 @@ EXAMPLES = r"""
         profiles: {L40S-24Q: 1, L40S-12Q: 2}
     mixed_size: true
 
+- name: Four MIG-backed H100-1-20C per H100 (MIG mode, four 1g.20gb GPU instances, four VFs)
+  accelops.vgpu.vgpu_profile:
+    config:
+      version: v1
+      vgpu-configs:
+        h100-4x20:
+          - devices: all
+            device-filter: "0x233110DE"
+            vgpu-devices: {"H100-1-20C": 4}
+    selected: h100-4x20
+
 - name: Remove every vGPU no VM uses
   accelops.vgpu.vgpu_profile:
     layout: [{profiles: {}}]
@@ -162,6 +199,13 @@ gpus:
       pci_id: "10de:26b9"
       vgpus:
         - {address: "0000:41:00.4", before: null, after: L40S-24Q, type_id: 1155}
+  contains:
+    mig:
+      description:
+        - Only on GPUs with MIG-backed profiles, the MIG state after the task ran.
+        - C(mode) (V(enabled)) and C(gpu_instances), the GPU instance profile names (V(1g.20gb)), one per vGPU.
+      returned: when the GPU has MIG-backed profiles
+      type: dict
 resources:
   description: One entry per profile in use on the selected GPUs, what KubeVirt needs to expose it.
   returned: always
@@ -184,6 +228,7 @@ boot_files_outdated:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, engine_errors, exit_with_diff, node_argspec)
 
@@ -200,7 +245,10 @@ def main():
             layout=dict(type="list", elements="dict", options=LAYOUT_ENTRY),
             mixed_size=dict(type="bool", default=False), lock_timeout=dict(type="float", default=120.0),
             state=dict(type="str", default="present", choices=["present", "absent"]),
-            boot_files=dict(type="list", elements="dict", options=BOOT_FILE, default=[])),
+            boot_files=dict(type="list", elements="dict", options=BOOT_FILE, default=[]),
+            mig_mode_order=dict(type="str", default="after-vfs", choices=list(mig.MODE_ORDERS)),
+            mig_compute_instances=dict(type="bool", default=True),
+            mig_gi_cleanup=dict(type="str", default="destroy", choices=list(mig.GI_CLEANUPS))),
         mutually_exclusive=[("config", "config_file", "layout")],
         required_one_of=[("config", "config_file", "layout")],
         supports_check_mode=True)
@@ -211,7 +259,9 @@ def main():
             entries = vgpu_layout.from_file(params["config_file"], params["selected"])
         else:
             entries = vgpu_layout.entries(params["config"], params["selected"], params["layout"])
-        result = vgpu_apply.apply(vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root), entries,
+        options = mig.MigOptions(params["mig_mode_order"], params["mig_compute_instances"], params["mig_gi_cleanup"])
+        engine = vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root, mig_options=options)
+        result = vgpu_apply.apply(engine, entries,
                                   state=params["state"], mixed_size=params["mixed_size"],
                                   check_mode=module.check_mode, lock_timeout=params["lock_timeout"])
         outdated = boot_files.outdated(params["boot_files"])

@@ -30,7 +30,7 @@ import os
 import sys
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent, settings as agent_settings
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -83,7 +83,8 @@ def _parser():
                               "GPU Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage)")
     apply_p.add_argument("--no-enable-vfs", dest="enable_vfs", action="store_false",
                          help="fail instead of enabling VFs on GPUs that have none")
-    verbs.add_parser("assert", parents=[roots, layout], help="exit 0 when the node matches the layout")
+    _mig_options(apply_p)
+    _mig_options(verbs.add_parser("assert", parents=[roots, layout], help="exit 0 when the node matches the layout"))
     export_p = verbs.add_parser("export", parents=[roots], help="print the current layout")
     export_p.add_argument("--format", choices=("layout", "vdm"), default="layout",
                           help="a layout list (default) or a vgpu-device-manager config")
@@ -93,10 +94,22 @@ def _parser():
     return parser
 
 
+def _mig_options(parser):
+    """MIG-backed vGPU: the unconfirmed steps as options (docs/design.md, MIG-backed vGPU)."""
+    parser.add_argument("--mig-mode-order", choices=mig.MODE_ORDERS, default="after-vfs",
+                        help="MIG mode after the VFs are enabled (default) or before")
+    parser.add_argument("--no-mig-compute-instances", dest="mig_compute_instances", action="store_false",
+                        help="create GPU instances without a compute instance (no -C)")
+    parser.add_argument("--mig-gi-cleanup", choices=mig.GI_CLEANUPS, default="destroy",
+                        help="destroy GPU instances the layout no longer needs (default) or keep them")
+
+
 def _node(args):
     check_roots(args.sysfs_root, args.dev_root, args.proc_root)
+    options = mig.MigOptions(args.mig_mode_order, args.mig_compute_instances, args.mig_gi_cleanup) \
+        if hasattr(args, "mig_mode_order") else None
     return vgpu_apply.Node(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
-                           sriov_manage_path=getattr(args, "sriov_manage", None))
+                           sriov_manage_path=getattr(args, "sriov_manage", None), mig_options=options)
 
 
 def _entries(args):
@@ -111,6 +124,10 @@ def _print_apply(result, check):
         _say("%s: enabled SR-IOV VFs" % address)
     for gpu in result["gpus"]:
         moved = [v for v in gpu["vgpus"] if v["before"] != v["after"]]
+        mig_diff = result["diff"]["after"].get(gpu["address"], {}).get("mig")
+        if mig_diff:
+            _say("%s (%s): %s MIG mode %s, GPU instances %s" % (gpu["address"], gpu["model"], verb, mig_diff["mode"],
+                                                                 ", ".join(mig_diff["gpu_instances"]) or "none"))
         if not moved:
             _say("%s (%s, %s): unchanged" % (gpu["address"], gpu["model"], gpu["framework"]))
             continue

@@ -7,7 +7,7 @@ Works on a live /sys, on gpusim, and on a plain copy of a host's sysfs (relative
 missing or unreadable): every attribute is read on its own and what cannot be read is reported as
 null, never as an error.
 
-    gather(sysfs, held, type_names=None) -> {"gpus": [...], "vfs": [...], "mdevs": [...]}
+    gather(sysfs, held, type_names=None, mig_info=None) -> {"gpus": [...], "vfs": [...], "mdevs": [...]}
 
 - gpus: every PCI base class 0x03 function that is not a VF. `framework` is `vendor-vfio` when its
   VFs have `nvidia/` (vGPU 17+ on Ada/Hopper/Blackwell), `mdev` when it or its VFs are mdev parents
@@ -15,6 +15,9 @@ null, never as an error.
 - vfs: every VF of those GPUs with its vGPU state; `vgpu_type` names the current type when one of
   the GPU's creatable lists still shows it (the driver keeps only the ID of a set type), else when
   `type_names(pf)` (e.g. vgpu_apply.TypeNames: the node's cache, nvidia-smi) knows it.
+- MIG (Hopper): with `mig_info(pf)` (mig.facts: nvidia-smi) every NVIDIA GPU gets `mig_mode`
+  (enabled/disabled, null without MIG or nvidia-smi) and `gpu_instances`; a VF with a vGPU its
+  `gpu_instance_id` (the driver's output; 0 for time-sliced types).
 - mdevs: every `bus/mdev/devices/<uuid>` with parent, type and whether a VM holds it.
 `held` is the mapping of inuse.held_devices().
 """
@@ -54,6 +57,8 @@ def _vf_facts(sysfs, address, pf, held, parents, bus_parents):
         "iommu_group": _attempt(lambda: dev.iommu_group),
         "driver": _attempt(lambda: dev.driver),
         "vgpu_type_id": _attempt(lambda: vgpu_types.read_current(sysfs, address)) if vendor_vfio else None,
+        "gpu_instance_id": _attempt(lambda: sysfs.read_int(vgpu_types.vfio_dir(address) + "/gpu_instance_id"))
+        if vendor_vfio else None,
         "vgpu_type": None,
         "creatable_types": [{"id": t.type_id, "name": t.name}
                             for t in _attempt(lambda: vgpu_types.read_creatable(sysfs, address), [])]
@@ -88,7 +93,14 @@ def _framework(vfs, pf_is_mdev_parent):
     return "none"
 
 
-def _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names):
+def _mig_facts(mig_info, address, vendor):
+    unknown = {"mig_mode": None, "gpu_instances": []}
+    if mig_info is None or vendor != pci.NVIDIA_VENDOR:
+        return unknown
+    return _attempt(lambda: mig_info(address), unknown)
+
+
+def _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names, mig_info=None):
     vendor, device = _attempt(lambda: dev.vendor), _attempt(lambda: dev.device)
     vf_addresses = _attempt(dev.virtfns, [])
     vfs = [_vf_facts(sysfs, vf, dev.address, held, parents, bus_parents) for vf in vf_addresses]
@@ -108,6 +120,7 @@ def _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names):
         "vfs": vf_addresses,
         "mdev_types": _mdev_types(sysfs, dev.address) if pf_parent else [],
     }
+    gpu.update(_mig_facts(mig_info, dev.address, vendor))
     return gpu, vfs
 
 
@@ -128,7 +141,7 @@ def _is_gpu_pf(dev):
     return _attempt(lambda: dev.is_display and not dev.is_vf, False)
 
 
-def gather(sysfs, held, type_names=None):
+def gather(sysfs, held, type_names=None, mig_info=None):
     """{"gpus", "vfs", "mdevs"} of the node; `held` = inuse.held_devices(...)."""
     parents = _attempt(lambda: inuse.mdev_parents(sysfs), {})
     bus_parents = set(_attempt(lambda: vgpu_types.mdev_parents(sysfs), []))
@@ -136,7 +149,7 @@ def gather(sysfs, held, type_names=None):
     for address in _attempt(lambda: pci.list_addresses(sysfs), []):
         dev = pci.PciDevice(sysfs, address)
         if _is_gpu_pf(dev):
-            gpu, gpu_vfs = _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names)
+            gpu, gpu_vfs = _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names, mig_info)
             gpus.append(gpu)
             vfs.extend(gpu_vfs)
     mdevs = [_mdev_facts(sysfs, uuid, parent, held) for uuid, parent in sorted(parents.items())]

@@ -30,7 +30,7 @@ import json
 import os
 from collections import OrderedDict
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, layout_fit, pci, sriov, vgpu_mdev, vgpu_vfio
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, layout_fit, mig, pci, sriov, vgpu_mdev, vgpu_vfio
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import model_name
@@ -170,8 +170,10 @@ def _needs_mixed_mode(plan):
 class Node:
     """One node seen through its roots; `apply()` runs the whole flow."""
 
-    def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None):
+    def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None,
+                 mig_options=None):
         self.sysfs, self.runner = sysfs, runner
+        self.smi, self.mig_options = mig.Smi(runner), mig_options or mig.MigOptions()  # MIG-backed vGPU (node/mig.py)
         self.dev_root, self.proc_root = dev_root, proc_root
         self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage
         self.names = TypeNames(sysfs, runner, cache_dir)
@@ -216,10 +218,14 @@ class Node:
                 plans.append((gpu, framework, None, self._pending_plan(gpu, gpu_entries, state, enable_vfs, mixed_size)))
                 continue
             view = self.view(gpu, framework, held, vfs_of.get(address))
+            mig_state = (mig.prepare(self.sysfs, self.smi, view, gpu_entries, self.mig_options, self.names)
+                         if framework == vgpu_vfio.FRAMEWORK else None)
             plan = BACKENDS[framework].plan(view, gpu_entries, mixed_size, state == "absent")
+            if mig_state is not None:
+                mig.plan(mig_state, plan, view, self.smi)
             if plan.model is None:
                 plan.model = model_name(gpu.vendor, gpu.device)
-            if _needs_mixed_mode(plan) and not heterogeneous_mode(self.runner, gpu.address):
+            if plan.mig is None and _needs_mixed_mode(plan) and not heterogeneous_mode(self.runner, gpu.address):
                 if not mixed_mode_supported(self.runner, gpu.address):
                     raise LayoutError("GPU %s (%s) does not support mixed-size mode (nvidia-smi -q: Heterogeneous "
                                       "Time-Slice Sizes: Not Supported); give it one framebuffer size"
@@ -257,6 +263,8 @@ class Node:
                 continue
             backend = BACKENDS[framework]
             backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("clear", "remove")])
+            if plan.mig is not None:
+                mig.execute(self.smi, plan.mig)
             if plan.switch_mode:
                 self.runner.run([_smi(self.runner), "vgpu", "-i", plan.address, "-shm", "1"])
             backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("set", "create")])
@@ -279,6 +287,18 @@ class Node:
             have = BACKENDS[framework].current_profiles(view)
             if wanted != have:
                 raise LayoutError("GPU %s: after applying it has %s, expected %s" % (gpu.address, _text(have), _text(wanted)))
+
+    def mig_before_vfs(self, plans):
+        """MIG mode on GPUs whose VFs are about to be enabled, when the order says so (cubecos's)."""
+        if self.mig_options.mode_order != "before-vfs":
+            return
+        for gpu, framework, dummy, plan in plans:
+            if framework == NEEDS_VFS and plan.pending and mig.pending_state(plan.pending):
+                if self.smi.mode(gpu.address) is None:
+                    raise LayoutError("GPU %s: the layout has MIG-backed profiles, but the GPU has no MIG mode"
+                                      % gpu.address)
+                if not self.smi.mode(gpu.address):
+                    self.smi.run(gpu.address, ["-i", gpu.address, "-mig", "1"], "-mig 1")
 
     def current(self, gpu):
         """{profile: count} now on a GPU, or None when it has no VFs yet."""
@@ -315,6 +335,7 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
             before_changes()
         pending = [gpu.address for gpu, framework, dummy, dummy2 in plans if framework == NEEDS_VFS]
         if pending and not check_mode and state == "present":
+            node.mig_before_vfs(plans)
             node.enable_vfs(pending, wait_timeout)
             plans = node.plan(entries, state, mixed_size, enable_vfs=False)
         if not check_mode:
@@ -348,9 +369,14 @@ def summarize(plans):
                 if plan.framework == vgpu_mdev.FRAMEWORK:
                     resources[key]["mdev_name_selector"] = after.name
             resources[key]["count"] += 1
+    gpus = []
+    for plan in plans:
+        gpus.append(plan.to_result())
+        if plan.mig is not None:
+            gpus[-1]["mig"] = plan.mig.state(True)
     return {
         "changed": any(p.changed for p in plans),
-        "gpus": [p.to_result() for p in plans],
+        "gpus": gpus,
         "resources": list(resources.values()),
         "diff": diff(plans),
         "warnings": [w for p in plans for w in p.warnings],
@@ -366,6 +392,8 @@ def diff(plans):
         if plan.pending is not None:  # VFs not enabled yet: no VF to name, only the GPU and its profiles
             before[plan.address] = OrderedDict([("vfs", "disabled")])
             after[plan.address] = OrderedDict([("vfs", "enabled"), ("profiles", OrderedDict(plan.pending))])
+            if mig.pending_state(plan.pending):
+                after[plan.address]["mig"] = mig.pending_state(plan.pending)
             continue
         slots_before, slots_after = OrderedDict(), OrderedDict()
         for change in plan.vgpus:
@@ -374,6 +402,8 @@ def diff(plans):
             key = change.uuid and "%s/%s" % (change.address, change.uuid) or change.address
             slots_before[key] = change.before.short if change.before is not None else None
             slots_after[key] = change.after.short if change.after is not None else None
+        if plan.mig is not None:
+            slots_before["mig"], slots_after["mig"] = plan.mig.state(False), plan.mig.state(True)
         before[plan.address], after[plan.address] = slots_before, slots_after
     return {"before": before, "after": after}
 
@@ -393,8 +423,15 @@ def check(node, entries):
             continue
         have = _counts(v.before for v in plan.vgpus)
         wanted = _counts(v.after for v in plan.vgpus)
-        problems.append("GPU %s: has %s, layout wants %s" % (plan.address, _text(have), _text(wanted)))
+        line = "GPU %s: has %s, layout wants %s" % (plan.address, _text(have), _text(wanted))
+        if plan.mig is not None and plan.mig.changed:
+            line += "; MIG %s, layout wants %s" % (_mig_text(plan.mig.state(False)), _mig_text(plan.mig.state(True)))
+        problems.append(line)
     return problems
+
+
+def _mig_text(state):
+    return "mode %s, GPU instances %s" % (state["mode"], ", ".join(state["gpu_instances"]) or "none")
 
 
 def export(node):

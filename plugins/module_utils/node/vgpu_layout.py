@@ -469,6 +469,7 @@ class GpuPlan:
         self.mixed_size = False
         self.switch_mode = False  # put the GPU into mixed-size mode between clears and creations
         self.pending = None  # {profile: count} a GPU whose VFs are not enabled yet is to get
+        self.mig = None  # mig.MigPlan of a GPU with MIG-backed vGPUs (MIG mode, GPU instances)
         self.warnings = []
 
     @property

@@ -20,6 +20,7 @@ layout that needs it changed fails naming it, before any write.
 from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.mig import mig_backed
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
@@ -130,7 +131,8 @@ def plan(view, entries, mixed_size=False, absent=False):
         entry, wanted = choose_profiles(gpu.address, view.model, entries, view.find)
         result.origin = entry.origin
     after = _assign(gpu.address, view, before, wanted, absent, result)
-    if not absent:
+    if not absent and not any(t is not None and mig_backed(t.name) for t in after.values()):
+        # MIG-backed types need no mixed-size mode: their GPU instances are checked by node/mig.py
         check_sizes(gpu.address, [t for t in after.values() if t is not None], mixed_size,
                     view.total_gb(), len(view.vfs))
     result.mixed_size = bool(mixed_size)
