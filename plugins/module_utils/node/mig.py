@@ -244,10 +244,11 @@ def prepare(sysfs, smi, view, entries, options, names=None):
         return None
     check_kinds(address, entries)
     mode = smi.mode(address)
-    if mode is None:
-        wanted = next(p for e in entries for p in e.profiles if mig_backed(p)) if wants_mig(entries) else None
-        if wanted:
-            raise LayoutError("GPU %s: profile %s is MIG-backed, but the GPU has no MIG mode" % (address, wanted))
+    if mode is None:  # a profile of this model names a MIG slice the GPU cannot make; other models' are skipped
+        model = (view.model or "").lower()
+        own = [p for e in entries for p in e.profiles if mig_backed(p) and vt.parse_profile(p).model.lower() == model]
+        if own:
+            raise LayoutError("GPU %s: profile %s is MIG-backed, but the GPU has no MIG mode" % (address, own[0]))
         return None
     state = MigPlan(address, mode, smi.instances(address) if mode else [], options)
     state.types = dict((t.type_id, t) for t in smi.supported(address))

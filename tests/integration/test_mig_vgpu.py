@@ -1,0 +1,195 @@
+"""MIG-backed vGPU on simulated H100 / H200 nodes: vgpu_profile in playbooks, vgpu_facts, the node CLI
+after a reboot (as accelops-vgpu.service runs it)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from test_node_cli import NODE_PYTHON, REPO
+
+H100_1_20C, H100_3_40C = "1120", "1122"
+
+
+def vdm(profiles, device_filter=None):
+    entry = {"devices": "all", "vgpu-devices": profiles}
+    if device_filter:
+        entry["device-filter"] = device_filter
+    return {"version": "v1", "vgpu-configs": {"mig": [entry]}}
+
+
+def apply_task(profiles, name="profiles", device_filter=None, **options):
+    args = {"config": vdm(profiles, device_filter), "selected": "mig"}
+    args.update(options)
+    return {"name": name, "accelops.vgpu.vgpu_profile": args}
+
+
+ENABLE = {"name": "vfs", "accelops.vgpu.sriov_vfs": {"devices": "all"}}
+
+
+def gpu_state(node, index=0):
+    return node.state()["pfs"][index]
+
+
+def types_of(node, pf, count):
+    vfs = node.vfs(pf)[:count]
+    return [node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf) for vf in vfs]
+
+
+def test_h100_1_20c_x4_mig_mode_gis_and_vfs_then_no_writes(gpusim_node, run_playbook):
+    node = gpusim_node("h100-pcie:1")
+    pf = node.pfs()[0]
+    assert run_playbook([ENABLE], node).rc == 0
+    node.clear_log()
+    check = run_playbook([apply_task({"H100-1-20C": 4})], node, check=True, diff=True)
+    assert check.rc == 0, check
+    planned = check.task("profiles")
+    assert planned["changed"] and node.log() == [] and not gpu_state(node)["mig_mode"]
+    assert planned["diff"]["before"][pf]["mig"] == {"mode": "disabled", "gpu_instances": []}
+    assert planned["diff"]["after"][pf]["mig"] == {"mode": "enabled", "gpu_instances": ["1g.20gb"] * 4}
+    assert [planned["diff"]["after"][pf][vf] for vf in node.vfs(pf)[:4]] == ["H100-1-20C"] * 4
+
+    run = run_playbook([apply_task({"H100-1-20C": 4})], node)
+    assert run.rc == 0, run
+    result = run.task("profiles")
+    assert result["changed"] and result["gpus"][0]["mig"] == {"mode": "enabled", "gpu_instances": ["1g.20gb"] * 4}
+    assert result["resources"] == [{"profile": "H100-1-20C", "type_name": "NVIDIA H100-1-20C",
+                                    "resource_name": "nvidia.com/NVIDIA_H100-1-20C",
+                                    "pci_vendor_selector": "10DE:2331", "framework": "vendor-vfio", "count": 4}]
+    state = gpu_state(node)
+    assert state["mig_mode"] and [gi["name"] for gi in state["gis"]] == ["1g.20gb"] * 4
+    assert sorted(gi["vf"] for gi in state["gis"]) == node.vfs(pf)[:4]
+    assert types_of(node, pf, 5) == [H100_1_20C] * 4 + ["0"]
+    assert len(set(node.read("bus/pci/devices/%s/nvidia/gpu_instance_id" % vf) for vf in node.vfs(pf)[:4])) == 4
+
+    node.clear_log()
+    again = run_playbook([apply_task({"H100-1-20C": 4})], node)
+    assert again.rc == 0 and not again.task("profiles")["changed"]
+    assert node.log() == [] and gpu_state(node)["gis"] == state["gis"]
+
+
+def test_change_to_3_40c_blocked_by_a_held_vf_then_converges(gpusim_node, run_playbook):
+    node = gpusim_node("h100-pcie:1")
+    pf = node.pfs()[0]
+    assert run_playbook([ENABLE, apply_task({"H100-1-20C": 4})], node).rc == 0
+    before = gpu_state(node)["gis"]
+    held = node.vfs(pf)[2]
+    node.hold(held)
+    node.clear_log()
+    blocked = run_playbook([apply_task({"H100-3-40C": 2}, name="resize")], node)
+    assert blocked.rc != 0
+    assert ("VF %s of GPU %s is held by a VM" % (held, pf)) in blocked.task("resize")["msg"]
+    assert node.log() == [] and gpu_state(node)["gis"] == before
+
+    node.release(held)
+    resized = run_playbook([apply_task({"H100-3-40C": 2}, name="resize")], node, diff=True)
+    assert resized.rc == 0, resized
+    diff = resized.task("resize")["diff"]
+    assert diff["before"][pf]["mig"]["gpu_instances"] == ["1g.20gb"] * 4
+    assert diff["after"][pf]["mig"]["gpu_instances"] == ["3g.40gb"] * 2
+    state = gpu_state(node)
+    assert [(gi["name"], gi["start"]) for gi in state["gis"]] == [("3g.40gb", 0), ("3g.40gb", 4)]
+    assert types_of(node, pf, 4) == [H100_3_40C] * 2 + ["0", "0"]
+    assert run_playbook([apply_task({"H100-3-40C": 2}, name="resize")], node).task("resize")["changed"] is False
+
+
+def test_mixing_kinds_and_time_sliced_on_a_mig_gpu_fail_before_any_write(gpusim_node, run_playbook):
+    node = gpusim_node("h100-pcie:1")
+    pf = node.pfs()[0]
+    assert run_playbook([ENABLE], node).rc == 0
+    node.clear_log()
+    mixed = run_playbook([apply_task({"H100-3-40C": 1, "H100-40C": 1})], node)
+    assert "mixes MIG-backed H100-3-40C and time-sliced H100-40C" in mixed.task("profiles")["msg"]
+    assert run_playbook([apply_task({"H100-7-80C": 1})], node).rc == 0
+    node.clear_log()
+    sliced = run_playbook([apply_task({"H100-40C": 2})], node)
+    assert sliced.rc != 0
+    assert ("GPU %s is in MIG mode; time-sliced H100-40C needs it off" % pf) in sliced.task("profiles")["msg"]
+    too_many = run_playbook([apply_task({"H100-3-40C": 2, "H100-2-20C": 2})], node)
+    assert "do not fit" in too_many.task("profiles")["msg"]
+    assert node.log() == [] and [gi["name"] for gi in gpu_state(node)["gis"]] == ["7g.80gb"]
+
+
+def test_l40s_cannot_take_a_mig_backed_profile(gpusim_node, run_playbook):
+    node = gpusim_node("l40s:1")
+    assert run_playbook([ENABLE], node).rc == 0
+    run = run_playbook([{"name": "profiles", "accelops.vgpu.vgpu_profile": {
+        "layout": [{"profiles": {"L40S-1-24C": 1}}]}}], node)
+    assert "profile L40S-1-24C is MIG-backed, but the GPU has no MIG mode" in run.task("profiles")["msg"]
+
+
+def test_gis_of_released_types_are_kept_when_asked(gpusim_node, run_playbook):
+    node = gpusim_node("h100-pcie:1")
+    assert run_playbook([ENABLE, apply_task({"H100-1-10C": 3}, mig_compute_instances=False)], node).rc == 0
+    assert [gi["compute_instance"] for gi in gpu_state(node)["gis"]] == [False] * 3
+    kept = run_playbook([apply_task({"H100-1-10C": 1}, mig_gi_cleanup="keep")], node)
+    assert kept.rc == 0, kept
+    assert [gi["name"] for gi in gpu_state(node)["gis"]] == ["1g.10gb"] * 3
+    destroyed = run_playbook([apply_task({"H100-1-10C": 1})], node)
+    assert destroyed.rc == 0 and [gi["name"] for gi in gpu_state(node)["gis"]] == ["1g.10gb"]
+
+
+def test_vgpu_facts_report_mig_mode_and_gpu_instances(gpusim_node, run_playbook):
+    node = gpusim_node("h100-pcie:1,l40s:1")
+    h100, l40s = node.pfs()
+    assert run_playbook([ENABLE, apply_task({"H100-2-20C": 2}, device_filter="0x233110DE")], node).rc == 0
+    run = run_playbook([{"name": "facts", "accelops.vgpu.vgpu_facts": {}}], node)
+    assert run.rc == 0, run
+    facts = run.task("facts")["ansible_facts"]["vgpu"]
+    gpus = dict((g["address"], g) for g in facts["gpus"])
+    assert gpus[h100]["mig_mode"] == "enabled" and gpus[l40s]["mig_mode"] is None
+    assert [(gi["name"], gi["profile_id"], gi["placement"]) for gi in gpus[h100]["gpu_instances"]] == [
+        ("2g.20gb", 14, "0:2"), ("2g.20gb", 14, "2:2")]
+    vfs = dict((v["address"], v) for v in facts["vfs"])
+    first = vfs[node.vfs(h100)[0]]
+    assert first["vgpu_type"] == "NVIDIA H100-2-20C" and first["gpu_instance_id"] == gpus[h100]["gpu_instances"][0]["id"]
+
+
+# ---- the node CLI, as accelops-vgpu.service runs it --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("cli") / "accelops-vgpu.pyz")
+    subprocess.run([NODE_PYTHON, os.path.join(REPO, "tools", "build-node-cli.py"), out], check=True,
+                   capture_output=True)
+    return out
+
+
+def cli(pyz, node, config, *args):
+    argv = [NODE_PYTHON, pyz, args[0], "--config", config, "--selected", "mig", "--sysfs-root", node.root,
+            "--dev-root", node.dev_root] + list(args[1:])
+    return subprocess.run(argv, env=node.env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("spec,profiles,gi_names,order", [
+    ("h100-pcie:1", {"H100-1-20C": 4}, ["1g.20gb"] * 4, "after-vfs"),
+    ("h200:1", {"H200X-1-18C": 7}, ["1g.18gb"] * 7, "before-vfs"),
+    ("h200-nvl:1", {"H200-3-71C": 1, "H200-4-71C": 1}, ["3g.71gb", "4g.71gb"], "after-vfs"),
+])
+def test_reboot_then_the_boot_command_restores_mig_mode_gis_and_types(gpusim_node, pyz, tmp_path, spec, profiles,
+                                                                       gi_names, order):
+    node = gpusim_node(spec)
+    config = str(tmp_path / "layout.json")
+    with open(config, "w") as handle:
+        json.dump(vdm(profiles), handle)
+    first = cli(pyz, node, config, "apply", "--mig-mode-order", order)
+    assert first.returncode == 0, first.stderr
+    assert cli(pyz, node, config, "assert").returncode == 0
+    applied = gpu_state(node)
+
+    node.ctl("reboot")
+    after_reboot = cli(pyz, node, config, "assert")
+    assert after_reboot.returncode == 1 and "SR-IOV VFs are not enabled" in after_reboot.stdout
+    assert not gpu_state(node)["mig_mode"] and gpu_state(node)["gis"] == []
+
+    restored = cli(pyz, node, config, "apply", "--json", "--mig-mode-order", order)
+    assert restored.returncode == 0, restored.stderr
+    assert json.loads(restored.stdout)["vfs_enabled"] == [node.pfs()[0]]
+    state = gpu_state(node)
+    assert state["mig_mode"] and sorted(gi["name"] for gi in state["gis"]) == sorted(gi_names)
+    assert state["gis"] == applied["gis"]
+    assert cli(pyz, node, config, "assert").returncode == 0
+    node.clear_log()
+    assert json.loads(cli(pyz, node, config, "apply", "--json").stdout)["changed"] is False
+    assert node.log() == []
