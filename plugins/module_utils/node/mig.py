@@ -338,8 +338,8 @@ def execute(smi, state):
     """Destroy GIs (their compute instance first), MIG mode on, create GIs; then read back."""
     address = state.address
     for gi in state.destroy:
-        smi.run(address, ["mig", "-i", address, "-dci", "-gi", gi.gi_id], "mig -dci", ok_codes=(0, 1, 6))
-        smi.run(address, ["mig", "-i", address, "-dgi", "-gi", gi.gi_id], "mig -dgi -gi %d" % gi.gi_id)
+        smi.run(address, ["mig", "-i", address, "-dci", "-gi", str(gi.gi_id)], "mig -dci", ok_codes=(0, 1, 6))
+        smi.run(address, ["mig", "-i", address, "-dgi", "-gi", str(gi.gi_id)], "mig -dgi -gi %d" % gi.gi_id)
     if state.mode_after and not state.mode_before:
         smi.run(address, ["-i", address, "-mig", "1"], "-mig 1")
         if smi.mode(address) is not True:
