@@ -2,12 +2,11 @@
 after a reboot (as accelops-vgpu.service runs it)."""
 
 import json
-import os
 import subprocess
 
 import pytest
 
-from test_node_cli import NODE_PYTHON, REPO
+from test_node_cli import NODE_PYTHON, pyz  # noqa: F401 pylint: disable=unused-import  (the built node CLI fixture)
 
 H100_1_20C, H100_3_40C = "1120", "1122"
 
@@ -147,14 +146,6 @@ def test_vgpu_facts_report_mig_mode_and_gpu_instances(gpusim_node, run_playbook)
 
 
 # ---- the node CLI, as accelops-vgpu.service runs it --------------------------------------------------
-
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("cli") / "accelops-vgpu.pyz")
-    subprocess.run([NODE_PYTHON, os.path.join(REPO, "tools", "build-node-cli.py"), out], check=True,
-                   capture_output=True)
-    return out
-
 
 def cli(pyz, node, config, *args):
     argv = [NODE_PYTHON, pyz, args[0], "--config", config, "--selected", "mig", "--sysfs-root", node.root,
