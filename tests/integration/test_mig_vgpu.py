@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from test_node_cli import NODE_PYTHON, pyz  # noqa: F401 pylint: disable=unused-import  (the built node CLI fixture)
+# pyz: the built node CLI, a fixture shared with test_node_cli
+from test_node_cli import NODE_PYTHON, pyz  # noqa: F401 pylint: disable=unused-import
 
 H100_1_20C, H100_3_40C = "1120", "1122"
 
@@ -158,8 +159,8 @@ def cli(pyz, node, config, *args):
     ("h200:1", {"H200X-1-18C": 7}, ["1g.18gb"] * 7, "before-vfs"),
     ("h200-nvl:1", {"H200-3-71C": 1, "H200-4-71C": 1}, ["3g.71gb", "4g.71gb"], "after-vfs"),
 ])
-def test_reboot_then_the_boot_command_restores_mig_mode_gis_and_types(gpusim_node, pyz, tmp_path, spec, profiles,
-                                                                       gi_names, order):
+def test_reboot_then_the_boot_command_restores_mig_mode_gis_and_types(
+        gpusim_node, pyz, tmp_path, spec, profiles, gi_names, order):
     node = gpusim_node(spec)
     config = str(tmp_path / "layout.json")
     with open(config, "w") as handle:

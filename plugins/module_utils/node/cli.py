@@ -126,8 +126,9 @@ def _print_apply(result, check):
         moved = [v for v in gpu["vgpus"] if v["before"] != v["after"]]
         mig_diff = result["diff"]["after"].get(gpu["address"], {}).get("mig")
         if mig_diff:
-            _say("%s (%s): %s MIG mode %s, GPU instances %s" % (gpu["address"], gpu["model"], verb, mig_diff["mode"],
-                                                                 ", ".join(mig_diff["gpu_instances"]) or "none"))
+            instances = ", ".join(mig_diff["gpu_instances"]) or "none"
+            _say("%s (%s): %s MIG mode %s, GPU instances %s"
+                 % (gpu["address"], gpu["model"], verb, mig_diff["mode"], instances))
         if not moved:
             _say("%s (%s, %s): unchanged" % (gpu["address"], gpu["model"], gpu["framework"]))
             continue

@@ -178,8 +178,8 @@ class Smi:
     def run(self, pf, args, what, ok_codes=(0,)):
         rc, out, err = self.runner.run([self._tool()] + list(args), check=False)
         if rc not in ok_codes:
-            raise LayoutError("GPU %s: nvidia-smi %s failed: %s" % (pf, what, " ".join((out or err or "exit %d" % rc)
-                                                                                           .split())[:200]))
+            said = " ".join((out or err or "exit %d" % rc).split())[:200]
+            raise LayoutError("GPU %s: nvidia-smi %s failed: %s" % (pf, what, said))
         return rc, out
 
     def mode(self, pf):

@@ -162,6 +162,7 @@ L40_TYPE_IDS = dict(zip(_ADA_SUFFIXES, range(1123, 1145)), **{"3B": 2163})
 _MDEV_AMPERE_SUFFIXES = ["1B", "2B", "1Q", "2Q", "4Q", "8Q", "16Q", "1A", "2A", "4A", "8A", "16A",
                          "4C", "8C", "16C"]
 
+
 @dataclass(frozen=True)
 class GiProfile:
     """A MIG GPU instance profile (`nvidia-smi mig -lgip` / `-lgipp`)."""

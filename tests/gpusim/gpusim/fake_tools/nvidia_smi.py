@@ -222,8 +222,8 @@ def _profile_id(gpu, text):
 def create_instances(snapshot, pairs, items, with_ci):
     for index, gpu in pairs:
         if not gpu["mig_supported"] or not gpu["mig_mode"]:
-            print("Unable to create a GPU instance on GPU %2d: %s" % (index, "Not Supported" if not gpu["mig_supported"]
-                                                                       else "MIG mode is not enabled"))
+            why = "Not Supported" if not gpu["mig_supported"] else "MIG mode is not enabled"
+            print("Unable to create a GPU instance on GPU %2d: %s" % (index, why))
             return 3 if not gpu["mig_supported"] else 1
         for item in items:
             profile_id = _profile_id(gpu, item)

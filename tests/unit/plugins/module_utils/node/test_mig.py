@@ -11,9 +11,9 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types impo
 
 PF = "0000:41:00.0"
 VFS = ["0000:41:00.%d" % f for f in range(4, 8)]
-T_1_10C, T_1_20C, T_3_40C, T_7_80C, T_40C = (VgpuType(1118, "NVIDIA H100-1-10C"), VgpuType(1120, "NVIDIA H100-1-20C"),
-                                              VgpuType(1122, "NVIDIA H100-3-40C"), VgpuType(1124, "NVIDIA H100-7-80C"),
-                                              VgpuType(1116, "NVIDIA H100-40C"))
+T_1_10C, T_1_20C = VgpuType(1118, "NVIDIA H100-1-10C"), VgpuType(1120, "NVIDIA H100-1-20C")
+T_3_40C = VgpuType(1122, "NVIDIA H100-3-40C")
+T_7_80C, T_40C = VgpuType(1124, "NVIDIA H100-7-80C"), VgpuType(1116, "NVIDIA H100-40C")
 MIG_TYPES = {1118: mig.MigType(1118, "NVIDIA H100-1-10C", 19), 1120: mig.MigType(1120, "NVIDIA H100-1-20C", 15),
              1122: mig.MigType(1122, "NVIDIA H100-3-40C", 9), 1124: mig.MigType(1124, "NVIDIA H100-7-80C", 0)}
 
@@ -70,7 +70,7 @@ def test_options_are_checked():
 
 
 def test_parsers():
-    assert [t for t in mig.parse_supported(SUPPORTED)] == [mig.MigType(0x460, "NVIDIA H100-1-20C", 15)]
+    assert mig.parse_supported(SUPPORTED) == [mig.MigType(0x460, "NVIDIA H100-1-20C", 15)]
     assert mig.parse_instances(LGI) == [mig.GpuInstance(1, 15, "1g.20gb", 0, 2), mig.GpuInstance(7, 20, "1g.20gb+me", 6, 1)]
     assert mig.parse_profiles(LGIP) == OrderedDict([(19, ("1g.10gb", 5, 7)), (9, ("3g.40gb", 1, 2))])
     assert mig.parse_placements(LGIPP) == {19: (1, (0, 1, 2, 3, 4, 5, 6)), 9: (4, (0, 4))}
@@ -183,8 +183,8 @@ def test_a_failing_command_names_the_gpu():
 
 
 def test_pending_state_and_facts():
-    assert mig.pending_state({"H100-1-20C": 2, "H100-3-40C": 0}) == {"mode": "enabled",
-                                                                   "gpu_instances": ["1g.20gb", "1g.20gb"]}
+    expected = {"mode": "enabled", "gpu_instances": ["1g.20gb", "1g.20gb"]}
+    assert mig.pending_state({"H100-1-20C": 2, "H100-3-40C": 0}) == expected
     assert mig.pending_state({"H100-40C": 2}) is None
     runner = FakeRunner({("-i", PF, "--query-gpu=mig.mode.current", "--format=csv,noheader"): (0, "Enabled\n", ""),
                          ("mig", "-i", PF, "-lgi"): (0, LGI, "")})
