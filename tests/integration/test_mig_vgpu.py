@@ -89,7 +89,7 @@ def test_change_to_3_40c_blocked_by_a_held_vf_then_converges(gpusim_node, run_pl
     assert diff["before"][pf]["mig"]["gpu_instances"] == ["1g.20gb"] * 4
     assert diff["after"][pf]["mig"]["gpu_instances"] == ["3g.40gb"] * 2
     state = gpu_state(node)
-    assert [(gi["name"], gi["start"]) for gi in state["gis"]] == [("3g.40gb", 0), ("3g.40gb", 4)]
+    assert [(gi["name"], gi["start"]) for gi in state["gis"]] == [("3g.40gb", 4), ("3g.40gb", 0)]
     assert types_of(node, pf, 4) == [H100_3_40C] * 2 + ["0", "0"]
     assert run_playbook([apply_task({"H100-3-40C": 2}, name="resize")], node).task("resize")["changed"] is False
 
@@ -140,7 +140,7 @@ def test_vgpu_facts_report_mig_mode_and_gpu_instances(gpusim_node, run_playbook)
     gpus = dict((g["address"], g) for g in facts["gpus"])
     assert gpus[h100]["mig_mode"] == "enabled" and gpus[l40s]["mig_mode"] is None
     assert [(gi["name"], gi["profile_id"], gi["placement"]) for gi in gpus[h100]["gpu_instances"]] == [
-        ("2g.20gb", 14, "0:2"), ("2g.20gb", 14, "2:2")]
+        ("2g.20gb", 14, "4:2"), ("2g.20gb", 14, "2:2")]
     vfs = dict((v["address"], v) for v in facts["vfs"])
     first = vfs[node.vfs(h100)[0]]
     assert first["vgpu_type"] == "NVIDIA H100-2-20C" and first["gpu_instance_id"] == gpus[h100]["gpu_instances"][0]["id"]

@@ -23,6 +23,7 @@ from collections import OrderedDict
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import vgpu_offer
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.mig import mig_backed
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
     LayoutError, check_sizes, choose_profiles, gpu_model, type_size_gb)
@@ -72,9 +73,11 @@ def check_gpu_without_vfs(sysfs, gpu, entries, mixed_size, supported, mixed_mode
     model = gpu_model(offer.types)
     entry, wanted = choose_profiles(gpu.address, model, entries, offer.find)
     after = [vgpu_type for vgpu_type, count in wanted.items() for dummy in range(count)]
-    check_sizes(gpu.address, after, mixed_size, offer.framebuffer_gb, offer.slots)
+    # MIG-backed types are bound by GPU instances, not framebuffer sizes (node/mig.py checks those)
+    on_mig = any(mig_backed(t.name) for t in after)
+    check_sizes(gpu.address, after, mixed_size or on_mig, None if on_mig else offer.framebuffer_gb, offer.slots)
     sizes = set(type_size_gb(t) for t in after) - {None}
-    if len(sizes) > 1 and not mixed_mode_supported(gpu.address):
+    if len(sizes) > 1 and not on_mig and not mixed_mode_supported(gpu.address):
         raise LayoutError("GPU %s (%s) does not support mixed-size mode (nvidia-smi -q: Heterogeneous Time-Slice "
                           "Sizes: Not Supported); give it one framebuffer size" % (gpu.address, model))
     profiles = OrderedDict()

@@ -308,8 +308,8 @@ def plan(state, gpu_plan, view, smi):
 
 
 def _check_fit(state, geometry):
-    """Place the new GIs next to the kept ones, largest first at the lowest free start (the order
-    `-cgi` creates them in; the driver's own choice of placement is UNCONFIRMED)."""
+    """Place the new GIs next to the kept ones, largest first (the order `-cgi` gets them in), each
+    at its highest free start, as gpusim does (the driver's own choice of placement is UNCONFIRMED)."""
     if not state.create:
         return
     unknown = [p for p in state.create if p not in geometry]
@@ -324,7 +324,7 @@ def _check_fit(state, geometry):
         counts[gi.profile_id] = counts.get(gi.profile_id, 0) + 1
     for profile_id in state.create:
         cores, size, starts, total = geometry[profile_id]
-        start = next((s for s in starts if s + size <= MEMORY_SLICES and not taken & set(range(s, s + size))), None)
+        start = next((s for s in reversed(starts) if s + size <= MEMORY_SLICES and not taken & set(range(s, s + size))), None)
         if start is None or compute + cores > COMPUTE_SLICES or counts.get(profile_id, 0) >= total:
             raise LayoutError("GPU %s: GPU instances %s do not fit (%s)"
                               % (state.address, ", ".join(state.gis_after()),
@@ -353,6 +353,27 @@ def execute(smi, state):
         if have != state.gis_after():
             raise LayoutError("GPU %s: after the MIG changes it has GPU instances %s, expected %s"
                               % (address, ", ".join(have) or "none", ", ".join(state.gis_after()) or "none"))
+
+
+def check_pending(smi, address, profiles):
+    """A GPU whose VFs are not enabled yet (`profiles`: the driver's short names): MIG mode exists and
+    the GIs fit an empty GPU (enabling the VFs wipes GIs), before the VFs are enabled."""
+    wanted = [(p, n) for p, n in profiles.items() if mig_backed(p) and n]
+    if not wanted:
+        return
+    mode = smi.mode(address)
+    if mode is None:
+        raise LayoutError("GPU %s: profile %s is MIG-backed, but the GPU has no MIG mode" % (address, wanted[0][0]))
+    by_name = dict((vt.short_name(t.name).lower(), t) for t in smi.supported(address))
+    state = MigPlan(address, mode, [], MigOptions())
+    for profile, count in wanted:
+        mig_type = by_name.get(profile.lower())
+        if mig_type is None:
+            raise LayoutError("GPU %s: nvidia-smi vgpu -s -v names no GPU instance profile for %s" % (address, profile))
+        state.names[mig_type.gi_profile] = gi_profile_name(profile)
+        state.create += [mig_type.gi_profile] * count
+    state.create.sort(key=lambda p: (-HOPPER_GEOMETRY.get(p, (0, 0))[1], p))
+    _check_fit(state, HOPPER_GEOMETRY)
 
 
 def pending_state(profiles):

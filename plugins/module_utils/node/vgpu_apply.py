@@ -243,8 +243,11 @@ class Node:
                        entries[-1].origin)
         if state == "absent":
             return plan
+        if mig.wants_mig(entries):
+            mig.check_kinds(gpu.address, entries)
         entry, plan.pending, offer = layout_fit.check_gpu_without_vfs(
             self.sysfs, gpu, entries, mixed_size, self.names, lambda pf: mixed_mode_supported(self.runner, pf))
+        mig.check_pending(self.smi, gpu.address, plan.pending)
         plan.origin = entry.origin
         plan.steps.append(("enable-vfs", gpu.address))
         creates = ", ".join("%d x %s" % (n, p) for p, n in plan.pending.items()) or "nothing"

@@ -382,7 +382,8 @@ class State:
             self._changed()
 
     def create_gi(self, address, profile_id, compute_instance):
-        """First free placement of the profile (lowest start); ENOSPC when none ('Insufficient Resources')."""
+        """Free placement of the profile with the highest start (ASSUMPTION: the driver's choice is not
+        documented; highest-first keeps combinations like 3g+2g+2g possible); ENOSPC when none."""
         with self.lock:
             pf = self._mig_gpu(address)
             if not pf.mig:
@@ -399,7 +400,7 @@ class State:
             if same >= profile.max_instances or not starts or compute + profile.compute_slices > MIG_COMPUTE_SLICES:
                 raise SimError(errno.ENOSPC, "no room for %s on %s" % (profile.name, address))
             gi_id = next(i for i in itertools.count(1) if i not in pf.gis)
-            pf.gis[gi_id] = GpuInstance(gi_id, profile, starts[0], bool(compute_instance))
+            pf.gis[gi_id] = GpuInstance(gi_id, profile, starts[-1], bool(compute_instance))
             self._changed()
             return gi_id
 

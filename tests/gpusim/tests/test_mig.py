@@ -58,7 +58,7 @@ def test_vfs_list_mig_types_only_where_a_free_gi_fits(gpusim_node):
     write_fails(node.device_path(vfs[0], "nvidia/current_vgpu_type"), H100_20C, errno.EINVAL)
     write(node.device_path(vfs[0], "nvidia/current_vgpu_type"), H100_1_20C)
     assert read(node.device_path(vfs[0], "nvidia/gpu_instance_id")) == "1"
-    assert read(node.device_path(vfs[0], "nvidia/placement_id")) == "0"
+    assert read(node.device_path(vfs[0], "nvidia/placement_id")) == "6"     # highest free start first
     write(node.device_path(vfs[1], "nvidia/current_vgpu_type"), H100_1_20C)
     assert read(node.device_path(vfs[1], "nvidia/gpu_instance_id")) == "2"
     assert creatable_ids(node, vfs[2]) == []                        # both GIs taken
@@ -86,15 +86,15 @@ def test_placements_and_limits(gpusim_node):
     full = smi(node, "mig", "-i", pf, "-cgi", "19")
     assert full.returncode == 1 and "Insufficient Resources" in full.stdout
     listed = rows(smi(node, "mig", "-i", pf, "-lgi").stdout)
-    assert "| 0 MIG 3g.40gb 9 1 0:4 |" in listed and "| 0 MIG 3g.40gb 9 2 4:4 |" in listed
+    assert "| 0 MIG 3g.40gb 9 1 4:4 |" in listed and "| 0 MIG 3g.40gb 9 2 0:4 |" in listed
     assert "GPU 0 Profile ID 9 Placements: {0,4}:4" in rows(smi(node, "mig", "-i", pf, "-lgipp").stdout)
     profiles = rows(smi(node, "mig", "-i", pf, "-lgip").stdout)
     assert "| 0 MIG 3g.40gb 9 0/2 38.80 No 48 0 0 |" in profiles
     assert "| 0 MIG 1g.10gb 19 0/7 9.70 No 16 0 0 |" in profiles
     assert smi(node, "mig", "-i", pf, "-dci", "-gi", "2").returncode == 0
     assert smi(node, "mig", "-i", pf, "-dgi", "-gi", "2").returncode == 0
-    # 3g.40gb at 0:4 left: 1g fits at starts 4, 5, 6 (slice 7 is no 1g start)
-    assert "| 0 MIG 1g.10gb 19 3/7 9.70 No 16 0 0 |" in rows(smi(node, "mig", "-i", pf, "-lgip").stdout)
+    # 3g.40gb at 4:4 left: 1g fits at starts 0..3
+    assert "| 0 MIG 1g.10gb 19 4/7 9.70 No 16 0 0 |" in rows(smi(node, "mig", "-i", pf, "-lgip").stdout)
     only_me = smi(node, "mig", "-i", pf, "-cgi", "20,20")              # one media-extension GI per GPU
     assert only_me.returncode == 1 and [gi["name"] for gi in gis(node, pf)] == ["3g.40gb", "1g.10gb+me"]
 

@@ -168,7 +168,7 @@ def list_profiles(pairs):
 
 
 def free_count(gpu, profile):
-    """How many more GIs of `profile` fit next to the existing ones (first fit, as the simulator places)."""
+    """How many more GIs of `profile` fit next to the existing ones (highest start, as the simulator places)."""
     taken = set()
     for gi in gpu["gis"]:
         taken |= set(range(gi["start"], gi["start"] + gi["size"]))
@@ -176,7 +176,7 @@ def free_count(gpu, profile):
     count = sum(1 for gi in gpu["gis"] if gi["profile"] == profile["id"])
     free = 0
     while count + free < profile["max_instances"] and compute + profile["compute_slices"] <= 7:
-        start = next((s for s in profile["starts"] if not taken & set(range(s, s + profile["size"]))
+        start = next((s for s in reversed(profile["starts"]) if not taken & set(range(s, s + profile["size"]))
                       and s + profile["size"] <= 8), None)
         if start is None:
             break

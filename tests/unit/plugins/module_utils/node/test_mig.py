@@ -193,3 +193,17 @@ def test_pending_state_and_facts():
     assert found["gpu_instances"][1] == {"id": 7, "profile_id": 20, "name": "1g.20gb+me", "placement": "6:1"}
     no_mig = FakeRunner({("-i", PF, "--query-gpu=mig.mode.current", "--format=csv,noheader"): (0, "[N/A]\n", "")})
     assert mig.facts(mig.Smi(no_mig), PF) == {"mig_mode": None, "gpu_instances": []}
+
+
+def test_check_pending_fits_an_empty_gpu_before_vfs_are_enabled():
+    supported = SUPPORTED + ("    vGPU Type ID                          : 0x462\n"
+                             "        Name                              : NVIDIA H100-3-40C\n"
+                             "        GPU Instance Profile ID           : 9\n")
+    runner = FakeRunner({("-i", PF, "--query-gpu=mig.mode.current", "--format=csv,noheader"): (0, "Disabled\n", ""),
+                         ("vgpu", "-i", PF, "-s", "-v"): (0, supported, "")})
+    mig.check_pending(mig.Smi(runner), PF, {"H100-1-20C": 4})
+    mig.check_pending(mig.Smi(runner), PF, {"H100-40C": 2})            # time-sliced: nothing to ask
+    with pytest.raises(LayoutError, match="GPU instances 1g.20gb, 1g.20gb, 3g.40gb, 3g.40gb do not fit"):
+        mig.check_pending(mig.Smi(runner), PF, {"H100-3-40C": 2, "H100-1-20C": 2})
+    with pytest.raises(LayoutError, match="names no GPU instance profile for H100-7-80C"):
+        mig.check_pending(mig.Smi(runner), PF, {"H100-7-80C": 1})
