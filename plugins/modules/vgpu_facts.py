@@ -171,9 +171,9 @@ def main():
     module = AnsibleModule(argument_spec=module_glue.node_argspec(), supports_check_mode=True)
     node = module_glue.NodeContext(module)
     with module_glue.engine_errors(module):
-        smi, names = mig.Smi(node.runner), vgpu_apply.TypeNames(node.sysfs, node.runner)
-        # TypeNames answers (types, complete); gather wants the types
-        found = facts.gather(node.sysfs, node.held(), lambda pf: names(pf)[0], lambda pf: mig.facts(smi, pf))
+        smi = mig.Smi(node.runner)
+        found = facts.gather(node.sysfs, node.held(), vgpu_apply.TypeNames(node.sysfs, node.runner),
+                             lambda pf: mig.facts(smi, pf))
     module.exit_json(changed=False, ansible_facts={"vgpu": found})
 
 
