@@ -24,6 +24,8 @@ description:
     file name in the context) on top of O(build_args).
 author:
   - accelops.vgpu contributors (@accelops)
+extends_documentation_fragment:
+  - accelops.vgpu.image_build
 options:
   name:
     description:
@@ -65,65 +67,13 @@ options:
       - Extra build args (C(--build-arg)), for example C(BASE_IMAGE).
     type: dict
     default: {}
-  labels:
-    description:
-      - Extra image labels.
-    type: dict
-    default: {}
-  pull:
-    description:
-      - Base image pull policy of C(podman build --pull).
-    type: str
-    choices: [always, missing, never, newer]
-    default: missing
-  push:
-    description:
-      - Push the image. With V(false) only the local image is built (and compared).
-    type: bool
-    default: true
-  force:
-    description:
-      - Build and push even when the input hash is unchanged.
-    type: bool
-    default: false
-  registry_username:
-    description:
-      - User for the registry (push and the registry check). Without it podman's own credentials are used for
-        the push and the registry is read anonymously.
-    type: str
-  registry_password:
-    description:
-      - Password or token for O(registry_username). It is written only to a 0600 auth file in a private temporary
-        directory for C(podman push --authfile), never to a command line.
-    type: str
-  tls_verify:
-    description:
-      - Verify the registry's TLS certificate. V(false) also allows plain HTTP (as C(podman --tls-verify=false)).
-    type: bool
-    default: true
   allow_public_registry:
     description:
       - Allow pushing to a public registry. Only for registries you know to be private despite their host name.
     type: bool
     default: false
-  work_dir:
-    description:
-      - Directory for the temporary build context (it holds a copy or hard link of the runfile). Default C($TMPDIR).
-    type: path
-  executable:
-    description:
-      - The podman executable.
-    type: str
-    default: podman
 notes:
   - Check mode reads the registry and the local image only.
-attributes:
-  check_mode:
-    support: full
-    description: Reads the registry and the local image only; reports the same RV(ignore:changed) and RV(actions) as a real run.
-  diff_mode:
-    support: full
-    description: Shows the image reference and the local and registry input hashes before and after, plus the planned actions.
 """
 
 EXAMPLES = r"""
@@ -177,15 +127,13 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import ImageBuild
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import engine_errors, exit_with_diff
-from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
+from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import (
+    ImageBuild, image_argspec, run_image_module)
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            name=dict(type="str", required=True),
+        argument_spec=image_argspec(
             os_tag=dict(type="str", required=True),
             runfile=dict(type="path", required=True),
             driver_version=dict(type="str"),
@@ -193,25 +141,12 @@ def main():
             context_files=dict(type="dict", default={}),
             context_paths=dict(type="dict", default={}),
             build_args=dict(type="dict", default={}),
-            labels=dict(type="dict", default={}),
-            pull=dict(type="str", choices=["always", "missing", "never", "newer"], default="missing"),
-            push=dict(type="bool", default=True),
-            force=dict(type="bool", default=False),
-            registry_username=dict(type="str"),
-            registry_password=dict(type="str", no_log=True),
-            tls_verify=dict(type="bool", default=True),
             allow_public_registry=dict(type="bool", default=False),
-            work_dir=dict(type="path"),
-            executable=dict(type="str", default="podman"),
         ),
         required_together=[("registry_username", "registry_password")],
         supports_check_mode=True,
     )
-    with engine_errors(module) as result:
-        result.update(ImageBuild(FunctionRunner(module.run_command), module.params).apply(module.check_mode))
-    before, after = result.pop("before"), result.pop("after")
-    exit_with_diff(module, result.pop("changed"), {"before": before, "after": dict(after, actions=result["actions"])},
-                   **result)
+    run_image_module(module, ImageBuild)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
 
 kmock 0.8's KubernetesEmulator (pinned: this subclasses its private API) extended with what
 real API servers do and the tests rely on:
-- every PATCH/PUT bumps metadata.resourceVersion; a write carrying a stale resourceVersion -> 409;
-- `?dryRun=All` computes and returns the result without storing it;
+- every PATCH/PUT that changes the object bumps metadata.resourceVersion (a no-op write changes
+  nothing and sends no watch event); a write carrying a stale resourceVersion -> 409;
+- `?dryRun=All` computes and returns the result without storing it (PATCH, PUT and POST);
 - a request log (method, path, dryRun, content type, auth scheme, impersonation headers, and for
   lists/watches the watch flag, resourceVersion and fieldSelector, with a time) so tests can prove
   check mode mutates nothing, how the client authenticated, and how often it asked;
@@ -222,6 +223,8 @@ class StrictEmulator(KubernetesEmulator):
             return await self._write(request, method)
         if request.resource is not None and not request.name and method == "GET" and self._declared(request):
             return await (self._watch(request) if watching else self._list(request))
+        if request.resource is not None and method == "POST" and request.params.get("dryRun") == "All":
+            return aiohttp.web.json_response(request.data, status=201)  # validated by nobody, stored nowhere
         return await super()._handle(request)
 
     def _authorized(self, header):
@@ -330,6 +333,8 @@ class StrictEmulator(KubernetesEmulator):
             result = patch_dict(copy.deepcopy(stored.raw), copy.deepcopy(data))
         if request.params.get("dryRun") == "All":
             return aiohttp.web.json_response(result)
+        if result == stored.raw:  # a no-op write keeps the resourceVersion, as on a real API server
+            return aiohttp.web.json_response(stored.raw)
         result.setdefault("metadata", {})["resourceVersion"] = self.bump()
         stored.create(result)
         self.record("MODIFIED", key[0], key[1], key[2], stored.raw)

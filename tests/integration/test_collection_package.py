@@ -1,4 +1,5 @@
-"""The collection builds into a tarball that installs with no network and no Galaxy dependency."""
+"""The collection builds into a tarball that installs with no network: its one dependency, kubernetes.core,
+is the one the `ansible` package bundles."""
 import json
 import os
 import subprocess
@@ -25,7 +26,7 @@ def test_tarball_builds_and_installs_offline(tmp_path):
     with tarfile.open(tarball) as tar:
         names = set(tar.getnames())
         manifest = json.load(tar.extractfile("MANIFEST.json"))
-    assert manifest["collection_info"]["dependencies"] == {}
+    assert manifest["collection_info"]["dependencies"] == {"kubernetes.core": ">=5.2.0,<7.0.0"}
     assert "plugins/module_utils/node/sysfs.py" in names
     assert not any(n.startswith((".venv", ".build", ".git/")) or "__pycache__" in n for n in names)
 
@@ -36,5 +37,6 @@ def test_tarball_builds_and_installs_offline(tmp_path):
     installed = _galaxy("install", "--offline", "-p", str(dest), str(tarball), env=env)
     assert installed.returncode == 0, installed.stderr
     assert (dest / "ansible_collections/accelops/vgpu/MANIFEST.json").is_file()
+    assert "kubernetes.core" in installed.stdout and "already installed" in installed.stdout
     listed = _galaxy("list", "accelops.vgpu", env=env)
     assert "accelops.vgpu" in listed.stdout

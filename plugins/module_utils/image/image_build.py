@@ -1,7 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: accelops.vgpu contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Build and push the private vGPU manager image with podman (build-host side, standard library).
+"""Build and push container images with podman (build-host side, standard library): the engine of
+the image modules (`ContainerImage`), the private vGPU manager image (`ImageBuild`) on it; the node
+agent image is in agent_image.py.
 
 Idempotency: every input (Containerfile, context files, runfile checksum, build args, labels, tag)
 goes into one sha256, stored in the image label `io.accelops.vgpu.input-hash`. A run compares it
@@ -27,7 +29,9 @@ import urllib.parse
 import urllib.request
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import engine_errors, exit_with_diff
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import Runfile
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
 
 HASH_LABEL = "io.accelops.vgpu.input-hash"
 DOCKER_HUB = "docker.io"
@@ -170,8 +174,12 @@ class RegistryClient:
         return {} if status == 404 else (json.loads(body).get("config") or {}).get("Labels") or {}
 
 
-class ImageBuild:
-    """Plan and run one vGPU manager image build + push; `params` as the module's options."""
+class ContainerImage:
+    """Plan and run one podman build + push of `<name>:<tag>`; `params` as the image modules' options.
+
+    The shared engine of the image modules: subclasses say how the tag comes about (`_tag`), what
+    else goes into the context (`own_paths`), the build args and extra result fields.
+    """
 
     def __init__(self, runner, params, registry_client=None):
         self.runner, self.params = runner, params
@@ -179,19 +187,13 @@ class ImageBuild:
         self.host, self.repository = split_name(name)
         if not NAME_PATTERN.match(self.repository):
             raise ImageError("image %s: not a valid image name (registry/path/name, lower case)" % shown(name))
-        if is_public_registry(self.host) and not params["allow_public_registry"]:
-            raise ImageError("image %s: %s is a public registry and the image contains the licensed NVIDIA "
-                             "runfile; push to a private registry (or set allow_public_registry)"
-                             % (name, self.host))
-        self.runfile = Runfile.from_file(params["runfile"])
-        if params.get("driver_version") and params["driver_version"] != self.runfile.version:
-            raise ImageError("image %s: driver_version %s does not match runfile %s (%s)"
-                             % (name, params["driver_version"], params["runfile"], self.runfile.version))
-        self.tag = "%s-%s" % (self.runfile.version, params["os_tag"])
+        self._check_source(name)
+        self.tag = self._tag()
         if not TAG_PATTERN.match(self.tag):
-            raise ImageError("image %s: tag %s is not a valid image tag (check os_tag)" % (name, shown(self.tag)))
+            raise ImageError("image %s: tag %s is not a valid image tag%s"
+                             % (name, shown(self.tag), self.tag_hint))
         self.ref = "%s:%s" % (name, self.tag)
-        reserved = ("Containerfile", os.path.basename(self.runfile.path))
+        reserved = ("Containerfile",) + tuple(self.own_paths())
         for file_name in list(params["context_files"]) + list(params["context_paths"]):
             if "/" in file_name or file_name.startswith(".") or file_name in reserved:
                 raise ImageError("image %s: context file name %r must be a plain file name other than %s"
@@ -202,18 +204,30 @@ class ImageBuild:
         self.registry = registry_client or RegistryClient(
             self.host, params.get("registry_username"), params.get("registry_password"), params["tls_verify"])
 
+    tag_hint = ""
+
+    def _check_source(self, name):
+        """Refuse inputs that must not be built or pushed (before anything else is read)."""
+
+    def _tag(self):
+        return self.params["tag"]
+
+    def own_paths(self):
+        """Context files the image kind adds itself: {file name: path on the build host}."""
+        return {}
+
     def build_args(self):
-        args = dict(self.params["build_args"])
-        args.update(DRIVER_VERSION=self.runfile.version, DRIVER_ARCH=self.runfile.arch,
-                    RUNFILE=os.path.basename(self.runfile.path))
-        return args
+        return dict(self.params["build_args"])
+
+    def result_fields(self):
+        return {}
 
     def input_hash(self):
         digest = hashlib.sha256()
+        paths = dict(self.params["context_paths"], **self.own_paths())
         parts = {"containerfile": self.params["containerfile"], "files": self.params["context_files"],
-                 "paths": {name: sha256_file(path) for name, path in self.params["context_paths"].items()},
-                 "runfile": sha256_file(self.runfile.path), "build_args": self.build_args(),
-                 "labels": self.params["labels"], "ref": self.ref}
+                 "paths": {name: sha256_file(path) for name, path in paths.items()},
+                 "build_args": self.build_args(), "labels": self.params["labels"], "ref": self.ref}
         digest.update(json.dumps(parts, sort_keys=True).encode())
         return digest.hexdigest()
 
@@ -247,8 +261,9 @@ class ImageBuild:
     def apply(self, check_mode=False):
         before, after, actions, wanted = self.plan()
         result = {"changed": bool(actions), "image": self.ref, "tag": self.tag, "input_hash": wanted,
-                  "driver_version": self.runfile.version, "built": "build" in actions,
-                  "pushed": "push" in actions, "actions": list(actions), "before": before, "after": after}
+                  "built": "build" in actions, "pushed": "push" in actions, "actions": list(actions),
+                  "before": before, "after": after}
+        result.update(self.result_fields())
         if check_mode or not actions:
             return result
         workdir = tempfile.mkdtemp(prefix="accelops-vgpu-image-", dir=self.params.get("work_dir"))
@@ -267,9 +282,7 @@ class ImageBuild:
                                                                            self.params["containerfile"])]:
             with open(os.path.join(context, name), "w", encoding="utf-8") as handle:
                 handle.write(content)
-        paths = dict(self.params["context_paths"])
-        paths[os.path.basename(self.runfile.path)] = self.runfile.path
-        for name, path in paths.items():
+        for name, path in dict(self.params["context_paths"], **self.own_paths()).items():
             _link_or_copy(path, os.path.join(context, name))
         argv = [self.params["executable"], "build", "--pull=%s" % self.params["pull"],
                 "-f", os.path.join(context, "Containerfile"), "-t", self.ref]
@@ -299,6 +312,66 @@ class ImageBuild:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             json.dump({"auths": {self.host: {"auth": token}}}, handle)
         return path
+
+
+class ImageBuild(ContainerImage):
+    """The vGPU manager image: the licensed runfile goes in, the tag is `<driver version>-<os_tag>`."""
+
+    tag_hint = " (check os_tag)"
+
+    def _check_source(self, name):
+        if is_public_registry(self.host) and not self.params["allow_public_registry"]:
+            raise ImageError("image %s: %s is a public registry and the image contains the licensed NVIDIA "
+                             "runfile; push to a private registry (or set allow_public_registry)"
+                             % (name, self.host))
+        self.runfile = Runfile.from_file(self.params["runfile"])
+        if self.params.get("driver_version") and self.params["driver_version"] != self.runfile.version:
+            raise ImageError("image %s: driver_version %s does not match runfile %s (%s)"
+                             % (name, self.params["driver_version"], self.params["runfile"], self.runfile.version))
+
+    def _tag(self):
+        return "%s-%s" % (self.runfile.version, self.params["os_tag"])
+
+    def own_paths(self):
+        return {os.path.basename(self.runfile.path): self.runfile.path}
+
+    def build_args(self):
+        args = dict(self.params["build_args"])
+        args.update(DRIVER_VERSION=self.runfile.version, DRIVER_ARCH=self.runfile.arch,
+                    RUNFILE=os.path.basename(self.runfile.path))
+        return args
+
+    def result_fields(self):
+        return {"driver_version": self.runfile.version}
+
+
+# The options every image module shares (their documentation stays in each module).
+IMAGE_OPTIONS = dict(
+    name=dict(type="str", required=True),
+    labels=dict(type="dict", default={}),
+    pull=dict(type="str", choices=["always", "missing", "never", "newer"], default="missing"),
+    push=dict(type="bool", default=True),
+    force=dict(type="bool", default=False),
+    registry_username=dict(type="str"),
+    registry_password=dict(type="str", no_log=True),
+    tls_verify=dict(type="bool", default=True),
+    work_dir=dict(type="path"),
+    executable=dict(type="str", default="podman"),
+)
+
+
+def image_argspec(**own):
+    """The shared image options plus the module's own, as an AnsibleModule argument_spec."""
+    return dict(json.loads(json.dumps(IMAGE_OPTIONS)), **own)
+
+
+def run_image_module(module, image_class):
+    """The image modules' main(): plan, build and push (not in check mode), diff with the planned actions."""
+    with engine_errors(module) as result:
+        result.update(image_class(FunctionRunner(module.run_command), module.params).apply(module.check_mode))
+    before, after = result.pop("before"), result.pop("after")
+    exit_with_diff(module, result.pop("changed"), {"before": before, "after": dict(after, actions=result["actions"])},
+                   **result)
 
 
 def _link_or_copy(source, target):

@@ -1,0 +1,157 @@
+"""The vgpu_node_agent role with ansible-playbook (kubernetes.core.k8s) against the API server double:
+what it creates, that a second run writes nothing, that check mode creates nothing, and that the
+RBAC it grants is exactly what the agent needs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+
+import pytest
+
+from cluster_helpers import CLUSTER_POLICY, COLLECTIONS, NODES, RESOURCES, ROOT, cluster_policy, node
+
+NAMESPACE = "accelops-vgpu"
+NAME = "accelops-vgpu-node-agent"
+LAYOUTS = {
+    "l40s-2x24q": [{"device_filter": "0x26B910DE", "devices": "all", "profiles": {"L40S-24Q": 2}}],
+    "l40s-6x8q": [{"device_filter": "0x26B910DE", "devices": "all", "profiles": {"L40S-8Q": 6}}],
+}
+OBJECTS = {  # resource -> kind, namespaced
+    "v1/namespaces": ("Namespace", False), "v1/serviceaccounts": ("ServiceAccount", True),
+    "v1/configmaps": ("ConfigMap", True), "apps/v1/daemonsets": ("DaemonSet", True),
+    "rbac.authorization.k8s.io/v1/clusterroles": ("ClusterRole", False),
+    "rbac.authorization.k8s.io/v1/clusterrolebindings": ("ClusterRoleBinding", False),
+    "rbac.authorization.k8s.io/v1/roles": ("Role", True),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True),
+}
+
+
+@pytest.fixture
+def cluster(api_server):
+    resources = copy.deepcopy(RESOURCES)
+    for resource, (kind, namespaced) in OBJECTS.items():
+        resources[resource] = {"kind": kind, "singular": kind.lower(), "namespaced": namespaced,
+                               "verbs": ["get", "list", "create", "patch", "delete"]}
+    api_server.reset({"resources": resources, "objects": [
+        {"resource": CLUSTER_POLICY, "name": "cluster-policy", "body": cluster_policy()},
+        {"resource": NODES, "name": "gpu-a", "body": node("gpu-a", {"team": "ml"})},
+        {"resource": NODES, "name": "gpu-b", "body": node("gpu-b")}]})
+    return api_server
+
+
+def run_role(tmp_path, kubeconfig, role_vars=None, check=False, diff=False):
+    nodes = {"gpu-a.example.com": {"kubevirt_vgpu_node_name": "gpu-a", "vgpu_profiles_selected": "l40s-2x24q"},
+             "gpu-b": {"vgpu_profiles_selected": "l40s-6x8q"}}
+    inventory = {"all": {"children": {
+        "vgpu_nodes": {"hosts": nodes, "vars": {"vgpu_profiles_configs": LAYOUTS, "ansible_connection": "local"}},
+        "vgpu_cluster": {"hosts": {"localhost": {"ansible_connection": "local",
+                                                 "ansible_python_interpreter": sys.executable}}}}}}
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    role_vars = dict({"vgpu_node_agent_kubeconfig": kubeconfig, "vgpu_node_agent_image_registry": "registry.example.com",
+                      "vgpu_node_agent_image_tag": "1.0"}, **(role_vars or {}))
+    play = [{"name": "Deploy the node agent", "hosts": "vgpu_cluster[0]", "gather_facts": False,
+             "roles": [{"role": "accelops.vgpu.vgpu_node_agent", **role_vars}]}]
+    (tmp_path / "play.json").write_text(json.dumps(play))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS),
+               ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default")
+    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "inventory.json"),
+            str(tmp_path / "play.json")] + (["--check"] if check else []) + (["--diff"] if diff else [])
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+
+
+def agent_objects(cluster):
+    found = {}
+    for resource, (kind, namespaced) in OBJECTS.items():
+        name = NAMESPACE if kind == "Namespace" else NAME
+        try:
+            found[kind] = cluster.get(resource, name, NAMESPACE if namespaced else None)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404
+    return found
+
+
+def test_deploys_the_agent_labels_the_nodes_and_is_idempotent(cluster, kubeconfig, tmp_path):
+    proc = run_role(tmp_path, kubeconfig)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    objects = agent_objects(cluster)
+    assert sorted(objects) == sorted(kind for kind, _ns in OBJECTS.values())
+
+    config = json.loads(objects["ConfigMap"]["data"]["config.json"])
+    assert config == {"version": "v1", "vgpu-configs": {
+        label: [{"device-filter": e["device_filter"], "devices": "all", "vgpu-devices": e["profiles"]} for e in entries]
+        for label, entries in LAYOUTS.items()}}
+
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == NAME and pod["nodeSelector"] == {"nvidia.com/gpu.workload.config": "vm-vgpu"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert not any(pod.get(key) for key in ("hostPID", "hostNetwork", "hostIPC"))
+    container = pod["containers"][0]
+    assert container["image"] == "registry.example.com/accelops/vgpu-node-agent:1.0"
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["CONFIG_FILE"] == "/etc/accelops-vgpu/agent/config.json" and env["DEFAULT_VGPU_CONFIG"] == "l40s-2x24q"
+    assert env["HOST_ROOT_MOUNT"] == "/host" and env["MIXED_SIZE"] == "false"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/host/dev"]["readOnly"] and mounts["/host/proc"]["readOnly"] and not mounts["/host/sys"].get("readOnly")
+    assert mounts["/etc/accelops-vgpu/agent"]["readOnly"] and "/run/accelops-vgpu" in mounts
+    host_paths = sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v)
+    assert host_paths == ["/dev", "/proc", "/run/accelops-vgpu", "/sys"]
+    assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+
+    labels = {n: cluster.get(NODES, n)["metadata"]["labels"] for n in ("gpu-a", "gpu-b")}
+    assert labels["gpu-a"]["nvidia.com/vgpu.config"] == "l40s-2x24q" and labels["gpu-a"]["team"] == "ml"
+    assert labels["gpu-b"]["nvidia.com/vgpu.config"] == "l40s-6x8q"
+    assert labels["gpu-b"]["nvidia.com/gpu.workload.config"] == "vm-vgpu"
+    assert cluster.get(CLUSTER_POLICY, "cluster-policy")["spec"]["vgpuDeviceManager"]["enabled"] is False
+
+    before = agent_objects(cluster), {n: cluster.get(NODES, n) for n in ("gpu-a", "gpu-b")}
+    cluster.clear_log()
+    again = run_role(tmp_path, kubeconfig)
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout
+    assert not [w for w in cluster.writes() if w["method"] in ("POST", "DELETE")]
+    assert (agent_objects(cluster), {n: cluster.get(NODES, n) for n in ("gpu-a", "gpu-b")}) == before
+
+
+def test_rbac_is_exactly_what_the_agent_needs(cluster, kubeconfig, tmp_path):
+    assert run_role(tmp_path, kubeconfig).returncode == 0
+    objects = agent_objects(cluster)
+    assert objects["ClusterRole"]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}]
+    assert objects["Role"]["metadata"]["namespace"] == NAMESPACE
+    assert objects["Role"]["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
+    for binding, role in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        assert objects[binding]["subjects"] == subject
+        assert objects[binding]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role, "name": NAME}
+
+
+def test_check_mode_creates_nothing(cluster, kubeconfig, tmp_path):
+    nodes_before = {n: cluster.get(NODES, n) for n in ("gpu-a", "gpu-b")}
+    proc = run_role(tmp_path, kubeconfig, check=True, diff=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "changed=" in proc.stdout and "changed=0" not in proc.stdout
+    writes = cluster.writes()
+    assert writes and all(w["dryRun"] == "All" for w in writes), writes
+    assert agent_objects(cluster) == {}
+    assert {n: cluster.get(NODES, n) for n in ("gpu-a", "gpu-b")} == nodes_before
+
+
+def test_a_node_with_an_unknown_layout_fails_before_any_request(cluster, kubeconfig, tmp_path):
+    proc = run_role(tmp_path, kubeconfig, {"vgpu_node_agent_configs": {"l40s-2x24q": LAYOUTS["l40s-2x24q"]}})
+    assert proc.returncode != 0 and "unknown: ['gpu-b']" in proc.stdout, proc.stdout
+    assert cluster.log() == []
+
+
+def test_absent_removes_the_objects_and_the_layout_labels(cluster, kubeconfig, tmp_path):
+    assert run_role(tmp_path, kubeconfig).returncode == 0
+    proc = run_role(tmp_path, kubeconfig, {"vgpu_node_agent_state": "absent"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert agent_objects(cluster) == {}
+    labels = cluster.get(NODES, "gpu-a")["metadata"]["labels"]
+    assert "nvidia.com/vgpu.config" not in labels and labels["team"] == "ml"
