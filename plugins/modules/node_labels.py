@@ -15,8 +15,8 @@ description:
     (default prefix C(accelops.io/vgpu.profile.), for example C(accelops.io/vgpu.profile.L40S-24Q=2)).
     KubeVirt sees one resource per GPU model, so VMs pick a profile by node affinity on this label.
   - Labels this module does not own are never touched. Ours are the profile labels (every label with
-    O(profile_label_prefix); stale profiles are removed), O(labels), and the workload and sandbox
-    validator labels while they hold the value this task sets.
+    O(profile_label_prefix); stale profiles are removed), O(labels), and the workload, sandbox
+    validator and vGPU device manager labels while they hold the value this task sets.
   - V(absent) removes only ours.
 author:
   - accelops.vgpu contributors (@accelops)
@@ -52,6 +52,13 @@ options:
       - Set C(nvidia.com/gpu.deploy.sandbox-validator) to V(false) (or V(true)) on the node; unset leaves it alone.
       - V(false) is the workaround for vendor-specific VFIO nodes, where the validator's C(vgpu-devices) step
         waits for mdev devices that never appear (inferred from the GPU Operator code, unconfirmed at runtime).
+    type: bool
+  vgpu_device_manager:
+    description:
+      - Set C(nvidia.com/gpu.deploy.vgpu-device-manager) to V(false) (or V(true)) on the node; unset leaves it alone.
+      - V(false) keeps the GPU Operator's vGPU device manager off a node whose vGPUs this collection programs;
+        without a C(nvidia.com/vgpu.config) label it applies its default config, deleting and re-creating every
+        vGPU, so the node would have two owners.
     type: bool
   labels:
     description: Further labels this task owns on the node.
@@ -104,6 +111,7 @@ def argspec():
         profiles={"type": "dict", "default": {}},
         profile_label_prefix={"type": "str", "default": "accelops.io/vgpu.profile."},
         sandbox_validator={"type": "bool"},
+        vgpu_device_manager={"type": "bool"},
         labels={"type": "dict", "default": {}},
     )
 

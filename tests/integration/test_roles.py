@@ -217,8 +217,8 @@ def test_a_layout_that_cannot_fit_stops_nodes_yml_before_the_vfs(gpusim_node, ru
     tasks = [{"name": "validate", "ansible.builtin.include_role": {"name": "accelops.vgpu.vgpu_profiles",
                                                                    "tasks_from": "validate"}}] + ROLE_TASKS
     too_big = {"fleet": [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 3}}]}
-    run = run_playbook(tasks, node, extra_vars=role_vars(node, tmp_path / "root", vgpu_profiles_configs=too_big,
-                                                          vgpu_profiles_cli_src=node_cli))
+    variables = role_vars(node, tmp_path / "root", vgpu_profiles_configs=too_big, vgpu_profiles_cli_src=node_cli)
+    run = run_playbook(tasks, node, extra_vars=variables)
     failed = [r for r in run.results if r.get("failed")]
     assert run.rc == 2 and len(failed) == 1, run
     assert "L40S-24Q need 72 GB of framebuffer, the GPU has 48 GB" in failed[0]["msg"]

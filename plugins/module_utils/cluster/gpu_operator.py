@@ -13,6 +13,11 @@ Decisions (domain brief section 5):
   runtime), so on vendor-VFIO nodes it would block. We do not forge its marker files; the node
   label `nvidia.com/gpu.deploy.sandbox-validator=false` (the operator's per-node deploy switch)
   turns the validator off on exactly those nodes, reversibly (node_labels' sandbox_validator option).
+- One owner per node's vGPUs: the GPU Operator's vGPU device manager applies its default config on
+  every vm-vgpu node without a `nvidia.com/vgpu.config` label, deleting and re-creating all vGPUs
+  (domain brief 4), so on nodes whose layout this collection programs it is switched off with the
+  operator's per-node deploy label `nvidia.com/gpu.deploy.vgpu-device-manager=false` (node_labels'
+  vgpu_device_manager option; the ClusterPolicy switch stays for vendor-VFIO fleets).
 - Profile labels: one label per profile, `<prefix><profile>=<count>`, default prefix
   `accelops.io/vgpu.profile.` (we do not write into NVIDIA's `nvidia.com/` label namespace); a node
   with two GPU models carries two labels. Select VMs with `nodeAffinity` `Exists` on the key.
@@ -28,6 +33,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import D
 POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL = "nvidia.com", "v1", "clusterpolicies"
 WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
 SANDBOX_VALIDATOR_LABEL = "nvidia.com/gpu.deploy.sandbox-validator"
+VGPU_DEVICE_MANAGER_LABEL = "nvidia.com/gpu.deploy.vgpu-device-manager"
+DEPLOY_SWITCHES = {"sandbox_validator": SANDBOX_VALIDATOR_LABEL, "vgpu_device_manager": VGPU_DEVICE_MANAGER_LABEL}
 # OS tags the operator appends (gpu-driver-container dirs and the usual node OS ids).
 _OS_SUFFIX_RE = re.compile(r"-(ubuntu\d+(\.\d+)?|rhel\d+(\.\d+)?|rhcos\d+(\.\d+)*|centos\d+|sles\d+(\.\d+)?|"
                            r"debian\d+|rocky\d+(\.\d+)?)\Z", re.IGNORECASE)
@@ -175,8 +182,9 @@ def node_desired_labels(params):
     labels = {}
     if params.get("workload_config"):
         labels[WORKLOAD_LABEL] = params["workload_config"]
-    if params.get("sandbox_validator") is not None:
-        labels[SANDBOX_VALIDATOR_LABEL] = "true" if params["sandbox_validator"] else "false"
+    for option, label in DEPLOY_SWITCHES.items():
+        if params.get(option) is not None:
+            labels[label] = "true" if params[option] else "false"
     labels.update(profile_labels(params.get("profiles"), params.get("profile_label_prefix") or DEFAULT_PROFILE_PREFIX))
     labels.update(params.get("labels") or {})
     return labels
@@ -184,7 +192,7 @@ def node_desired_labels(params):
 
 def run_node_labels(api, params, check_mode):
     desired = node_desired_labels(params)
-    only_if_ours = {k: v for k, v in desired.items() if k in (WORKLOAD_LABEL, SANDBOX_VALIDATOR_LABEL)}
+    only_if_ours = {k: v for k, v in desired.items() if k == WORKLOAD_LABEL or k in DEPLOY_SWITCHES.values()}
     node = params["name"]
 
     def write(current, patch):

@@ -45,6 +45,7 @@ def test_role_publishes_entries_and_labels_then_is_idempotent(cluster, kubeconfi
     assert labels["accelops.io/vgpu.profile.L40S-24Q"] == "2" and labels["accelops.io/vgpu.profile.H100-40C"] == "1"
     assert labels["nvidia.com/gpu.workload.config"] == "vm-vgpu" and labels["team"] == "ml"
     assert labels["nvidia.com/gpu.deploy.sandbox-validator"] == "false"
+    assert labels["nvidia.com/gpu.deploy.vgpu-device-manager"] == "false"  # one owner for the node's vGPUs
 
     cluster.clear_log()
     again = run_role(tmp_path, kubeconfig, nodes, role_vars)

@@ -73,3 +73,13 @@ def test_absent_removes_ours_but_not_a_workload_label_someone_else_set():
 def test_invalid_labels_fail_naming_the_node(labels, message):
     with pytest.raises(gpo.GpuOperatorError, match="Node gpu-a: .*" + message):
         gpo.plan_node_labels(node({}), labels, gpo.DEFAULT_PROFILE_PREFIX)
+
+
+def test_the_vgpu_device_manager_deploy_switch_is_ours_only_while_it_holds_our_value():
+    desired = gpo.node_desired_labels({"workload_config": "vm-vgpu", "vgpu_device_manager": False})
+    assert desired == {gpo.WORKLOAD_LABEL: "vm-vgpu", gpo.VGPU_DEVICE_MANAGER_LABEL: "false"}
+    set_by_us = gpo.plan_node_labels(node({}), desired, gpo.DEFAULT_PROFILE_PREFIX)
+    assert set_by_us.patch["metadata"]["labels"][gpo.VGPU_DEVICE_MANAGER_LABEL] == "false"
+    theirs = {gpo.VGPU_DEVICE_MANAGER_LABEL: "true"}
+    removed = gpo.plan_node_labels(node(theirs), desired, gpo.DEFAULT_PROFILE_PREFIX, "absent", dict(desired))
+    assert not removed.changed
