@@ -6,11 +6,12 @@ import json
 import os
 import time
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
-    CONFIG_LABEL, PROFILE, STATE_LABEL, Cluster, agent_state, wait_for)
+    CONFIG_LABEL, NODES, PROFILE, STATE_LABEL, Cluster, agent_state, wait_for)
 from ansible_collections.accelops.vgpu.tests.integration.agent.test_agent import node_matches
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import node as node_object
 
 CONFIG = {"version": "v1", "vgpu-configs": {"default": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}]}}
 
@@ -163,3 +164,34 @@ def test_the_agent_waits_for_the_node_lock_of_another_apply(gpusim_node, cluster
         assert node.log() == [] and agent.status() is None  # planned nothing, wrote nothing meanwhile
     agent.wait("success", "L40S-12Q")
     assert node_matches(pyz, node, "L40S-12Q")
+
+
+def test_timed_out_watches_resume_from_the_bookmarked_version_without_relisting(gpusim_node, cluster, start_agent):
+    state = agent_state()
+    state["objects"].append({"resource": NODES, "name": "gpu-b", "body": node_object("gpu-b")})
+    cluster.api.reset(state)
+    cluster.api.control("watch-config", {"bookmark_interval": 0.3})
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api, WATCH_TIMEOUT=1)
+    agent.wait("success", "default")
+    own_version = cluster.node()["metadata"]["resourceVersion"]
+    # a write to another node moves the global resourceVersion on; only a BOOKMARK tells the agent
+    cluster.api.control("patch", {"resource": NODES, "name": "gpu-b", "patch": {"metadata": {"labels": {"x": "1"}}}})
+    current = cluster.api.get(NODES, "gpu-b")["metadata"]["resourceVersion"]
+    assert int(current) > int(own_version)
+    time.sleep(0.8)
+    cluster.api.clear_log()
+    node.clear_log()
+    time.sleep(4)
+    log = cluster.api.log()
+    watches = [r for r in log if r["watch"]]
+    assert 3 <= len(watches) <= 6 and len(watches) == len(log), log  # ~1 per timeoutSeconds, nothing else
+    assert {r["resourceVersion"] for r in watches} == {current}  # resumed from the bookmark, not its own version
+    assert node.log() == []
+
+
+def test_bad_settings_exit_2_with_one_line(gpusim_node, cluster, start_agent):
+    agent = start_agent(gpusim_node("l40s:1"), cluster.api, NODE_NAME=None)
+    assert agent.proc.wait(timeout=60) == 2
+    assert agent.output().strip() == "accelops-vgpu agent: NODE_NAME is required (or --node-name)"
+    assert cluster.api.log() == []
