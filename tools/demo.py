@@ -7,7 +7,9 @@
 2. starts the Kubernetes API emulator (tests/fakes/kmock_serve.py) with a KubeVirt CR, if present;
 3. runs `ansible-playbook -i inventories/demo playbooks/site.yml`, streaming its output;
 4. prints a summary (GPUs, VFs, vGPUs, KubeVirt resources, what changed, how to look further);
-5. tears everything down, unless --keep (then `tools/demo.py --down` does it later).
+5. the conformance report, then the GitOps path: the node agent (`accelops-vgpu agent`, a real
+   process) watches demo-node in the emulator; the node is relabelled and the agent converges it;
+6. tears everything down, unless --keep (then `tools/demo.py --down` does it later).
 Last, the conformance report of the demo cluster (playbooks/conformance.yml, KAR-0003 / KAR-0004) against
 the API emulator and the fake KubeVirt controller tests/fakes/vmi_controller.py.
 """
@@ -82,7 +84,9 @@ def cluster_seed(node_name):
         "kubevirt.io/v1/kubevirts": {"kind": "KubeVirt", "singular": "kubevirt", "namespaced": True, "verbs": verbs},
         "nvidia.com/v1/clusterpolicies": {"kind": "ClusterPolicy", "singular": "clusterpolicy", "namespaced": False,
                                           "verbs": verbs},
-        "v1/nodes": {"kind": "Node", "singular": "node", "namespaced": False, "verbs": verbs}},
+        "v1/nodes": {"kind": "Node", "singular": "node", "namespaced": False, "verbs": verbs},
+        # the node agent's Events (GitOps part of the demo)
+        "v1/events": {"kind": "Event", "singular": "event", "namespaced": True, "verbs": ["create", "list"]}},
         "objects": [
             {"resource": "kubevirt.io/v1/kubevirts", "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt},
             {"resource": "nvidia.com/v1/clusterpolicies", "name": "cluster-policy", "body": policy},
@@ -405,6 +409,130 @@ def run_conformance(env, api_url, facts):
     return proc.returncode
 
 
+# ---------------------------------------------------------------- GitOps: the node agent
+
+AGENT_LAYOUT = "demo-l40s-8q"
+STATE_LABEL = "nvidia.com/vgpu.config.state"
+
+
+def node_labels(api_url):
+    return ((api_get(api_url, "/api/v1/nodes/demo-node") or {}).get("metadata") or {}).get("labels") or {}
+
+
+def agent_status():
+    try:
+        return json.loads(read(DEMO, "agent-status.json") or "null") or {}
+    except ValueError:
+        return {}
+
+
+def wait_for(predicate, timeout, on_poll=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if on_poll:
+            on_poll()
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def start_agent(env):
+    """`accelops-vgpu agent`, the node CLI the vgpu_profiles role installed, as the DaemonSet would run it,
+    with the simulated node's roots instead of /host and the emulator's kubeconfig instead of a service account."""
+    cli = os.path.join(NODE_ROOT, "usr", "local", "bin", "accelops-vgpu")
+    agent_env = dict(env, NODE_NAME="demo-node", NAMESPACE="default", KUBECONFIG=KUBECONFIG,
+                     CONFIG_FILE=os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json"),
+                     DEFAULT_VGPU_CONFIG="demo", ACCELOPS_VGPU_SYSFS_ROOT=SYS,
+                     ACCELOPS_VGPU_DEV_ROOT=os.path.join(SYS, ".gpusim", "dev"), ACCELOPS_VGPU_PROC_ROOT="/proc",
+                     STATUS_FILE=os.path.join(DEMO, "agent-status.json"))
+    if os.path.exists(agent_env["STATUS_FILE"]):
+        os.remove(agent_env["STATUS_FILE"])
+    log = open(os.path.join(DEMO, "agent.log"), "w", encoding="utf-8")  # noqa: SIM115 (the agent's stderr)
+    proc = subprocess.Popen([sys.executable, cli, "agent"], env=agent_env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return proc, cli
+
+
+def relabel(api_url, layout):
+    """What `kubectl label node demo-node nvidia.com/vgpu.config=<layout> --overwrite` sends."""
+    request = urllib.request.Request(api_url + "/api/v1/nodes/demo-node", method="PATCH",
+                                     data=json.dumps({"metadata": {"labels": {"nvidia.com/vgpu.config": layout}}}).encode(),
+                                     headers={"Content-Type": "application/merge-patch+json"})
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+
+
+def vf_parents():
+    """{VF address: PF address} of the simulated node."""
+    devices = os.path.join(SYS, "bus", "pci", "devices")
+    parents = {}
+    for address in os.listdir(devices):
+        link = os.path.join(devices, address, "physfn")
+        if os.path.islink(link):
+            parents[address] = os.path.basename(os.readlink(link))
+    return parents
+
+
+def run_gitops(env, api_url):
+    """Relabel demo-node in the emulator; the node agent, a real process, converges the simulated node."""
+    section("GitOps: the node agent (accelops-vgpu agent, a real process, against the API emulator)")
+    agent, cli = start_agent(env)
+    try:
+        print("$ NODE_NAME=demo-node CONFIG_FILE=%s DEFAULT_VGPU_CONFIG=demo %s agent   (pid %d; log %s)"
+              % (rel(os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json")), rel(cli), agent.pid,
+                 rel(os.path.join(DEMO, "agent.log"))))
+        if not wait_for(lambda: agent_status().get("state") in ("success", "failed") or agent.poll() is not None, 60):
+            print("the agent did not report within 60 s; see its log")
+            return 1
+        first = agent_status()
+        print("started: no nvidia.com/vgpu.config label -> DEFAULT_VGPU_CONFIG %r, already in place -> %s=%s"
+              % (first.get("config"), STATE_LABEL, node_labels(api_url).get(STATE_LABEL)))
+        log_start = len(write_log())
+        print("$ kubectl label node demo-node nvidia.com/vgpu.config=%s --overwrite   (the same merge patch)" % AGENT_LAYOUT)
+        states = []
+
+        def record():
+            state = node_labels(api_url).get(STATE_LABEL)
+            if not states or states[-1] != state:
+                states.append(state)
+        started = time.monotonic()
+        relabel(api_url, AGENT_LAYOUT)
+        done = wait_for(lambda: agent_status().get("config") == AGENT_LAYOUT
+                        and node_labels(api_url).get(STATE_LABEL) in ("success", "failed"), 120, record)
+        record()
+        elapsed = time.monotonic() - started
+        labels = node_labels(api_url)
+        print("%s: %s   (%.1f s from the relabel)" % (STATE_LABEL, " -> ".join(map(str, states)), elapsed))
+        if not done or labels.get(STATE_LABEL) != "success":
+            annotations = ((api_get(api_url, "/api/v1/nodes/demo-node") or {}).get("metadata") or {}).get("annotations")
+            print("not converged: %s" % (annotations or {}).get("accelops.io/vgpu.config.reason"))
+            return 1
+        print("Node demo-node labels now:  %s" % ", ".join(
+            "%s=%s" % item for item in sorted(labels.items())
+            if item[0].startswith(("nvidia.com/vgpu.config", "accelops.io/vgpu.profile."))))
+        writes = write_log()[log_start:]
+        parents, per_gpu = vf_parents(), Counter()
+        for entry in writes:
+            address = entry["path"].split("/")[3] if entry["path"].startswith("bus/pci/devices/") else "?"
+            per_gpu[parents.get(address, address)] += 1
+        print("sysfs writes of the change: %d, per GPU: %s" % (len(writes), ", ".join(
+            "%s %d" % item for item in sorted(per_gpu.items())) or "none"))
+        untouched = sorted(set(vf_counts()) - set(per_gpu))
+        print("GPUs the change did not touch (their vGPUs kept, no clear-all): %s" % (", ".join(untouched) or "none"))
+        events = (api_get(api_url, "/api/v1/namespaces/default/events") or {}).get("items") or []
+        for event in events[-2:]:
+            print("Event %s %s: %s" % (event.get("type"), event.get("reason"), event.get("message")))
+        return 0
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(20)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", default=DEFAULT_GPUS, help="gpusim SPEC of the node (default %(default)s)")
@@ -427,6 +555,8 @@ def main(argv=None):
         print_next_steps(args.keep, exec_start)
         if api_url and rc == 0:
             rc = run_conformance(env, api_url, facts)
+        if api_url and rc == 0:
+            rc = run_gitops(env, api_url)
     finally:
         if not args.keep:
             down()
