@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shlex
 
 import yaml
@@ -23,7 +24,8 @@ CLI = "/usr/local/bin/accelops-vgpu"
 with open(os.path.join(os.path.dirname(__file__), "..", "group_vars", "vgpu_nodes.yml"), encoding="utf-8") as vars_file:
     NODE_VARS = yaml.safe_load(vars_file)
 SELECTED = NODE_VARS["vgpu_profiles_selected"]
-TYPE_IDS = {vgpu_type.short_name: vgpu_type.type_id for model in MODELS.values() for vgpu_type in model.types}
+TYPE_IDS = {vgpu_type.short_name: vgpu_type.type_id for model in MODELS.values() for vgpu_type in model.all_types}
+MIG_BACKED = re.compile(r"^.+-(\d+)-(\d+)C(ME)?$")   # H100-1-20C -> GPU instance 1g.20gb (VDM's conversion)
 
 # Runs inside the node (its python3): every NVIDIA PF with its VF count and the vGPU type IDs on it
 # (vendor-VFIO: each VF's current_vgpu_type; mdev: the mdevs below the PF or its VFs).
@@ -70,12 +72,17 @@ def node_state(host):
     return _STATES[name]
 
 
-def expected_types(device, label=SELECTED):
-    """{type ID: instances} the layout asks for on one GPU with this PCI device ID."""
+def expected_profiles(device, label=SELECTED):
+    """{profile: instances} the layout asks for on one GPU with this PCI device ID."""
     for entry in NODE_VARS["vgpu_profiles_configs"][label]:
         if entry["device_filter"][2:6].lower() == device:
-            return {TYPE_IDS[name]: count for name, count in entry["profiles"].items()}
+            return entry["profiles"]
     raise AssertionError("no layout entry for device %s" % device)
+
+
+def expected_types(device, label=SELECTED):
+    """{type ID: instances} the layout asks for on one GPU with this PCI device ID."""
+    return {TYPE_IDS[name]: count for name, count in expected_profiles(device, label).items()}
 
 
 def exec_start(host):
@@ -93,6 +100,19 @@ def test_every_gpu_carries_the_selected_profiles(host):
     for address, pf in node_state(host).items():
         actual = collections.Counter(type_id for type_id in pf["types"] if type_id)
         assert actual == expected_types(pf["device"]), address
+
+
+def test_mig_backed_gpus_are_in_mig_mode_with_one_gpu_instance_per_vgpu(host):
+    for address, pf in node_state(host).items():
+        wanted = sorted("%sg.%sgb%s" % (m.group(1), m.group(2), "+me" if m.group(3) else "")
+                        for name, count in expected_profiles(pf["device"]).items()
+                        for m in [MIG_BACKED.match(name)] if m for dummy in range(count))
+        if not wanted:
+            continue
+        mode = host.run("nvidia-smi -i %s --query-gpu=mig.mode.current --format=csv,noheader" % address)
+        assert mode.stdout.strip() == "Enabled", address
+        listed = host.run("nvidia-smi mig -i %s -lgi" % address).stdout
+        assert sorted(line.split()[3] for line in listed.splitlines() if " MIG " in line) == wanted, listed
 
 
 def test_layout_file_is_the_configured_document(host):
