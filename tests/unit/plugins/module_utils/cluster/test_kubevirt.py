@@ -321,3 +321,20 @@ def test_virt_handler_image_keeps_other_env_and_containers():
     assert not kv.plan_virt_handler_image(deployment, "old").changed
     with pytest.raises(kv.KubeVirtError, match="Deployment kubevirt/virt-operator: no container 'virt-op'"):
         kv.plan_virt_handler_image(deployment, "new", container="virt-op")
+
+
+def test_mig_backed_profiles_follow_the_one_profile_per_pci_id_rule():
+    """MIG-backed VFs keep the PF's PCI ID (docs/design.md, MIG-backed vGPU): one profile per model still."""
+    one = kv.plan_cluster_resources([{"name": "h100-a", "resources": [res("H100-1-20C", "10DE:2331", 4)]}])
+    assert one["errors"] == [] and one["pci_host_devices"] == [
+        {"pci_vendor_selector": "10DE:2331", "resource_name": "nvidia.com/NVIDIA_H100-1-20C", "vendor_vfio": True}]
+    two_sizes = kv.plan_cluster_resources([{"name": "h100-a", "resources": [
+        res("H100-3-40C", "10DE:2331", 1), res("H100-2-20C", "10DE:2331", 1)]}])
+    assert two_sizes["errors"][0].startswith("node h100-a: GPU model 10DE:2331 carries 2 profiles (H100-2-20C, H100-3-40C)")
+    mixed_nodes = [{"name": "h100-a", "resources": [res("H100-1-20C", "10DE:2331", 4)]},
+                   {"name": "h100-b", "resources": [res("H100-20C", "10DE:2331", 4)]}]
+    assert kv.plan_cluster_resources(mixed_nodes)["errors"][0].startswith("GPU model 10DE:2331 has several profiles")
+    by_model = kv.plan_cluster_resources(mixed_nodes, naming="model")
+    assert by_model["errors"] == [] and [e["resource_name"] for e in by_model["pci_host_devices"]] == [
+        "nvidia.com/NVIDIA_H100"]
+    assert kv.model_resource_name("NVIDIA H100-1-10CME") == "nvidia.com/NVIDIA_H100"
