@@ -16,7 +16,8 @@ real API servers do and the tests rely on:
   history, or not known to this server, e.g. after a restart -> one ERROR event with a 410 `Expired`
   Status and the end of the stream), `fieldSelector=metadata.name=X`, `timeoutSeconds` (the server
   ends the stream) and `allowWatchBookmarks` (BOOKMARK events every `bookmark_interval` seconds
-  when that control is set);
+  when that control is set); lists also narrow by `fieldSelector=spec.nodeName=X` and a
+  `labelSelector` of `key=value` terms;
 - optional HTTPS (`--tls-cert/--tls-key`, a CA the test made) and Bearer-token checking
   (`--token`; 401 otherwise; the scheme is matched case-insensitively as real servers do).
 
@@ -232,15 +233,21 @@ class StrictEmulator(KubernetesEmulator):
         return scheme.lower() == "bearer" and token.strip() == self.token
 
     def _matching(self, request):
-        """[(namespace, name, object)] of the listed resource, narrowed by fieldSelector metadata.name."""
+        """[(namespace, name, object)] of the listed resource, narrowed by the fieldSelector
+        (metadata.name, spec.nodeName) and the labelSelector (`key=value` terms)."""
         wanted = _name_selector(request.params.get("fieldSelector"))
+        node = _selector_terms(request.params.get("fieldSelector")).get("spec.nodeName")
+        labels = _selector_terms(request.params.get("labelSelector"))
         found = []
         for (resource, namespace, name), obj in self.objects.items():
             if resource != request.resource or obj.deleted:
                 continue
             if request.namespace is not None and namespace != request.namespace:
                 continue
-            if wanted is None or name == wanted:
+            if node is not None and (obj.raw.get("spec") or {}).get("nodeName") != node:
+                continue
+            have = (obj.raw.get("metadata") or {}).get("labels") or {}
+            if (wanted is None or name == wanted) and all(have.get(k) == v for k, v in labels.items()):
                 found.append((namespace, name, obj))
         return found
 
@@ -339,6 +346,16 @@ class StrictEmulator(KubernetesEmulator):
         stored.create(result)
         self.record("MODIFIED", key[0], key[1], key[2], stored.raw)
         return aiohttp.web.json_response(stored.raw)
+
+
+def _selector_terms(selector):
+    """{key: value} of the `key=value` (or `==`) terms of a field or label selector."""
+    terms = {}
+    for term in (selector or "").split(","):
+        key, dummy, value = term.partition("=")
+        if key.strip():
+            terms[key.strip()] = value.lstrip("=").strip()
+    return terms
 
 
 def _name_selector(selector):

@@ -152,7 +152,9 @@ class Agent:
         def before_changes():  # validated, and something will be written: VDM's pending + pause
             log("config %s: applying" % name)
             changing.append(self._patch(node, vdm.outcome_patch(_meta(node, "labels"), {}, vdm.PENDING)))
-            changing.append(self._pause(changing[-1]))
+            paused = self._pause(changing[-1])
+            if paused and s.operand_namespace:
+                self._wait_for_operands(paused)
 
         try:
             entries = self.config.entries(name)
@@ -179,23 +181,38 @@ class Agent:
         return self.api.patch_node(self.settings.node_name, patch)
 
     def _pause(self, node):
-        """Pause the operands whose deploy label is "true" (resourceVersion-guarded, 409 retried)."""
+        """Pause the operands whose deploy label is "true" (resourceVersion-guarded, 409 retried);
+        returns the labels paused."""
         for attempt in range(CONFLICT_RETRIES):
             labels = _meta(node, "labels")
             patch = vdm.pause_patch(labels)
             if not patch:
-                return node
+                return []
             try:
                 version = ((node or {}).get("metadata") or {}).get("resourceVersion")
-                node = self.api.patch_node(self.settings.node_name,
-                                           {"metadata": {"resourceVersion": version, "labels": patch}})
+                self.api.patch_node(self.settings.node_name, {"metadata": {"resourceVersion": version, "labels": patch}})
                 log("paused %s" % ", ".join(sorted(patch)))
-                return node
+                return sorted(patch)
             except KubeApiError as exc:
                 if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
                     raise
                 node = self.api.get_node(self.settings.node_name)
-        return node
+        return []
+
+    def _wait_for_operands(self, paused):
+        """Until no pod of the paused operands runs on this node (VDM: the device plugin must not
+        advertise VFs while they change); OperandWaitError after OPERAND_WAIT_TIMEOUT."""
+        s = self.settings
+        deadline = self.clock() + s.operand_wait_timeout
+        for key in paused:
+            selector = vdm.OPERAND_PODS[key]
+            while self.api.list_pods(s.operand_namespace, s.node_name, selector):
+                if self.clock() >= deadline:
+                    what = (s.operand_wait_timeout, key.rpartition(".")[2], selector, s.operand_namespace, s.node_name)
+                    raise vdm.OperandError("timed out after %g s waiting for the %s pods (%s in %s) on node %s "
+                                           "to terminate" % what)
+                time.sleep(1.0)
+            log("%s pods are gone" % selector)
 
     def _finish(self, node, state, profiles, reason, applied, config=None):
         """One patch: state, reason, profile labels, and every operand still paused put back."""

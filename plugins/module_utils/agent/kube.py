@@ -246,6 +246,12 @@ class KubeClient:
         return self.request("PATCH", "/api/v1/nodes/" + urllib.parse.quote(name, safe=""), body=patch,
                             content_type=MERGE_PATCH)
 
+    def list_pods(self, namespace, node_name, label_selector):
+        """Pods of `namespace` on node `node_name` matching `label_selector` (e.g. `app=x`)."""
+        found = self.request("GET", "/api/v1/namespaces/%s/pods" % urllib.parse.quote(namespace, safe=""),
+                             {"fieldSelector": "spec.nodeName=" + node_name, "labelSelector": label_selector})
+        return found.get("items") or []
+
     def create_event(self, namespace, event):
         return self.request("POST", "/api/v1/namespaces/%s/events" % urllib.parse.quote(namespace, safe=""),
                             body=event)

@@ -23,12 +23,15 @@ REASON_ANNOTATION = "accelops.io/vgpu.config.reason"
 PENDING, SUCCESS, FAILED = "pending", "success", "failed"
 OPERAND_LABELS = ("nvidia.com/gpu.deploy.sandbox-device-plugin", "nvidia.com/gpu.deploy.sandbox-validator")
 PAUSED = "paused-for-vgpu-change"
+# the GPU Operator's pods behind each deploy label (VDM waits for these to go after pausing)
+OPERAND_PODS = {OPERAND_LABELS[0]: "app=nvidia-sandbox-device-plugin-daemonset",
+                OPERAND_LABELS[1]: "app=nvidia-sandbox-validator"}
 LEFT_ALONE = (None, "", "false", PAUSED)
 REASON_MAX = 1024  # characters of the reason annotation (one line; the Event carries the same text)
 
 
-class OperandLabelError(EngineError):
-    """An operand deploy label holds a value another operation owns."""
+class OperandError(EngineError):
+    """An operand deploy label another operation owns, or operand pods that do not go."""
 
 
 def labels_of(node):
@@ -41,7 +44,7 @@ def selected_config(node, default):
 
 
 def pause_patch(labels):
-    """Labels to set to pause the operands (only those at "true"); raises OperandLabelError naming
+    """Labels to set to pause the operands (only those at "true"); raises OperandError naming
     the label when one holds a value it cannot own."""
     patch = {}
     for key in OPERAND_LABELS:
@@ -49,7 +52,7 @@ def pause_patch(labels):
         if value == "true":
             patch[key] = PAUSED
         elif value not in LEFT_ALONE:
-            raise OperandLabelError("label %s=%s is owned by another operation" % (key, value))
+            raise OperandError("label %s=%s is owned by another operation" % (key, value))
     return patch
 
 

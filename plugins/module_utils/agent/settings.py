@@ -49,6 +49,11 @@ OPTIONS = (
      "seconds to wait for the node lock held by another apply (default 300)"),
     ("--wait-timeout", "WAIT_TIMEOUT", "120", "seconds", "seconds enabled VFs may take to appear (default 120)"),
     ("--mixed-size", "MIXED_SIZE", "false", "bool", "true: allow several framebuffer sizes per GPU (apply --mixed-size)"),
+    ("--operand-namespace", "OPERAND_NAMESPACE", None, "str",
+     "namespace of the GPU Operator's sandbox operands (e.g. gpu-operator): after pausing them, wait for their "
+     "pods on this node to terminate, as VDM does (needs pods list there); unset: no wait"),
+    ("--operand-wait-timeout", "OPERAND_WAIT_TIMEOUT", "120", "seconds",
+     "seconds to wait for the paused operands' pods to terminate (default 120); longer fails the change"),
     ("--status-file", "STATUS_FILE", None, "str",
      "file the agent rewrites with its last state as JSON (for a readiness/liveness probe)"),
 )

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+import time
+import urllib.request
 
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
-    CONFIG_LABEL, CONFIGS, NODE_PYTHON, PLUGIN_LABEL, PROFILE, REASON, STATE_LABEL, VALIDATOR_LABEL, agent_state)
+    CONFIG_LABEL, CONFIGS, NODE_PYTHON, PLUGIN_LABEL, PROFILE, REASON, STATE_LABEL, VALIDATOR_LABEL, agent_state,
+    wait_for)
 
 
 def node_matches(pyz, gpu_node, config):
@@ -122,3 +125,44 @@ def test_an_operand_label_owned_by_another_operation_fails_the_change(gpusim_nod
     assert status["reason"] == "label %s=paused-for-mig-change is owned by another operation" % PLUGIN_LABEL
     assert cluster.labels()[PLUGIN_LABEL] == "paused-for-mig-change"
     assert node.writes() == []
+
+
+def pod(name, app):
+    meta = {"name": name, "namespace": "gpu-operator", "labels": {"app": app}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": "gpu-a"}}
+
+
+def test_with_operand_namespace_the_apply_waits_for_the_operand_pods_to_go(gpusim_node, cluster, start_agent):
+    state = agent_state({PLUGIN_LABEL: "true"})
+    state["resources"]["v1/pods"] = {"kind": "Pod", "singular": "pod", "namespaced": True, "verbs": ["list"]}
+    state["objects"].append({"resource": "v1/pods", "namespace": "gpu-operator", "name": "plugin-x",
+                             "body": pod("plugin-x", "nvidia-sandbox-device-plugin-daemonset")})
+    state["objects"].append({"resource": "v1/pods", "namespace": "gpu-operator", "name": "other",
+                             "body": pod("other", "nvidia-dcgm-exporter")})
+    cluster.api.reset(state)
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api, OPERAND_NAMESPACE="gpu-operator", OPERAND_WAIT_TIMEOUT=60)
+    wait_for("the pause", lambda: cluster.labels().get(PLUGIN_LABEL) == "paused-for-vgpu-change", timeout=60)
+    time.sleep(1.5)
+    assert node.writes() == [] and agent.status() is None  # still waiting for the plugin pod
+    req = urllib.request.Request(cluster.api.url + "/api/v1/namespaces/gpu-operator/pods/plugin-x", method="DELETE")
+    urllib.request.urlopen(req, timeout=10).close()  # the DaemonSet controller removes it
+    agent.wait("success", "default")
+    assert node.writes() and cluster.labels()[PLUGIN_LABEL] == "true"
+    lists = [r for r in cluster.api.log() if r["path"].endswith("/pods")]
+    assert 1 <= len(lists) <= 8 and {r["fieldSelector"] for r in lists} == {"spec.nodeName=gpu-a"}
+
+
+def test_operand_pods_that_do_not_go_fail_the_change_and_the_operands_come_back(gpusim_node, cluster, start_agent):
+    state = agent_state({PLUGIN_LABEL: "true", VALIDATOR_LABEL: "true"})
+    state["resources"]["v1/pods"] = {"kind": "Pod", "singular": "pod", "namespaced": True, "verbs": ["list"]}
+    state["objects"].append({"resource": "v1/pods", "namespace": "gpu-operator", "name": "validator-x",
+                             "body": pod("validator-x", "nvidia-sandbox-validator")})
+    cluster.api.reset(state)
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api, OPERAND_NAMESPACE="gpu-operator", OPERAND_WAIT_TIMEOUT=2)
+    status = agent.wait("failed", "default")
+    assert status["reason"] == ("timed out after 2 s waiting for the sandbox-validator pods (app=nvidia-sandbox-"
+                                "validator in gpu-operator) on node gpu-a to terminate")
+    assert node.writes() == []
+    assert (cluster.labels()[PLUGIN_LABEL], cluster.labels()[VALIDATOR_LABEL]) == ("true", "true")

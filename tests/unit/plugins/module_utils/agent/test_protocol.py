@@ -19,7 +19,7 @@ def test_only_operands_at_true_are_paused(value, patch):
 
 
 def test_an_operand_label_of_another_operation_is_an_error_naming_it():
-    with pytest.raises(vdm.OperandLabelError, match="label %s=paused-for-mig-change is owned by another operation"
+    with pytest.raises(vdm.OperandError, match="label %s=paused-for-mig-change is owned by another operation"
                        % VALIDATOR):
         vdm.pause_patch({PLUGIN: "true", VALIDATOR: "paused-for-mig-change"})
 
