@@ -39,15 +39,17 @@ def test_agent_image_is_built_from_the_node_cli_pushed_then_unchanged(build, reg
     tag = result["tag"]
     assert len(tag) == 16  # the engine digest, which also names the cached zipapp
     assert result["image"] == "%s/%s:%s" % (registry.host, REPO, tag) and registry.tags(REPO) == [tag]
-    built = [p.name for p in (tmp_path / "cli-cache").iterdir()]
-    assert len(built) == 1 and built[0].startswith("accelops-vgpu-%s" % tag) and built[0].endswith(".pyz")
+    built = [p.name for p in (tmp_path / "cli-cache").glob("*.pyz")]
+    assert len(built) == 1 and built[0].startswith("accelops-vgpu-%s" % tag)
     inspect = json.loads(podman("image", "inspect", result["image"]).stdout)[0]
     assert inspect["Config"]["Entrypoint"] == ["/usr/local/bin/accelops-vgpu", "agent"]
     assert inspect["Config"]["Labels"]["io.accelops.vgpu.input-hash"] == result["input_hash"]
-    # the zipapp in the image is the node CLI and runs on the base image's python3
-    ran = podman("run", "--rm", "--pull=never", "--label", "owner=" + OWNER, "--entrypoint",
-                 "/usr/local/bin/accelops-vgpu", result["image"], "--help")
-    assert ran.returncode == 0 and "apply" in ran.stdout and "export" in ran.stdout, ran.stderr
+    # the entrypoint is the agent verb of this checkout's node CLI, on the base image's python3
+    ran = podman("run", "--rm", "--pull=never", "--label", "owner=" + OWNER, result["image"], "--help")
+    assert ran.returncode == 0 and "NODE_NAME" in ran.stdout and "DEFAULT_VGPU_CONFIG" in ran.stdout, ran.stderr
+    # without its required settings it stops at once with one line (exit 2), never a crash loop of tracebacks
+    bare = podman("run", "--rm", "--pull=never", "--label", "owner=" + OWNER, result["image"])
+    assert bare.returncode == 2 and "Traceback" not in bare.stderr and len(bare.stderr.strip().splitlines()) == 1
     assert registry.password not in first.stdout + first.stderr
 
     image_id = inspect["Id"]
