@@ -105,4 +105,3 @@ def test_relabel_converges_the_node_and_back(host):
     assert_layout(host, "fleet")
     relabel_and_wait("large")
     assert_layout(host, "large")
-
