@@ -13,7 +13,7 @@ import urllib.error
 
 import pytest
 
-from cluster_helpers import CLUSTER_POLICY, COLLECTIONS, NODES, RESOURCES, ROOT, cluster_policy, node
+from cluster_helpers import CLUSTER_POLICY, COLLECTIONS, KUBEVIRT, NODES, ROOT, default_state
 
 NAMESPACE = "accelops-vgpu"
 NAME = "accelops-vgpu-node-agent"
@@ -21,6 +21,8 @@ LAYOUTS = {
     "l40s-2x24q": [{"device_filter": "0x26B910DE", "devices": "all", "profiles": {"L40S-24Q": 2}}],
     "l40s-6x8q": [{"device_filter": "0x26B910DE", "devices": "all", "profiles": {"L40S-8Q": 6}}],
 }
+RESOURCE_24Q = {"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q", "resource_name": "nvidia.com/NVIDIA_L40S-24Q",
+                "pci_vendor_selector": "10DE:26B9", "framework": "vendor-vfio", "count": 2}
 OBJECTS = {  # resource -> kind, namespaced
     "v1/namespaces": ("Namespace", False), "v1/serviceaccounts": ("ServiceAccount", True),
     "v1/configmaps": ("ConfigMap", True), "apps/v1/daemonsets": ("DaemonSet", True),
@@ -33,20 +35,23 @@ OBJECTS = {  # resource -> kind, namespaced
 
 @pytest.fixture
 def cluster(api_server):
-    resources = copy.deepcopy(RESOURCES)
+    state = default_state()  # KubeVirt CR, ClusterPolicy, Nodes gpu-a (team=ml) and gpu-b
     for resource, (kind, namespaced) in OBJECTS.items():
-        resources[resource] = {"kind": kind, "singular": kind.lower(), "namespaced": namespaced,
-                               "verbs": ["get", "list", "create", "patch", "delete"]}
-    api_server.reset({"resources": resources, "objects": [
-        {"resource": CLUSTER_POLICY, "name": "cluster-policy", "body": cluster_policy()},
-        {"resource": NODES, "name": "gpu-a", "body": node("gpu-a", {"team": "ml"})},
-        {"resource": NODES, "name": "gpu-b", "body": node("gpu-b")}]})
+        state["resources"][resource] = {"kind": kind, "singular": kind.lower(), "namespaced": namespaced,
+                                        "verbs": ["get", "list", "create", "patch", "delete"]}
+    api_server.reset(state)
     return api_server
 
 
-def run_role(tmp_path, kubeconfig, role_vars=None, check=False, diff=False):
+def run_role(tmp_path, kubeconfig, role_vars=None, check=False, diff=False, playbook=None):
+    """The role in a play of its own, or `playbook` (a path) with role_vars as extra vars."""
     nodes = {"gpu-a.example.com": {"kubevirt_vgpu_node_name": "gpu-a", "vgpu_profiles_selected": "l40s-2x24q"},
              "gpu-b": {"vgpu_profiles_selected": "l40s-6x8q"}}
+    resources = {"gpu-a.example.com": RESOURCE_24Q, "gpu-b": dict(RESOURCE_24Q, profile="L40S-8Q", count=6,
+                                                                   type_name="NVIDIA L40S-8Q",
+                                                                   resource_name="nvidia.com/NVIDIA_L40S-8Q")}
+    for name, host in nodes.items():  # what nodes.yml publishes, for the kubevirt_vgpu play of cluster.yml
+        host["vgpu_profiles_resources"] = [resources[name]]
     inventory = {"all": {"children": {
         "vgpu_nodes": {"hosts": nodes, "vars": {"vgpu_profiles_configs": LAYOUTS, "ansible_connection": "local"}},
         "vgpu_cluster": {"hosts": {"localhost": {"ansible_connection": "local",
@@ -57,11 +62,13 @@ def run_role(tmp_path, kubeconfig, role_vars=None, check=False, diff=False):
     play = [{"name": "Deploy the node agent", "hosts": "vgpu_cluster[0]", "gather_facts": False,
              "roles": [{"role": "accelops.vgpu.vgpu_node_agent", **role_vars}]}]
     (tmp_path / "play.json").write_text(json.dumps(play))
+    (tmp_path / "vars.json").write_text(json.dumps(role_vars))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS),
                ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
                ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default")
-    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "inventory.json"),
-            str(tmp_path / "play.json")] + (["--check"] if check else []) + (["--diff"] if diff else [])
+    target = [str(playbook), "--extra-vars", "@" + str(tmp_path / "vars.json")] if playbook else [str(tmp_path / "play.json")]
+    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "inventory.json")] + target \
+        + (["--check"] if check else []) + (["--diff"] if diff else [])
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
 
 
@@ -155,3 +162,27 @@ def test_absent_removes_the_objects_and_the_layout_labels(cluster, kubeconfig, t
     assert agent_objects(cluster) == {}
     labels = cluster.get(NODES, "gpu-a")["metadata"]["labels"]
     assert "nvidia.com/vgpu.config" not in labels and labels["team"] == "ml"
+
+
+def test_cluster_playbook_agent_path_deploys_the_agent_then_publishes_per_model(cluster, kubeconfig, tmp_path):
+    """playbooks/cluster.yml with vgpu_cluster_node_agent: the agent and the node labels, then KubeVirt with one
+    resource per GPU model (the profile may change by relabel) and no profile labels from the bastion facts."""
+    proc = run_role(tmp_path, kubeconfig, {"vgpu_cluster_node_agent": True, "kubevirt_vgpu_kubeconfig": kubeconfig,
+                                           "kubevirt_vgpu_resource_naming": "model",
+                                           "kubevirt_vgpu_manage_node_labels": False},
+                    playbook=ROOT / "playbooks" / "cluster.yml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(agent_objects(cluster)) == sorted(kind for kind, _ns in OBJECTS.values())
+    assert cluster.get(NODES, "gpu-b")["metadata"]["labels"]["nvidia.com/vgpu.config"] == "l40s-6x8q"
+    assert not any(k.startswith("accelops.io/vgpu.profile.") for k in cluster.get(NODES, "gpu-a")["metadata"]["labels"])
+    pci = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    assert {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S"} in pci
+
+
+def test_cluster_playbook_without_the_agent_path_deploys_no_agent(cluster, kubeconfig, tmp_path):
+    proc = run_role(tmp_path, kubeconfig, {"kubevirt_vgpu_kubeconfig": kubeconfig,
+                                           "kubevirt_vgpu_resource_naming": "model"},
+                    playbook=ROOT / "playbooks" / "cluster.yml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert agent_objects(cluster) == {}
+    assert "nvidia.com/vgpu.config" not in cluster.get(NODES, "gpu-a")["metadata"]["labels"]
