@@ -96,7 +96,12 @@ class Agent:
         log("reconciling node %s from %s (default config %s)" % (
             self.settings.node_name, self.settings.config_file, self.settings.default_vgpu_config))
         while not self.stop.is_set():
-            self.step()
+            try:
+                self.step()
+            except Exception:  # pylint: disable=broad-exception-caught
+                # never crash-loop the pod: log, and try again after a backoff
+                log(traceback.format_exc().rstrip())
+                self.reconciled, self.next_resync = None, self.clock() + self.api_backoff.next()
             timeout = min(self.settings.config_poll_interval, max(0.05, self.next_resync - self.clock()))
             self.wake.wait(timeout)
             self.wake.clear()

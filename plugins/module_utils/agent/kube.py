@@ -81,9 +81,8 @@ class Credentials:
         if self.token_file:
             try:
                 return _read(self.token_file)
-            except OSError as exc:
-                raise KubeConfigError("cannot read the service account token %s: %s"
-                                      % (self.token_file, exc.strerror)) from None
+            except OSError as exc:  # mid-rotation or a broken mount: retried like a server that is away
+                raise KubeUnavailable("cannot read the token %s: %s" % (self.token_file, exc.strerror)) from None
         return self.token
 
 

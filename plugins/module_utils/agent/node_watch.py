@@ -79,6 +79,11 @@ class NodeWatcher:
             except (KubeApiError, KubeUnavailable) as exc:
                 self.log("watch of node %s: %s" % (self.node_name, exc))
                 delay = self.backoff.next()
+            except Exception as exc:  # pylint: disable=broad-exception-caught
+                # a surprise (an odd event shape) must not end the only thread that sees label changes
+                self.log("watch of node %s: unexpected %s: %s; listing again" % (self.node_name, type(exc).__name__, exc))
+                self.resource_version = None
+                delay = self.backoff.next()
             if delay:
                 self.stop.wait(delay)
 

@@ -53,3 +53,9 @@ def test_an_unreachable_server_is_kube_unavailable_in_one_line(tmp_path):
     client = kube.KubeClient(kube.Credentials("http://127.0.0.1:9"), timeout=2)
     with pytest.raises(kube.KubeUnavailable, match="^GET /api/v1/nodes/gpu-a: no answer from http://127.0.0.1:9"):
         client.get_node("gpu-a")
+
+
+def test_a_token_file_that_vanished_is_retried_like_an_absent_server(tmp_path):
+    creds = kube.Credentials("http://127.0.0.1:9", token_file=str(tmp_path / "token"))
+    with pytest.raises(kube.KubeUnavailable, match="cannot read the token .*token"):
+        creds.bearer()

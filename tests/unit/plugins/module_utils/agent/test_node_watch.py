@@ -71,3 +71,9 @@ def test_backoff_is_capped_and_jittered_upwards_only():
     assert [round(backoff.next(), 3) for dummy in range(7)] == [1.2, 2.4, 4.8, 9.6, 19.2, 36.0, 36.0]
     backoff.reset()
     assert backoff.next() == 1.2
+
+
+def test_an_odd_event_does_not_end_the_watcher_it_relists_after_a_backoff():
+    calls, seen, delays = run([[{"type": "MODIFIED", "object": "not a node"}]])
+    assert calls == [("list", "gpu-a"), ("watch", "100"), ("list", "gpu-a"), ("watch", "100")]
+    assert delays == [1.0] and len(seen) == 2
