@@ -38,6 +38,9 @@ def test_quick_bench_writes_plausible_json_and_table(tmp_path):
         assert abs(data["ratio"]["median"] - expected_ratio) <= 0.01 * expected_ratio
         assert data["met"] == (data["ratio"]["median"] <= 1.3)
         assert data["engine_reads"]["readlink"] >= 32   # every VF is found through its virtfn link
+        ops = data["ops_per_written_vf"]["median"]
+        assert abs(ops - (sum(data["engine_reads"].values()) + data["writes"]) / data["writes"]) < 1e-5 and ops > 2
+        assert data["met_ops"] == (ops <= 3.0)
 
     p3 = report["results"]["p3"]
     latency = LATENCY_MS / 1000.0
@@ -50,7 +53,7 @@ def test_quick_bench_writes_plausible_json_and_table(tmp_path):
     table = (out / "bench.md").read_text()
     assert table in proc.stdout
     assert [line.split("|")[1].strip() for line in table.splitlines() if line[:4] in ("| P1", "| P3")] == [
-        "P1 cold converge, uniform", "P1 cold converge, mixed", "P3 VF enable"]
+        "P1 cold converge, uniform", "P1 cold converge, mixed", "P1 sysfs round trips, uniform", "P3 VF enable"]
 
 
 def test_quick_agent_bench_measures_a_label_change_and_an_idle_agent(tmp_path):
