@@ -4,7 +4,6 @@ RBAC it grants is exactly what the agent needs."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -47,9 +46,9 @@ def run_role(tmp_path, kubeconfig, role_vars=None, check=False, diff=False, play
     """The role in a play of its own, or `playbook` (a path) with role_vars as extra vars."""
     nodes = {"gpu-a.example.com": {"kubevirt_vgpu_node_name": "gpu-a", "vgpu_profiles_selected": "l40s-2x24q"},
              "gpu-b": {"vgpu_profiles_selected": "l40s-6x8q"}}
-    resources = {"gpu-a.example.com": RESOURCE_24Q, "gpu-b": dict(RESOURCE_24Q, profile="L40S-8Q", count=6,
-                                                                   type_name="NVIDIA L40S-8Q",
-                                                                   resource_name="nvidia.com/NVIDIA_L40S-8Q")}
+    resource_8q = dict(RESOURCE_24Q, profile="L40S-8Q", count=6, type_name="NVIDIA L40S-8Q",
+                       resource_name="nvidia.com/NVIDIA_L40S-8Q")
+    resources = {"gpu-a.example.com": RESOURCE_24Q, "gpu-b": resource_8q}
     for name, host in nodes.items():  # what nodes.yml publishes, for the kubevirt_vgpu play of cluster.yml
         host["vgpu_profiles_resources"] = [resources[name]]
     inventory = {"all": {"children": {
