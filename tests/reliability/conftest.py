@@ -63,8 +63,5 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def api_server():
-    server = ApiServer.start()
-    try:
+    with ApiServer.running() as server:
         yield server
-    finally:
-        server.stop()

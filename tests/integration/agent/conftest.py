@@ -20,11 +20,8 @@ def pyz(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def agent_api():
-    server = ApiServer.start()
-    try:
+    with ApiServer.running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

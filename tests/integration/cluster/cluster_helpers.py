@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -104,6 +105,22 @@ class ApiServer:
             cls(proc, 0).stop()
             raise RuntimeError("kmock_serve did not start: %r" % line)
         return cls(proc, int(line[1]), context)
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, *options, context=None):
+        """A session's double: started, yielded, always stopped (the fixture body of every suite)."""
+        server = cls.start(*options, context=context)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+    def kubeconfig_file(self, directory):
+        """A kubeconfig file for this server in `directory` (a pathlib.Path); returns its path."""
+        path = directory / "kubeconfig"
+        path.write_text(json.dumps(kubeconfig_dict(self.url)))
+        return str(path)
 
     def stop(self):
         self.proc.terminate()

@@ -4,25 +4,21 @@ double (tests/fakes/kmock_serve.py), one process per test session on a free loop
 from __future__ import annotations
 
 import glob
-import json
 import os
 
 import pytest
 
-from cluster_helpers import ApiServer, default_state, kubeconfig_dict
+from cluster_helpers import ApiServer, default_state
 
 
 @pytest.fixture(scope="session")
 def api_server():
     before = set(glob.glob("/tmp/osrcp-*.json"))
-    server = ApiServer.start()
-    try:
+    with ApiServer.running() as server:
         yield server
-    finally:
-        server.stop()
-        # the modules use no discovery, so no DynamicClient cache may appear; remove any that did
-        for leftover in set(glob.glob("/tmp/osrcp-*.json")) - before:
-            os.unlink(leftover)
+    # the modules use no discovery, so no DynamicClient cache may appear; remove any that did
+    for leftover in set(glob.glob("/tmp/osrcp-*.json")) - before:
+        os.unlink(leftover)
 
 
 @pytest.fixture
@@ -33,6 +29,4 @@ def cluster(api_server):
 
 @pytest.fixture
 def kubeconfig(api_server, tmp_path):
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps(kubeconfig_dict(api_server.url)))
-    return str(path)
+    return api_server.kubeconfig_file(tmp_path)

@@ -3,22 +3,17 @@ KubeVirt controller (tests/fakes/vmi_controller.py) running as a thread of the t
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import VmiController
-from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer, kubeconfig_dict
+from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
 from ansible_collections.accelops.vgpu.tests.integration.conformance.conformance_helpers import healthy_state
 
 
 @pytest.fixture(scope="session")
 def api_server():
-    server = ApiServer.start()
-    try:
+    with ApiServer.running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -29,9 +24,7 @@ def cluster(api_server):
 
 @pytest.fixture
 def kubeconfig(api_server, tmp_path):
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps(kubeconfig_dict(api_server.url)))
-    return str(path)
+    return api_server.kubeconfig_file(tmp_path)
 
 
 @pytest.fixture
