@@ -31,6 +31,12 @@ def test_kubevirt_permits_the_vendor_vfio_vgpus_by_pci_id():
     assert entries["intel.com/x710"]["pciVendorSelector"] == "8086:1572"
 
 
+def test_the_hand_written_entry_for_the_same_device_was_taken_over():
+    selectors = [entry["pciVendorSelector"].upper() for entry in permitted()["pciHostDevices"]]
+    assert selectors.count("10DE:26B9") == 1
+    assert "nvidia.com/L40S-24Q" not in {entry["resourceName"] for entry in permitted()["pciHostDevices"]}
+
+
 def test_kubevirt_permits_the_mdev_vgpus_by_type_name():
     entries = {entry["resourceName"]: entry for entry in permitted()["mediatedDevices"]}
     assert entries["nvidia.com/GRID_T4-8Q"]["mdevNameSelector"] == "GRID T4-8Q"
