@@ -306,13 +306,14 @@ def _write_numvfs(sysfs, plan, count):
 
 
 def _run_sriov_manage(sysfs, runner, plan, flag, count, retries, retry_delay):
-    """sriov-manage can exit 0 without doing anything: judge by sriov_numvfs, retry a few times."""
+    """sriov-manage can exit 0 without doing anything: judge by sriov_numvfs, retry a few times.
+    Returns sriov_numvfs as read after the run that set it (the wait's first look uses it)."""
     argv = [plan.tool, flag, plan.address]
     for attempt in range(1, retries + 1):
         rc, out, err = runner.run(argv, check=False)
         now = sysfs.read_int(_numvfs_path(plan.address), 0)
         if now == count:
-            return
+            return now
         _fail_without_driver(sysfs, plan, " ".join(argv))
         if attempt < retries:
             time.sleep(retry_delay)
@@ -322,22 +323,57 @@ def _run_sriov_manage(sysfs, runner, plan, flag, count, retries, retry_delay):
                         ": " + said[-1] if said else ""))
 
 
-def not_ready(sysfs, plan):
-    """Why the PF's VFs are not ready yet, or None when they are."""
-    dev = pci.PciDevice(sysfs, plan.address)
-    now = dev.sriov_numvfs
+def _virtfn_names(pf_dir):
+    """The PF's virtfn<N> link names in N order (numerically), from one listing of its directory."""
+    names = [name for name in pf_dir.listdir() if name.startswith("virtfn") and name[6:].isdigit()]
+    return sorted(names, key=lambda name: int(name[6:]))
+
+
+def _vf_ready(pf_dir, link):
+    """The VF behind the link `link` has its nvidia/ directory (vendor VFIO) or mdev_supported_types."""
+    return pf_dir.isdir(link + "/nvidia") or pf_dir.isdir(link + "/mdev_supported_types")
+
+
+def not_ready(sysfs, plan, numvfs=None, first_only=False):
+    """Why the PF's VFs are not ready yet, or None when they are.
+
+    Ready: sriov_numvfs is the desired count, the PF has that many virtfn links, and (NVIDIA) every
+    VF behind them has its nvidia/ directory or mdev_supported_types. The links and the VFs are
+    looked up relative to the PF's directory, opened once (`Sysfs.opendir`), so the VFs are those
+    the kernel linked, never addresses worked out. `numvfs`: sriov_numvfs as the caller has just
+    read it (not read again). `first_only`: return at the first VF that is not ready, checking the
+    last VF first (the last one the tool binds), for the quick looks of a wait; the full answer
+    counts every VF that is not ready.
+    """
+    now = sysfs.read_int(_numvfs_path(plan.address), 0) if numvfs is None else numvfs
     if now != plan.desired:
         return "sriov_numvfs is %d, expected %d" % (now, plan.desired)
-    vfs = dev.virtfns()
-    if len(vfs) != plan.desired:
-        return "%d of %d virtfn links present" % (len(vfs), plan.desired)
-    if plan.nvidia:
-        waiting = [vf for vf in vfs if not sysfs.isdir(vgpu_types.vfio_dir(vf))
-                   and not sysfs.isdir("%s/%s/mdev_supported_types" % (pci.PCI_DEVICES, vf))]
-        if waiting:
-            return "%d of %d VFs (first %s) have neither nvidia/ nor mdev_supported_types" % (
-                len(waiting), len(vfs), waiting[0])
-    return None
+    try:
+        pf_dir = sysfs.opendir("%s/%s" % (pci.PCI_DEVICES, plan.address))
+    except SysfsError as err:
+        if err.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise
+        return "0 of %d virtfn links present (%s is gone)" % (plan.desired, plan.address)
+    with pf_dir:
+        links = _virtfn_names(pf_dir)
+        if len(links) != plan.desired:
+            return "%d of %d virtfn links present" % (len(links), plan.desired)
+        if not plan.nvidia or not links:
+            return None
+        order = [links[-1]] + links[:-1] if first_only else links
+        waiting = []
+        for link in order:
+            if not _vf_ready(pf_dir, link):
+                waiting.append(link)
+                if first_only:
+                    break
+        if not waiting:
+            return None
+        first = pf_dir.link_name(waiting[0]) or waiting[0]
+        if first_only:
+            return "VF %s (%s) has neither nvidia/ nor mdev_supported_types yet" % (first, waiting[0])
+        return "%d of %d VFs (first %s) have neither nvidia/ nor mdev_supported_types" % (
+            len(waiting), len(links), first)
 
 
 def _fail_without_driver(sysfs, plan, doing):
@@ -348,31 +384,43 @@ def _fail_without_driver(sysfs, plan, doing):
                          "NVIDIA vGPU host driver still loaded?)" % (plan.address, doing))
 
 
-def _wait_ready(sysfs, plan, timeout, poll_interval):
+FIRST_POLL_S = 0.01     # the wait's first sleep; it doubles up to poll_interval
+
+
+def _wait_ready(sysfs, plan, timeout, poll_interval, numvfs=None):
+    """Wait until not_ready() says ready. Quick looks (first VF that is not ready, last VF first)
+    every FIRST_POLL_S, doubling up to `poll_interval`; the message on a timeout is a full look.
+    `numvfs`: sriov_numvfs as the caller has just read it, used by the first look only."""
     deadline = time.monotonic() + timeout
+    delay = min(FIRST_POLL_S, poll_interval)
     while True:
-        why = not_ready(sysfs, plan)
+        why = not_ready(sysfs, plan, numvfs=numvfs, first_only=True)
+        numvfs = None
         if why is None:
             return
         _fail_without_driver(sysfs, plan, "the wait for %d VFs (%s)" % (plan.desired, why))
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
+            why = not_ready(sysfs, plan) or why
             raise SriovError("%s: VFs not ready after %g s: %s" % (plan.address, timeout, why))
-        time.sleep(poll_interval)
+        time.sleep(min(delay, max(deadline - now, 0.0)))
+        delay = min(delay * 2, poll_interval)
 
 
 def _apply_pf(sysfs, runner, plan, timeout, poll_interval, retries, retry_delay):
     _discard_profiles(sysfs, plan)
+    numvfs = None
     if plan.method == "sriov_manage":
         if plan.current:
-            _run_sriov_manage(sysfs, runner, plan, "-d", 0, retries, retry_delay)
+            numvfs = _run_sriov_manage(sysfs, runner, plan, "-d", 0, retries, retry_delay)
         if plan.desired:
-            _run_sriov_manage(sysfs, runner, plan, "-e", plan.desired, retries, retry_delay)
+            numvfs = _run_sriov_manage(sysfs, runner, plan, "-e", plan.desired, retries, retry_delay)
     else:
         if plan.current:
             _write_numvfs(sysfs, plan, 0)
         if plan.desired:
             _write_numvfs(sysfs, plan, plan.desired)
-    _wait_ready(sysfs, plan, timeout, poll_interval)
+    _wait_ready(sysfs, plan, timeout, poll_interval, numvfs)
 
 
 def apply_vfs(sysfs, runner, plan, timeout=120.0, poll_interval=0.2, retries=3, retry_delay=2.0):

@@ -108,6 +108,10 @@ class Sysfs:
         target = self.readlink(rel)
         return os.path.basename(target.rstrip("/")) if target else None
 
+    def opendir(self, rel):
+        """A SysfsDir for the directory `rel` (close it, or use it as a context manager)."""
+        return SysfsDir(self, rel)
+
     def write(self, rel, value):
         """Write `value` in one write(2) call, as the kernel's store functions expect."""
         data = str(value).encode()
@@ -126,3 +130,71 @@ class Sysfs:
         with self._log_lock:
             self.writes += 1
             self.write_log.append((rel, str(value)))
+
+
+class SysfsDir:
+    """One directory below the root, opened once; names in it are then looked up relative to it (openat).
+
+    Checking many entries of one directory (a PF's `virtfn*` links and the VFs behind them) this way
+    does not walk the root path again for every entry: on sysfs the path walk is only CPU, through
+    FUSE (gpusim: no dentry cache) each path component is a round trip to the server. Names are
+    relative, without `..`, like Sysfs paths; a name may pass through a link in the directory
+    (`virtfn3/nvidia` is the `nvidia` directory of the VF that virtfn3 points to).
+    """
+
+    def __init__(self, sysfs, rel):
+        self.rel = rel
+        path = sysfs.path(rel)
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise SysfsError(rel, exc.errno, "open") from None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _name(self, name):
+        name = str(name)
+        parts = name.split("/")
+        if not name or name.startswith("/") or "\x00" in name or ".." in parts:
+            raise SysfsError("%s/%s" % (self.rel, name), errno_mod.EINVAL, "resolve",
+                             "names must be relative to the directory, without '..'")
+        return name
+
+    def listdir(self):
+        """Sorted entry names (os.listdir on the open directory: one listing, no per-entry lookups)."""
+        try:
+            return sorted(os.listdir(self.fd))
+        except OSError as exc:
+            raise SysfsError(self.rel, exc.errno, "list") from None
+
+    def readlink(self, name):
+        """Target of the link `name`, or None when it is not a link (or absent)."""
+        try:
+            return os.readlink(self._name(name), dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno in (errno_mod.ENOENT, errno_mod.EINVAL, errno_mod.ENOTDIR):
+                return None
+            raise SysfsError("%s/%s" % (self.rel, name), exc.errno, "readlink") from None
+
+    def link_name(self, name):
+        target = self.readlink(name)
+        return os.path.basename(target.rstrip("/")) if target else None
+
+    def isdir(self, name):
+        """Whether `name` (links followed) is a directory; like os.path.isdir, False on any error.
+        An O_PATH open: one lookup per component, no stat or open round trip of its own."""
+        try:
+            fd = os.open(self._name(name), os.O_PATH | os.O_DIRECTORY, dir_fd=self.fd)
+        except OSError:
+            return False
+        os.close(fd)
+        return True

@@ -1,3 +1,5 @@
+import os
+import shutil
 import threading
 
 import pytest
@@ -417,3 +419,106 @@ def test_mdev_sriov_vfs_are_ready_with_mdev_supported_types(tmp_path):
     sysfs, runner = make(node)
     sriov.apply_vfs(sysfs, runner, plan(sysfs, runner, node, devices=[GPU_A]), timeout=1, poll_interval=0.01)
     assert node.numvfs(GPU_A) == 4
+
+
+# --- readiness: what is checked, in which order, how often ------------------------------------------
+
+def enabled_plan(node, pf=GPU_A, total=32):
+    """A plan for `pf` whose apply has already happened (current = desired = total)."""
+    return sriov.PfPlan(pf, "10de", "26b9", total, total, total, "sriov_manage", FakeSriovManage.PATH)
+
+
+def test_readiness_follows_the_virtfn_links_not_vf_addresses(node):
+    vfs = node.set_numvfs(GPU_A, 4)
+    sysfs, the_plan = Sysfs(str(node.sys)), enabled_plan(node, total=4)
+    assert sriov.not_ready(sysfs, the_plan) is None
+    # virtfn2 now points to a VF elsewhere that has no nvidia/ yet; the VF at the "usual" address keeps its own
+    node.device("0000:41:07.2", physfn=GPU_A)
+    link = node.dir(GPU_A) / "virtfn2"
+    link.unlink()
+    link.symlink_to("../0000:41:07.2")
+    assert sriov.not_ready(sysfs, the_plan) == (
+        "1 of 4 VFs (first 0000:41:07.2) have neither nvidia/ nor mdev_supported_types")
+    (node.dir("0000:41:07.2") / "nvidia").mkdir()
+    shutil.rmtree(node.dir(vfs[2]) / "nvidia")      # no longer a VF of this PF: not looked at
+    assert sriov.not_ready(sysfs, the_plan) is None
+
+
+def test_a_dangling_virtfn_link_is_not_ready(node):
+    vfs = node.set_numvfs(GPU_A, 4)
+    shutil.rmtree(node.dir(vfs[1]))
+    sysfs, the_plan = Sysfs(str(node.sys)), enabled_plan(node, total=4)
+    assert sriov.not_ready(sysfs, the_plan) == (
+        "1 of 4 VFs (first %s) have neither nvidia/ nor mdev_supported_types" % vfs[1])
+
+
+def test_a_quick_look_checks_the_last_vf_first_and_stops_at_the_first_not_ready(node):
+    vfs = node.set_numvfs(GPU_A, 4)
+    for vf in (vfs[0], vfs[3]):
+        shutil.rmtree(node.dir(vf) / "nvidia")
+    sysfs, the_plan = Sysfs(str(node.sys)), enabled_plan(node, total=4)
+    assert sriov.not_ready(sysfs, the_plan, first_only=True) == (
+        "VF %s (virtfn3) has neither nvidia/ nor mdev_supported_types yet" % vfs[3])
+    assert sriov.not_ready(sysfs, the_plan) == (
+        "2 of 4 VFs (first %s) have neither nvidia/ nor mdev_supported_types" % vfs[0])
+    (node.dir(vfs[3]) / "nvidia").mkdir()
+    assert sriov.not_ready(sysfs, the_plan, first_only=True) == (
+        "VF %s (virtfn0) has neither nvidia/ nor mdev_supported_types yet" % vfs[0])
+
+
+def test_not_ready_counts_links_and_trusts_a_given_numvfs(node):
+    node.set_numvfs(GPU_A, 4)
+    os.unlink(node.dir(GPU_A) / "virtfn3")
+    sysfs, the_plan = Sysfs(str(node.sys)), enabled_plan(node, total=4)
+    assert sriov.not_ready(sysfs, the_plan) == "3 of 4 virtfn links present"
+    assert sriov.not_ready(sysfs, the_plan, numvfs=2) == "sriov_numvfs is 2, expected 4"
+
+
+class ReadCountingSysfs(KernelSysfs):
+    def __init__(self, node):
+        super().__init__(node)
+        self.reads = []
+
+    def read(self, rel):
+        self.reads.append(rel)
+        return super().read(rel)
+
+
+def test_sriov_numvfs_is_read_once_after_sriov_manage(node):
+    sysfs, runner = ReadCountingSysfs(node), FakeSriovManage(node)
+    the_plan = plan(sysfs, runner, node, devices=[GPU_A])
+    del sysfs.reads[:]
+    sriov.apply_vfs(sysfs, runner, the_plan, timeout=2, poll_interval=0.01)
+    assert sysfs.reads.count("bus/pci/devices/%s/sriov_numvfs" % GPU_A) == 1 and node.numvfs(GPU_A) == 32
+
+
+class LateVfsSriovManage(FakeSriovManage):
+    """sriov-manage that returns before the last VF has its nvidia/ (the test adds it after
+    `late_polls` sleeps of the wait)."""
+
+    def __init__(self, node, late_polls):
+        super().__init__(node)
+        self.late_polls = late_polls
+
+    def _execute(self, argv):
+        result = super()._execute(argv)
+        vf = self.node.dir(argv[2]) / ("virtfn%d" % (self.node.numvfs(argv[2]) - 1))
+        self.missing = vf / "nvidia"
+        shutil.rmtree(self.missing)
+        return result
+
+
+def test_the_wait_polls_from_a_short_first_sleep_doubling_to_poll_interval(node, monkeypatch):
+    runner = LateVfsSriovManage(node, late_polls=5)
+    sysfs = KernelSysfs(node)
+    sleeps = []
+
+    def sleep(seconds):
+        if not seconds:
+            return          # the fake tool's own sleep(latency=0): time.sleep is patched for everyone
+        sleeps.append(round(seconds, 3))
+        if len(sleeps) == runner.late_polls:
+            runner.missing.mkdir()
+    monkeypatch.setattr(sriov.time, "sleep", sleep)
+    sriov.apply_vfs(sysfs, runner, plan(sysfs, runner, node, devices=[GPU_A]), timeout=60, poll_interval=0.05)
+    assert sleeps == [0.01, 0.02, 0.04, 0.05, 0.05] and node.numvfs(GPU_A) == 32

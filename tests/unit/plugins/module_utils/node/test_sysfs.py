@@ -56,3 +56,44 @@ def test_link_name_and_non_links(tree):
     assert tree.link_name("bus/pci/devices/0000:01:00.0/driver") == "nvidia"
     assert tree.link_name("bus/pci/devices/0000:01:00.0/vendor") is None
     assert tree.link_name("bus/pci/devices/0000:01:00.0/absent") is None
+
+
+@pytest.fixture
+def pf_dir(tmp_path):
+    """A PF directory with one virtfn link to a VF that has nvidia/, and one dangling link."""
+    pf = tmp_path / "devices/pci0000:00/0000:01:00.0"
+    vf = tmp_path / "devices/pci0000:00/0000:01:00.4"
+    (vf / "nvidia").mkdir(parents=True)
+    pf.mkdir(parents=True)
+    (pf / "sriov_numvfs").write_text("2\n")
+    os.symlink("../0000:01:00.4", pf / "virtfn0")
+    os.symlink("../0000:01:00.5", pf / "virtfn1")
+    (tmp_path / "bus/pci/devices").mkdir(parents=True)
+    os.symlink("../../../devices/pci0000:00/0000:01:00.0", tmp_path / "bus/pci/devices/0000:01:00.0")
+    return Sysfs(str(tmp_path))
+
+
+def test_opendir_looks_up_names_relative_to_the_directory(pf_dir):
+    with pf_dir.opendir("bus/pci/devices/0000:01:00.0") as handle:
+        assert handle.listdir() == ["sriov_numvfs", "virtfn0", "virtfn1"]
+        assert handle.readlink("virtfn0") == "../0000:01:00.4"
+        assert handle.link_name("virtfn1") == "0000:01:00.5"       # a link, even though dangling
+        assert handle.readlink("sriov_numvfs") is None and handle.readlink("absent") is None
+        assert handle.isdir("virtfn0/nvidia")                       # through the link
+        assert not handle.isdir("virtfn1/nvidia")                   # dangling: no VF behind it
+        assert not handle.isdir("sriov_numvfs") and not handle.isdir("virtfn0/mdev_supported_types")
+    assert handle.fd is None
+
+
+@pytest.mark.parametrize("bad", ["../0000:01:00.4", "virtfn0/../../x", "/etc", "", "a\x00b"])
+def test_opendir_names_cannot_leave_the_directory(pf_dir, bad):
+    with pf_dir.opendir("bus/pci/devices/0000:01:00.0") as handle:
+        with pytest.raises(SysfsError) as err:
+            handle.isdir(bad)
+        assert err.value.errno == errno.EINVAL
+
+
+def test_opendir_of_a_missing_directory_names_it(pf_dir):
+    with pytest.raises(SysfsError) as err:
+        pf_dir.opendir("bus/pci/devices/0000:09:00.0")
+    assert err.value.errno == errno.ENOENT and "bus/pci/devices/0000:09:00.0" in str(err.value)
