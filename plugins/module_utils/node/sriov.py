@@ -401,7 +401,9 @@ def _wait_ready(sysfs, plan, timeout, poll_interval, numvfs=None):
         _fail_without_driver(sysfs, plan, "the wait for %d VFs (%s)" % (plan.desired, why))
         now = time.monotonic()
         if now >= deadline:
-            why = not_ready(sysfs, plan) or why
+            why = not_ready(sysfs, plan)      # the full look: how many VFs, the first one
+            if why is None:
+                return
             raise SriovError("%s: VFs not ready after %g s: %s" % (plan.address, timeout, why))
         time.sleep(min(delay, max(deadline - now, 0.0)))
         delay = min(delay * 2, poll_interval)

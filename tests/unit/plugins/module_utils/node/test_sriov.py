@@ -522,3 +522,16 @@ def test_the_wait_polls_from_a_short_first_sleep_doubling_to_poll_interval(node,
     monkeypatch.setattr(sriov.time, "sleep", sleep)
     sriov.apply_vfs(sysfs, runner, plan(sysfs, runner, node, devices=[GPU_A]), timeout=60, poll_interval=0.05)
     assert sleeps == [0.01, 0.02, 0.04, 0.05, 0.05] and node.numvfs(GPU_A) == 32
+
+
+def test_vfs_ready_by_the_deadline_are_not_a_timeout(node, monkeypatch):
+    runner, sysfs = LateVfsSriovManage(node, late_polls=0), KernelSysfs(node)
+    driver_check = sriov._fail_without_driver
+
+    def ready_while_checking_the_driver(*args):
+        driver_check(*args)
+        if not runner.missing.exists():
+            runner.missing.mkdir()
+    monkeypatch.setattr(sriov, "_fail_without_driver", ready_while_checking_the_driver)
+    assert sriov.apply_vfs(sysfs, runner, plan(sysfs, runner, node, devices=[GPU_A]), timeout=0) == [GPU_A]
+    assert runner.missing.is_dir()
