@@ -28,12 +28,29 @@ options:
     description: The content of a VDM config file (for example C(lookup('ansible.builtin.file', path))).
     type: str
     default: ""
+  sources:
+    description:
+      - The names of the three variables that hold C(_input), O(vdm_config) and O(file_text)'s file, for the
+        error message. When given, exactly one of the three must be set (non-empty), else the filter fails
+        naming them.
+    type: list
+    elements: str
+  selected:
+    description:
+      - When given, it must be one of the document's labels, else the filter fails listing them.
+    type: str
 """
 
 EXAMPLES = r"""
 - name: The document of the vgpu_profiles variables
   ansible.builtin.set_fact:
     document: "{{ vgpu_profiles_configs | accelops.vgpu.vdm_document(vgpu_profiles_vdm_config) }}"
+
+- name: The same, failing unless exactly one source is set and 'default' is one of its labels
+  ansible.builtin.set_fact:
+    document: >-
+      {{ vgpu_profiles_configs | accelops.vgpu.vdm_document(vgpu_profiles_vdm_config, selected='default',
+         sources=['vgpu_profiles_configs', 'vgpu_profiles_vdm_config', 'vgpu_profiles_vdm_config_file']) }}
 """
 
 RETURN = r"""
@@ -64,7 +81,20 @@ def _from_layouts(configs):
     return {"version": "v1", "vgpu-configs": converted}
 
 
-def vdm_document(configs, vdm_config=None, file_text=""):
+def vdm_document(configs, vdm_config=None, file_text="", sources=None, selected=None):
+    if sources is not None:
+        given = [name for name, value in zip(sources, (configs, vdm_config, file_text)) if value]
+        if len(given) != 1:
+            raise AnsibleFilterError("set exactly one of %s (set: %s)" % (", ".join(sources), ", ".join(given) or "none"))
+    document = _document(configs, vdm_config, file_text)
+    if selected is not None:
+        labels = sorted((document.get("vgpu-configs") or {}) if isinstance(document, dict) else {})
+        if not selected or selected not in labels:
+            raise AnsibleFilterError("selected %r is not one of the labels %s" % (selected, labels))
+    return document
+
+
+def _document(configs, vdm_config, file_text):
     if file_text:
         try:
             document = yaml_load(file_text)

@@ -18,8 +18,8 @@ description:
     unwanted vGPUs are cleared, free VFs are filled in VF order.
   - A vGPU that a VM holds (an open VFIO device node) is never changed; a layout that needs it
     changed fails naming it, before any write. The whole layout is validated before the first write.
-  - VFs must be enabled first (M(accelops.vgpu.sriov_vfs)); the node CLI C(accelops-vgpu apply)
-    enables them itself.
+  - VFs must be enabled first (M(accelops.vgpu.sriov_vfs)), or by this module with O(enable_vfs).
+  - Can also install the files that re-apply the layout at boot (O(boot_files)) in the same run.
   - Takes the node's apply lock, shared with the other node modules and the node CLI.
 extends_documentation_fragment:
   - accelops.vgpu.node_roots
@@ -85,12 +85,38 @@ options:
       - Seconds to wait for the node's apply lock.
     type: float
     default: 120
+  enable_vfs:
+    description:
+      - Enable the maximum number of SR-IOV VFs on selected GPUs that have none (what the node CLI's
+        C(apply) does at boot), through the same engine as M(accelops.vgpu.sriov_vfs) with its method
+        V(auto), verified in sysfs; then program the layout. The layout is checked against what such a
+        GPU offers before its VFs are enabled (the driver's C(nvidia-smi vgpu -s), else the collection's
+        GPU catalog, else the task fails), so a layout that cannot fit writes nothing.
+      - GPUs that already have VFs keep their count; other VF counts, C(method=sysfs) and O(state=absent)
+        for VFs are M(accelops.vgpu.sriov_vfs)'s.
+      - Without it a selected GPU without VFs fails the task, naming it, before any write.
+    type: bool
+    default: false
+  wait_timeout:
+    description:
+      - With O(enable_vfs), seconds to wait for enabled VFs to be ready.
+    type: float
+    default: 120
+  sriov_manage_path:
+    description:
+      - With O(enable_vfs), the absolute path of NVIDIA's C(sriov-manage), for example
+        C(/run/nvidia/driver/usr/lib/nvidia/sriov-manage) on GPU Operator nodes. Default finds C(/usr/lib/nvidia/sriov-manage),
+        then C(sriov-manage) on C(PATH), else VFs are enabled through C(sriov_numvfs).
+    type: path
   boot_files:
     description:
-      - Files expected on the node, only looked at (never written), so that a role learns in the same
-        call which of its boot persistence files it must install (RV(boot_files_outdated)).
-      - A file is up to date when it is a regular file owned by root:root with this content checksum
-        and mode.
+      - Files on the node that re-apply the layout at boot (the layout, the node CLI, the systemd unit),
+        compared in the same run. A file is up to date when it is a regular file owned by root:root
+        with the expected content and mode.
+      - An entry with O(boot_files[].content) or O(boot_files[].node_cli) is installed by the module
+        when it is missing or differs (after the layout is applied; not in check mode), written to a
+        temporary file beside it and renamed over it, parent directories created with mode C(0755). An entry
+        with only O(boot_files[].checksum) is looked at, never written (RV(boot_files_outdated)).
     type: list
     elements: dict
     default: []
@@ -99,14 +125,23 @@ options:
         description: Absolute path on the node.
         type: path
         required: true
-      checksum:
-        description: SHA-1 of the expected content (hex).
-        type: str
-        required: true
       mode:
-        description: Expected mode, octal, as a string (V('0644')).
+        description: Mode, octal, as a string (V('0644')).
         type: str
         required: true
+      content:
+        description: The file's content (text, written as UTF-8).
+        type: str
+      node_cli:
+        description:
+          - The file is the node CLI C(accelops-vgpu), a zipapp built on the node from the engine this
+            module runs (the same bytes C(tools/build-node-cli.py) builds from the same collection), so
+            no file is transferred.
+        type: bool
+        default: false
+      checksum:
+        description: Only look at the file - SHA-1 (hex) of its expected content.
+        type: str
   mig_mode_order:
     description:
       - MIG-backed profiles (C(H100-1-20C), C(H200X-3-71C); Hopper) put the GPU into MIG mode, create one
@@ -134,12 +169,16 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Plans and validates everything, writes nothing, reports the same C(changed).
+    description:
+      - Plans and validates everything, writes nothing, reports the same C(changed) (also where VFs
+        are still to be enabled, and for boot files that would be installed).
   diff_mode:
     support: full
     description:
-      - Per GPU, per VF (or parent/mdev UUID) the profile before and after; for MIG-backed layouts also
-        C(mig) with the MIG mode and the GPU instances before and after.
+      - Per GPU, per VF (or parent/mdev UUID) the profile before and after (C(vfs) C(disabled) ->
+        C(enabled) and the profiles, where O(enable_vfs) enables them); for MIG-backed layouts also
+        C(mig) with the MIG mode and the GPU instances before and after; C(boot_files) with each
+        outdated file's SHA-1 before and after (null when missing).
 notes:
   - Resource names follow Harvester, C(nvidia.com/) plus the full type name with whitespace, C(/) and
     C(.) replaced by C(_).
@@ -180,6 +219,15 @@ EXAMPLES = r"""
             vgpu-devices: {"H100-1-20C": 4}
     selected: h100-4x20
 
+- name: Enable the VFs where needed, program two L40S-24Q per GPU, install the boot re-apply files
+  accelops.vgpu.vgpu_profile:
+    config: "{{ vdm_config }}"
+    selected: l40s-2x24q
+    enable_vfs: true
+    boot_files:
+      - {path: /etc/accelops-vgpu/layout.json, mode: "0644", content: "{{ vdm_config | to_nice_json }}"}
+      - {path: /usr/local/bin/accelops-vgpu, mode: "0755", node_cli: true}
+
 - name: Remove every vGPU no VM uses
   accelops.vgpu.vgpu_profile:
     layout: [{profiles: {}}]
@@ -219,23 +267,52 @@ resources:
       framework: vendor-vfio
       count: 2
 boot_files_outdated:
-  description: The paths of O(boot_files) that are missing or differ in content, mode or owner.
+  description: The paths of O(boot_files) that were missing or differed in content, mode or owner when the module looked.
   returned: always
   type: list
   elements: str
   sample: ["/etc/accelops-vgpu/layout.json"]
+boot_files_installed:
+  description: The paths of O(boot_files) the module wrote (in check mode, would write).
+  returned: always
+  type: list
+  elements: str
+  sample: ["/etc/accelops-vgpu/layout.json"]
+vfs_enabled:
+  description: The GPUs (PF addresses) whose VFs O(enable_vfs) enabled in this run (empty in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: ["0000:41:00.0"]
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import mig, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, cli_zipapp, mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, engine_errors, exit_with_diff, node_argspec)
 
 LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(type="raw"),
                     profiles=dict(type="dict", required=True))
-BOOT_FILE = dict(path=dict(type="path", required=True), checksum=dict(type="str", required=True),
-                 mode=dict(type="str", required=True))
+BOOT_FILE = dict(path=dict(type="path", required=True), mode=dict(type="str", required=True),
+                 content=dict(type="str"), node_cli=dict(type="bool", default=False), checksum=dict(type="str"))
+
+
+def boot_file_entries(params):
+    """The boot_files entries for the engine: `node_cli` becomes the zipapp's bytes as content."""
+    entries, cli = [], None
+    for item in params:
+        entry = dict(path=item["path"], mode=item["mode"])
+        given = [key for key in ("content", "checksum") if item[key] is not None] + (["node_cli"] if item["node_cli"] else [])
+        if len(given) != 1:
+            raise boot_files.BootFileError("boot_files: %s needs exactly one of content, node_cli, checksum (has %s)"
+                                           % (item["path"], ", ".join(given) or "none"))
+        if item["node_cli"]:
+            cli = cli_zipapp.shipped() if cli is None else cli
+            entry["content"] = cli
+        else:
+            entry[given[0]] = item[given[0]]
+        entries.append(entry)
+    return entries
 
 
 def main():
@@ -245,6 +322,8 @@ def main():
             layout=dict(type="list", elements="dict", options=LAYOUT_ENTRY),
             mixed_size=dict(type="bool", default=False), lock_timeout=dict(type="float", default=120.0),
             state=dict(type="str", default="present", choices=["present", "absent"]),
+            enable_vfs=dict(type="bool", default=False), wait_timeout=dict(type="float", default=vgpu_apply.WAIT_TIMEOUT),
+            sriov_manage_path=dict(type="path"),
             boot_files=dict(type="list", elements="dict", options=BOOT_FILE, default=[]),
             mig_mode_order=dict(type="str", default="after-vfs", choices=list(mig.MODE_ORDERS)),
             mig_compute_instances=dict(type="bool", default=True),
@@ -255,20 +334,28 @@ def main():
     params = module.params
     node = NodeContext(module)
     with engine_errors(module):
+        files = boot_file_entries(params["boot_files"])
+        boot_files.validate(files)  # bad input writes nothing
         if params["config_file"]:
             entries = vgpu_layout.from_file(params["config_file"], params["selected"])
         else:
             entries = vgpu_layout.entries(params["config"], params["selected"], params["layout"])
         options = mig.MigOptions(params["mig_mode_order"], params["mig_compute_instances"], params["mig_gi_cleanup"])
-        engine = vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root, mig_options=options)
+        engine = vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root,
+                                 sriov_manage_path=params["sriov_manage_path"], mig_options=options)
         result = vgpu_apply.apply(engine, entries,
                                   state=params["state"], mixed_size=params["mixed_size"],
-                                  check_mode=module.check_mode, lock_timeout=params["lock_timeout"])
-        outdated = boot_files.outdated(params["boot_files"])
+                                  check_mode=module.check_mode, lock_timeout=params["lock_timeout"],
+                                  enable_vfs=params["enable_vfs"], wait_timeout=params["wait_timeout"])
+        installed = boot_files.install(files, module.check_mode)
     for warning in result["warnings"]:
         module.warn(warning)
-    exit_with_diff(module, result["changed"], result["diff"], gpus=result["gpus"], resources=result["resources"],
-                   boot_files_outdated=outdated)
+    diff = result["diff"]
+    if installed["outdated"]:
+        diff["before"]["boot_files"], diff["after"]["boot_files"] = installed["diff"]["before"], installed["diff"]["after"]
+    exit_with_diff(module, result["changed"] or bool(installed["installed"]), diff, gpus=result["gpus"],
+                   resources=result["resources"], vfs_enabled=result["vfs_enabled"],
+                   boot_files_outdated=installed["outdated"], boot_files_installed=installed["installed"])
 
 
 if __name__ == "__main__":

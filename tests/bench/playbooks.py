@@ -203,7 +203,7 @@ def run_p2(settings, tmp):
 
 
 def run_p4(settings, tmp):
-    """Per fleet size: cold converges (before the first, an untimed one-host run builds the node CLI)."""
+    """Per fleet size: cold converges (before the first, an untimed one-host run warms the caches)."""
     profiles = {"L40S-24Q": 2}
     sizes = {}
     for position, hosts in enumerate(settings.fleet):

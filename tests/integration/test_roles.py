@@ -1,6 +1,7 @@
 # Copyright: accelops.vgpu contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The node roles (sriov, vgpu_profiles) as nodes.yml runs them, on a simulated node.
+"""The node roles (vgpu_profiles, and sriov first with vgpu_nodes_manage_sriov) as nodes.yml runs
+them, on a simulated node.
 
 Check mode predicts the real run without a single write, a second run changes nothing, bad input
 stops before any write, and the boot files land below the install root with the node CLI able to
@@ -15,10 +16,16 @@ import pytest
 from gpusim.models import MODELS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# nodes.yml's default path: the layout role alone enables the VFs it needs (vgpu_profiles_enable_vfs).
 ROLE_TASKS = [
-    {"name": "sriov", "ansible.builtin.include_role": {"name": "accelops.vgpu.sriov"}},
     {"name": "vgpu_profiles", "ansible.builtin.include_role": {"name": "accelops.vgpu.vgpu_profiles"}},
 ]
+# nodes.yml with vgpu_nodes_manage_sriov: true (playbooks/tasks/explicit_sriov.yml, then the layout role).
+SRIOV_FIRST = [
+    {"name": "validate", "ansible.builtin.include_role": {"name": "accelops.vgpu.vgpu_profiles",
+                                                          "tasks_from": "validate"}},
+    {"name": "sriov", "ansible.builtin.include_role": {"name": "accelops.vgpu.sriov"}},
+] + ROLE_TASKS
 LAYOUTS = {
     "fleet": [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}},
               {"device_filter": "0x1EB810DE", "profiles": {"T4-8Q": 2}}],
@@ -80,7 +87,10 @@ def test_check_mode_predicts_a_layout_change_and_writes_nothing(gpusim_node, run
     real = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert real.rc == 0, real
     assert changed_tasks(real) == changed_tasks(check)
-    assert len(changed_tasks(real)) >= 2          # the layout and the layout file
+    applied = next(r for r in real.results if "resources" in r)
+    # the layout file holds every label: only the unit (--selected) changes
+    assert applied["changed"] and applied["boot_files_installed"] == [
+        str(tmp_path / "root/etc/systemd/system/accelops-vgpu.service")]
 
     writes = len(node.writes())
     again = run_playbook(ROLE_TASKS, node, extra_vars=variables)
@@ -89,10 +99,11 @@ def test_check_mode_predicts_a_layout_change_and_writes_nothing(gpusim_node, run
     assert len(node.writes()) == writes
 
 
-def test_check_mode_on_a_fresh_node(gpusim_node, run_playbook, tmp_path, node_cli):
-    """VFs are only planned by sriov_vfs in check mode: vgpu_profile predicts every vGPU, writes nothing."""
+def test_check_mode_on_a_fresh_node(gpusim_node, run_playbook, tmp_path):
+    """The layout role enables the VFs itself: check mode predicts the VFs, every vGPU and the boot
+    files, and writes nothing; the real run reports the same changes."""
     node = gpusim_node("l40s:1,t4:1")
-    variables = role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli)
+    variables = role_vars(node, tmp_path / "root")
     check = run_playbook(ROLE_TASKS, node, check=True, diff=True, extra_vars=variables)
     assert node.writes() == []
     assert check.rc == 0, check
@@ -101,10 +112,33 @@ def test_check_mode_on_a_fresh_node(gpusim_node, run_playbook, tmp_path, node_cl
     assert layout["changed"] is True
     l40s = node.pfs("l40s")[0]
     assert layout["diff"]["after"][l40s] == {"vfs": "enabled", "profiles": {"L40S-24Q": 2}}
-    assert any(l40s in warning and "validated against the driver (nvidia-smi vgpu -s)" in warning
-               for warning in layout["warnings"])
+    assert sorted(layout["diff"]["after"]["boot_files"]) == sorted(
+        str(tmp_path / "root" / path) for path in ("etc/accelops-vgpu/layout.json", "usr/local/bin/accelops-vgpu",
+                                                   "etc/systemd/system/accelops-vgpu.service"))
 
     real = run_playbook(ROLE_TASKS, node, extra_vars=variables)
+    assert real.rc == 0, real
+    assert changed_tasks(real) == changed_tasks(check)
+    assert next(r for r in real.results if "resources" in r)["vfs_enabled"] == [l40s]   # the T4 has no SR-IOV
+    assert int(node.read("bus/pci/devices/%s/sriov_numvfs" % l40s)) == len(node.vfs(l40s)) > 0
+
+
+def test_check_mode_on_a_fresh_node_with_the_sriov_role(gpusim_node, run_playbook, tmp_path, node_cli):
+    """VFs are only planned by sriov_vfs in check mode: vgpu_profile predicts every vGPU, writes nothing."""
+    node = gpusim_node("l40s:1,t4:1")
+    variables = role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli)
+    check = run_playbook(SRIOV_FIRST, node, check=True, diff=True, extra_vars=variables)
+    assert node.writes() == []
+    assert check.rc == 0, check
+    assert not (tmp_path / "root").exists()
+    validate, layout = [result for result in check.results if "resources" in result]
+    assert validate["changed"] is False and layout["changed"] is True
+    l40s = node.pfs("l40s")[0]
+    assert layout["diff"]["after"][l40s] == {"vfs": "enabled", "profiles": {"L40S-24Q": 2}}
+    assert any(l40s in warning and "validated against the driver (nvidia-smi vgpu -s)" in warning
+               for warning in validate["warnings"])
+
+    real = run_playbook(SRIOV_FIRST, node, extra_vars=variables)
     assert real.rc == 0, real
     assert changed_tasks(real) == changed_tasks(check)
 
@@ -128,9 +162,9 @@ def test_resources_are_published_for_the_cluster_role(gpusim_node, run_playbook,
 def test_bad_layout_stops_before_any_write(gpusim_node, run_playbook, tmp_path, node_cli, overrides, message):
     node = gpusim_node("l40s:1,t4:1")
     variables = role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli, **overrides)
-    assert run_playbook(ROLE_TASKS[:1], node, extra_vars=variables).rc == 0      # VFs enabled
+    assert run_playbook(SRIOV_FIRST[1:2], node, extra_vars=variables).rc == 0      # VFs enabled
     writes = len(node.writes())
-    run = run_playbook(ROLE_TASKS[1:], node, extra_vars=variables)
+    run = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert run.rc != 0
     failures = [result["msg"] for result in run.results if result.get("failed")]
     assert len(failures) == 1 and message in failures[0], failures
@@ -139,14 +173,16 @@ def test_bad_layout_stops_before_any_write(gpusim_node, run_playbook, tmp_path, 
     assert not (tmp_path / "root").exists()
 
 
-def test_cli_built_by_the_role_asserts_the_layout(gpusim_node, run_playbook, tmp_path):
+def test_cli_built_on_the_node_asserts_the_layout(gpusim_node, run_playbook, tmp_path, node_cli):
     node = gpusim_node("l40s:1,t4:1")
     root = tmp_path / "root"
-    variables = role_vars(node, root, vgpu_profiles_cli_cache_dir=str(tmp_path / "cache"))
+    variables = role_vars(node, root)
     first = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert first.rc == 0, first
     again = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert changed_tasks(again) == []
+    with open(node_cli, "rb") as built:      # the same bytes tools/build-node-cli.py makes
+        assert (root / "usr/local/bin/accelops-vgpu").read_bytes() == built.read()
 
     argv = boot_command(root, "assert")
     assert run_cli(argv, node) == 0
@@ -180,7 +216,7 @@ def test_absent_removes_the_vgpus_and_the_boot_files(gpusim_node, run_playbook, 
     assert (root / "etc/systemd/system/accelops-vgpu.service").exists()
 
     absent = role_vars(node, root, vgpu_profiles_cli_src=node_cli, vgpu_profiles_state="absent")
-    run = run_playbook(ROLE_TASKS[1:], node, extra_vars=absent)
+    run = run_playbook(ROLE_TASKS, node, extra_vars=absent)
     assert run.rc == 0, run
     pf = node.pfs("l40s")[0]
     assert [int(node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf)) for vf in node.vfs(pf)] \
@@ -188,14 +224,15 @@ def test_absent_removes_the_vgpus_and_the_boot_files(gpusim_node, run_playbook, 
     assert not os.listdir(node.path("bus/mdev/devices"))
     for path in ("etc/systemd/system/accelops-vgpu.service", "etc/accelops-vgpu", "usr/local/bin/accelops-vgpu"):
         assert not (root / path).exists(), path
-    assert changed_tasks(run_playbook(ROLE_TASKS[1:], node, extra_vars=absent)) == []
+    assert changed_tasks(run_playbook(ROLE_TASKS, node, extra_vars=absent)) == []
 
 
-def test_boot_files_changed_on_the_node_are_put_back(gpusim_node, run_playbook, tmp_path, node_cli):
-    """The no-op path only looks (one find): a file edited, removed or re-moded on the node is still rewritten."""
+def test_boot_files_changed_on_the_node_are_put_back(gpusim_node, run_playbook, tmp_path):
+    """The apply module looks at the boot files in the same run: a file edited, removed or re-moded on
+    the node is rewritten by it."""
     node = gpusim_node("l40s:1")
     root = tmp_path / "root"
-    variables = role_vars(node, root, vgpu_profiles_cli_src=node_cli)
+    variables = role_vars(node, root)
     assert run_playbook(ROLE_TASKS, node, extra_vars=variables).rc == 0
     layout, cli, unit = (root / "etc/accelops-vgpu/layout.json", root / "usr/local/bin/accelops-vgpu",
                          root / "etc/systemd/system/accelops-vgpu.service")
@@ -205,17 +242,19 @@ def test_boot_files_changed_on_the_node_are_put_back(gpusim_node, run_playbook, 
     unit.unlink()
     again = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert again.rc == 0, again
-    assert changed_tasks(again) == ["accelops.vgpu.vgpu_profiles : Install the layout, the node CLI and the boot unit"]
+    assert changed_tasks(again) == ["accelops.vgpu.vgpu_profiles : Apply vGPU layout 'fleet'"]
+    assert next(r for r in again.results if "resources" in r)["boot_files_installed"] == [
+        str(layout), str(cli), str(unit)]
     assert dict((path, path.read_bytes()) for path in (layout, cli, unit)) == installed
     assert os.stat(cli).st_mode & 0o777 == 0o755
     assert changed_tasks(run_playbook(ROLE_TASKS, node, extra_vars=variables)) == []
 
 
-def test_a_layout_that_cannot_fit_stops_nodes_yml_before_the_vfs(gpusim_node, run_playbook, tmp_path, node_cli):
-    """nodes.yml checks the layout before the sriov role enables VFs: three 24 GB vGPUs on a 48 GB L40S."""
+@pytest.mark.parametrize("tasks", [ROLE_TASKS, SRIOV_FIRST], ids=["default", "sriov-role"])
+def test_a_layout_that_cannot_fit_stops_nodes_yml_before_the_vfs(gpusim_node, run_playbook, tmp_path, node_cli, tasks):
+    """Three 24 GB vGPUs on a 48 GB L40S are refused before any VF is enabled: by the apply module
+    itself, or by the check before the sriov role."""
     node = gpusim_node("l40s:1", fresh=True)
-    tasks = [{"name": "validate", "ansible.builtin.include_role": {"name": "accelops.vgpu.vgpu_profiles",
-                                                                   "tasks_from": "validate"}}] + ROLE_TASKS
     too_big = {"fleet": [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 3}}]}
     variables = role_vars(node, tmp_path / "root", vgpu_profiles_configs=too_big, vgpu_profiles_cli_src=node_cli)
     run = run_playbook(tasks, node, extra_vars=variables)

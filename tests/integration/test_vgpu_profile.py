@@ -1,7 +1,10 @@
 """accelops.vgpu.vgpu_profile in playbooks against gpusim nodes (vendor-VFIO L40S, mdev T4 and A16)."""
 
+import hashlib
 import json
 import os
+import subprocess
+import sys
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 CONFIGS = os.path.join(DATA, "vgpu-configs.yaml")
@@ -137,3 +140,88 @@ def test_config_file_on_the_node_then_absent_removes_all(gpusim_node, run_playbo
     assert [v["before"] for v in run.task("absent")["gpus"][0]["vgpus"] if v["before"]] == ["L40S-8Q"] * 6
     assert run.task("absent")["changed"] and run.task("absent")["resources"] == []
     assert all(node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf) == "0" for vf in node.vfs(node.pfs()[0]))
+
+
+def test_enable_vfs_then_program_in_one_run_with_check_mode_first(gpusim_node, run_playbook):
+    """enable_vfs: check mode on a node without VFs predicts the real run (changed, diff) and writes
+    nothing; the real run enables the VFs and programs the layout; a re-run changes nothing."""
+    node = gpusim_node("l40s:2")
+    task = [{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True)}]
+    check = run_playbook(task, node, check=True, diff=True)
+    assert check.rc == 0, check
+    predicted = check.task("apply")
+    assert predicted["changed"] and predicted["vfs_enabled"] == []
+    assert predicted["diff"]["after"]["0000:41:00.0"] == {"vfs": "enabled", "profiles": {"L40S-24Q": 2}}
+    assert node.writes() == []
+
+    real = run_playbook(task, node)
+    assert real.rc == 0, real
+    assert real.task("apply")["changed"]
+    assert real.task("apply")["vfs_enabled"] == ["0000:41:00.0", "0000:42:00.0"]
+    for gpu in ("41", "42"):
+        assert node.read("bus/pci/devices/0000:%s:00.0/sriov_numvfs" % gpu) == "32"
+        assert [node.read("bus/pci/devices/0000:%s:00.%d/nvidia/current_vgpu_type" % (gpu, f)) for f in (4, 5, 6)] \
+            == ["1155", "1155", "0"]
+    node.clear_log()
+    again = run_playbook(task, node)
+    assert again.rc == 0 and not again.task("apply")["changed"]
+    assert node.log() == []
+
+
+def test_enable_vfs_refuses_a_layout_that_cannot_fit_before_any_write(gpusim_node, run_playbook):
+    node = gpusim_node("l40s:1")
+    args = {"layout": [{"profiles": {"L40S-24Q": 3}}], "enable_vfs": True}
+    for check in (True, False):
+        run = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": args}], node, check=check)
+        assert run.rc != 0
+        assert "L40S-24Q need 72 GB of framebuffer, the GPU has 48 GB" in run.task("apply")["msg"]
+        assert node.writes() == []
+
+
+def test_boot_files_are_installed_by_the_module_and_the_cli_is_the_tools_build(gpusim_node, run_playbook, tmp_path):
+    """content and node_cli entries are written when missing or different (check mode: only reported);
+    the node CLI is built on the node with the same bytes as tools/build-node-cli.py; checksum-only
+    entries are looked at, never written."""
+    node = gpusim_node("l40s:1")
+    root = tmp_path / "root"
+    built = tmp_path / "built.pyz"
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(DATA), "..", "..", "tools", "build-node-cli.py"),
+                    str(built)], check=True, stdout=subprocess.DEVNULL)
+    files = [{"path": str(root / "etc/layout.json"), "mode": "0644", "content": "{}\n"},
+             {"path": str(root / "bin/accelops-vgpu"), "mode": "0755", "node_cli": True},
+             {"path": str(root / "etc/other"), "mode": "0644", "checksum": "0" * 40}]
+    task = [{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True, boot_files=files)}]
+    check = run_playbook(task, node, check=True, diff=True)
+    assert check.rc == 0, check
+    assert check.task("apply")["boot_files_installed"] == [files[0]["path"], files[1]["path"]]
+    assert check.task("apply")["diff"]["after"]["boot_files"][files[0]["path"]] == hashlib.sha1(b"{}\n").hexdigest()
+    assert not root.exists()
+
+    real = run_playbook(task, node)
+    assert real.rc == 0, real
+    result = real.task("apply")
+    assert result["boot_files_outdated"] == [f["path"] for f in files]
+    assert result["boot_files_installed"] == [files[0]["path"], files[1]["path"]]
+    assert (root / "etc/layout.json").read_text() == "{}\n"
+    assert (root / "bin/accelops-vgpu").read_bytes() == built.read_bytes()
+    assert oct(os.stat(root / "bin/accelops-vgpu").st_mode & 0o777) == "0o755"
+    assert oct(os.stat(root / "bin").st_mode & 0o777) == "0o755"
+    assert not (root / "etc/other").exists()
+    assert subprocess.run([str(root / "bin/accelops-vgpu"), "--help"], capture_output=True, check=False).returncode == 0
+
+    again = run_playbook(task, node)
+    assert again.rc == 0 and not again.task("apply")["changed"]
+    assert again.task("apply")["boot_files_outdated"] == [files[2]["path"]]
+    assert again.task("apply")["boot_files_installed"] == []
+
+
+def test_a_bad_boot_file_entry_writes_nothing(gpusim_node, run_playbook, tmp_path):
+    node = gpusim_node("l40s:1")
+    files = [{"path": str(tmp_path / "layout.json"), "mode": "0644", "content": "{}"},
+             {"path": str(tmp_path / "cli"), "mode": "0755", "node_cli": True, "checksum": "0" * 40}]
+    run = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True,
+                                                                            boot_files=files)}], node)
+    assert run.rc != 0
+    assert run.task("apply")["msg"] == ("boot_files: %s needs exactly one of content, node_cli, checksum "
+                                        "(has checksum, node_cli)" % files[1]["path"])
+    assert node.writes() == [] and not (tmp_path / "layout.json").exists()

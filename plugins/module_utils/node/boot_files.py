@@ -1,19 +1,27 @@
 # -*- coding: utf-8 -*-
 # Copyright: accelops.vgpu contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Which of the files a role installs on the node are missing or differ (read-only).
+"""The boot persistence files on the node: which are missing or differ, and installing them.
 
-Lets the module that applies the layout also answer "are the boot files in place?" in the same
-round trip, so a converged node costs no separate look (stat/find) per run. A file is up to date
-when it exists as a regular file with the given SHA-1 of its content, the given mode, owned by
-root:root (what the role installs); anything else, unreadable included, counts as outdated.
+Lets the module that applies the layout also own the files that re-apply it at boot, in the same
+round trip, so a converged node costs no separate look (stat/find) per run and a cold one no file
+transfers. A file is up to date when it exists as a regular file with the given SHA-1 of its
+content, the given mode, owned by root:root; anything else, unreadable included, counts as outdated.
+
+An entry is {path, mode} plus either `content` (bytes or text: installed when outdated) or only
+`checksum` (looked at, never written: a file someone else installs). Installing writes a temporary
+file in the target directory (mode, owner root:root, fsync) and renames it over the target, so a
+reader sees the old file or the new one; missing parent directories are created 0755 root:root.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import stat
+import tempfile
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 
@@ -40,23 +48,113 @@ def _mode(entry):
                             % (entry.get("path"), entry.get("mode"))) from None
 
 
-def is_current(entry):
-    """Whether `entry` ({path, checksum, mode}) is installed as described."""
+def _content(entry):
+    content = entry.get("content")
+    return content.encode("utf-8") if isinstance(content, str) else content
+
+
+def checksum_of(entry):
+    """The expected SHA-1 (hex): of `content` when given, else `checksum`; validates the entry."""
     path = entry.get("path")
     if not path or not os.path.isabs(str(path)):
         raise BootFileError("boot_files: %r is not an absolute path" % (path,))
+    _mode(entry)
+    content = _content(entry)
+    if content is not None:
+        return hashlib.sha1(content).hexdigest()
     if not entry.get("checksum"):
-        raise BootFileError("boot_files: %s has no checksum" % path)
-    mode = _mode(entry)
+        raise BootFileError("boot_files: %s has neither content nor a checksum" % path)
+    return str(entry["checksum"]).lower()
+
+
+def installed_checksum(entry):
+    """SHA-1 of the installed file when it is a regular file with the entry's mode owned by
+    root:root; None when missing or anything else (the file then counts as outdated)."""
     try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) != mode or (info.st_uid, info.st_gid) != (0, 0):
-            return False
-        return _sha1(path) == str(entry["checksum"]).lower()
+        info = os.lstat(entry["path"])
+        if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) != _mode(entry) or (info.st_uid, info.st_gid) != (0, 0):
+            return None
+        return _sha1(entry["path"])
     except OSError:
-        return False
+        return None
+
+
+def is_current(entry):
+    """Whether `entry` is installed as described."""
+    wanted = checksum_of(entry)
+    return installed_checksum(entry) == wanted
+
+
+def validate(entries):
+    """The expected checksum of every entry, in order; raises BootFileError on the first bad one."""
+    return [checksum_of(entry) for entry in entries or []]
 
 
 def outdated(entries):
-    """Paths of `entries` that are missing or differ, in the given order."""
+    """Paths of `entries` that are missing or differ, in the given order (every entry validated first)."""
+    validate(entries)
     return [str(entry["path"]) for entry in entries or [] if not is_current(entry)]
+
+
+def _makedirs(directory):
+    """Create `directory` and missing parents, each 0755 root:root (existing ones are left alone)."""
+    if os.path.isdir(directory):
+        return
+    _makedirs(os.path.dirname(directory))
+    try:
+        os.mkdir(directory, 0o755)
+    except FileExistsError:
+        return
+    os.chmod(directory, 0o755)  # mkdir's mode goes through the umask
+    os.chown(directory, 0, 0)
+
+
+def _write(entry, content):
+    directory = os.path.dirname(entry["path"])
+    _makedirs(directory)
+    handle, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(entry["path"]), dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(content)
+            out.flush()
+            os.fchmod(out.fileno(), _mode(entry))
+            os.fchown(out.fileno(), 0, 0)
+            os.fsync(out.fileno())
+        os.replace(tmp, entry["path"])
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def install(entries, check_mode=False):
+    """Bring the entries with `content` up to date; the others are only looked at.
+
+    Returns {"outdated": paths that were missing or differed, "installed": paths written (in check
+    mode: that would be), "diff": {"before": {path: sha1 or None}, "after": {...}}} for the outdated
+    ones. Every entry is validated before the first write; a write that fails raises BootFileError
+    naming the file (files written before it stay written: each is complete on its own).
+    """
+    entries = list(entries or [])
+    wanted = validate(entries)
+    result = {"outdated": [], "installed": [], "diff": {"before": {}, "after": {}}}
+    for entry, checksum in zip(entries, wanted):
+        have = installed_checksum(entry)
+        if have == checksum:
+            continue
+        path = str(entry["path"])
+        result["outdated"].append(path)
+        result["diff"]["before"][path] = have
+        if _content(entry) is None:
+            result["diff"]["after"][path] = have
+            continue
+        result["diff"]["after"][path] = checksum
+        result["installed"].append(path)
+        if check_mode:
+            continue
+        try:
+            _write(entry, _content(entry))
+        except OSError as err:
+            hint = " (only root can install files owned by root:root)" if err.errno == errno.EPERM else ""
+            raise BootFileError("boot_files: cannot install %s: %s%s" % (path, err.strerror or err, hint)) from None
+    return result

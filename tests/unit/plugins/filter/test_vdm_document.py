@@ -31,3 +31,25 @@ def test_malformed_input_is_one_line(configs, text, message):
     with pytest.raises(AnsibleFilterError, match=message) as err:
         vdm_document(configs, {}, text)
     assert "\n" not in str(err.value)
+
+
+SOURCES = ["vgpu_profiles_configs", "vgpu_profiles_vdm_config", "vgpu_profiles_vdm_config_file"]
+
+
+@pytest.mark.parametrize("configs, vdm_config, text, message", [
+    ({}, {}, "", "set exactly one of vgpu_profiles_configs, vgpu_profiles_vdm_config, vgpu_profiles_vdm_config_file "
+                 "(set: none)"),
+    (LAYOUTS, DOCUMENT, "", "(set: vgpu_profiles_configs, vgpu_profiles_vdm_config)"),
+])
+def test_sources_must_name_exactly_one(configs, vdm_config, text, message):
+    with pytest.raises(AnsibleFilterError) as err:
+        vdm_document(configs, vdm_config, text, sources=SOURCES)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("selected", ["missing", ""])
+def test_selected_must_be_a_label(selected):
+    with pytest.raises(AnsibleFilterError) as err:
+        vdm_document(LAYOUTS, sources=SOURCES, selected=selected)
+    assert str(err.value) == "selected %r is not one of the labels ['l40s']" % selected
+    assert vdm_document(LAYOUTS, sources=SOURCES, selected="l40s") == DOCUMENT

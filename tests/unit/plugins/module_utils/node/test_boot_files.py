@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import stat
 
 import pytest
 
@@ -56,10 +57,78 @@ def test_the_order_of_the_entries_is_kept(installed, tmp_path):
 
 @pytest.mark.parametrize("bad,message", [
     ({"path": "etc/x", "checksum": "ab", "mode": "0644"}, "is not an absolute path"),
-    ({"path": "/etc/x", "checksum": "", "mode": "0644"}, "/etc/x has no checksum"),
+    ({"path": "/etc/x", "checksum": "", "mode": "0644"}, "/etc/x has neither content nor a checksum"),
     ({"path": "/etc/x", "checksum": "ab", "mode": "rw-r--r--"}, "/etc/x: mode 'rw-r--r--' is not an octal mode"),
 ])
 def test_an_entry_that_cannot_be_checked_is_an_error_naming_it(bad, message):
     with pytest.raises(boot_files.BootFileError) as err:
         boot_files.outdated([bad])
     assert message in str(err.value)
+
+
+@pytest.fixture
+def as_root():
+    if os.geteuid() != 0:
+        pytest.skip("installing files owned by root:root needs root")
+
+
+def content_entry(path, content=CONTENT, mode="0644"):
+    return {"path": str(path), "content": content, "mode": mode}
+
+
+def test_install_writes_missing_and_different_files_and_creates_their_directories(as_root, tmp_path):
+    layout, unit = tmp_path / "etc/accelops-vgpu/layout.json", tmp_path / "etc/systemd/accelops-vgpu.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_bytes(b"old\n")
+    os.chmod(unit, 0o644)
+    result = boot_files.install([content_entry(layout, "{}\n"), content_entry(unit)])
+    assert result["outdated"] == result["installed"] == [str(layout), str(unit)]
+    assert result["diff"] == {"before": {str(layout): None, str(unit): hashlib.sha1(b"old\n").hexdigest()},
+                              "after": {str(layout): hashlib.sha1(b"{}\n").hexdigest(),
+                                        str(unit): hashlib.sha1(CONTENT).hexdigest()}}
+    assert layout.read_text() == "{}\n" and unit.read_bytes() == CONTENT
+    for path, mode in ((layout, 0o644), (layout.parent, 0o755), (unit, 0o644)):
+        info = os.stat(path)
+        assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (mode, 0, 0), path
+    assert sorted(os.listdir(unit.parent)) == ["accelops-vgpu.service"]   # no temporary file left
+    again = boot_files.install([content_entry(layout, "{}\n"), content_entry(unit)])
+    assert again == {"outdated": [], "installed": [], "diff": {"before": {}, "after": {}}}
+
+
+def test_a_wrong_mode_alone_is_rewritten(as_root, tmp_path):
+    cli = tmp_path / "accelops-vgpu"
+    boot_files.install([content_entry(cli, b"#!zip", "0755")])
+    os.chmod(cli, 0o644)
+    assert boot_files.install([content_entry(cli, b"#!zip", "0755")])["installed"] == [str(cli)]
+    assert stat.S_IMODE(os.stat(cli).st_mode) == 0o755
+
+
+def test_check_mode_reports_and_writes_nothing(tmp_path):
+    layout = tmp_path / "etc/layout.json"
+    result = boot_files.install([content_entry(layout, "{}\n")], check_mode=True)
+    assert result["installed"] == [str(layout)]
+    assert not (tmp_path / "etc").exists()
+
+
+def test_a_checksum_only_entry_is_looked_at_and_never_written(tmp_path):
+    other = tmp_path / "other"
+    result = boot_files.install([entry(other)])
+    assert result["outdated"] == [str(other)] and result["installed"] == []
+    assert result["diff"]["after"][str(other)] is None
+    assert not other.exists()
+
+
+def test_a_bad_entry_anywhere_stops_before_the_first_write(tmp_path):
+    good = tmp_path / "layout.json"
+    with pytest.raises(boot_files.BootFileError) as err:
+        boot_files.install([content_entry(good), {"path": str(tmp_path / "x"), "content": "", "mode": "644x"}])
+    assert "mode '644x' is not an octal mode" in str(err.value)
+    assert not good.exists()
+
+
+def test_a_failed_write_names_the_file(as_root, tmp_path):
+    blocker = tmp_path / "etc"
+    blocker.write_text("a file where a directory should be")
+    with pytest.raises(boot_files.BootFileError) as err:
+        boot_files.install([content_entry(blocker / "layout.json")])
+    assert str(err.value).startswith("boot_files: cannot install %s: " % (blocker / "layout.json"))

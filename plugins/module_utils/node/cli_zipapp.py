@@ -1,0 +1,126 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node CLI `accelops-vgpu` as one zipapp, built from this collection's own sources (stdlib only).
+
+Two builders, one layout: tools/build-node-cli.py on the controller (sources read from the
+checkout: the agent image, the tests) and the `vgpu_profile` module on the node, from the sources
+Ansible shipped with it (`loaded_source`), so installing the boot persistence transfers no file
+and needs no controller-side build. The bytes are reproducible: the same sources give the same
+archive (fixed timestamps, sorted names, stored uncompressed so no zlib version can change them).
+
+The archive holds `node/cli.py` and the module_utils it imports (followed transitively through the
+top-level `from ansible_collections.accelops.vgpu.plugins.module_utils... import` lines), under their
+`ansible_collections/accelops/vgpu/plugins/module_utils/` paths with empty `__init__.py` files, and
+a `__main__.py` calling `cli.main()`. Ansible itself is not needed on the node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import re
+import typing
+import zipfile
+
+# Ansible's module packer ships the module_utils a module imports, following every import statement
+# it can see, also in blocks that never run. This one ships the node CLI's whole closure with every
+# module that can install the CLI, without importing it (and the agent's HTTP client) at run time.
+if typing.TYPE_CHECKING:
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli  # noqa: F401  pylint: disable=unused-import
+
+PACKAGE = "ansible_collections.accelops.vgpu.plugins.module_utils"
+ENTRY = "node.cli"
+IMPORT = re.compile(r"^from ansible_collections\.accelops\.vgpu\.plugins\.module_utils((?:\.\w+)*) import "
+                    r"(\([^)]*\)|[\w, ]+)", re.MULTILINE)
+MAIN = """import sys
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+SHEBANG = b"#!/usr/bin/env python3\n"
+DATE_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def closure(read_source, exists, start=ENTRY):
+    """Sorted dotted names below module_utils (e.g. `node.sysfs`) that `start` needs, itself included.
+
+    `read_source(name)` returns a module's text; `exists(name)` says whether `name` is a module (not a
+    package): `from ...module_utils.node import sysfs, pci` imports modules, `from ...node.sysfs import
+    Sysfs` a name from one.
+    """
+    todo, seen = [start], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for package, names in IMPORT.findall(read_source(name)):
+            package = package.lstrip(".")
+            if package and exists(package):
+                todo.append(package)
+            else:
+                todo.extend(".".join(filter(None, [package, n.split()[0]]))
+                            for n in names.strip("()").split(",") if n.strip())
+    return sorted(seen)
+
+
+def archive_files(read_source, exists, start=ENTRY):
+    """{archive path: text} of the zipapp: `__main__.py`, the closure and every package's `__init__.py`."""
+    root = PACKAGE.replace(".", "/")
+    files = {"__main__.py": MAIN}
+    for depth in range(1, len(PACKAGE.split(".")) + 1):
+        files["/".join(PACKAGE.split(".")[:depth]) + "/__init__.py"] = ""
+    for name in closure(read_source, exists, start):
+        parts = name.split(".")
+        for depth in range(1, len(parts)):
+            files["%s/%s/__init__.py" % (root, "/".join(parts[:depth]))] = ""
+        files["%s/%s.py" % (root, "/".join(parts))] = read_source(name)
+    return files
+
+
+def build(read_source, exists, start=ENTRY):
+    """The zipapp's bytes (shebang + zip); the same sources always give the same bytes."""
+    buffer = io.BytesIO()
+    buffer.write(SHEBANG)
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for arcname, text in sorted(archive_files(read_source, exists, start).items()):
+            info = zipfile.ZipInfo(arcname, date_time=DATE_TIME)
+            info.compress_type = zipfile.ZIP_STORED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, text.encode("utf-8"))
+    return buffer.getvalue()
+
+
+def _spec(name):
+    return importlib.util.find_spec("%s.%s" % (PACKAGE, name))
+
+
+def loaded_exists(name):
+    """Whether `name` is a module (not a package) of the running collection."""
+    try:
+        spec = _spec(name)
+    except ImportError:
+        return False
+    return spec is not None and spec.submodule_search_locations is None
+
+
+def loaded_source(name):
+    """The source of module `name` of the running collection, wherever it was loaded from (a
+    checkout, an installed collection, the zip Ansible ships a module in)."""
+    spec = _spec(name)
+    source = spec.loader.get_source(spec.name) if spec is not None and spec.loader is not None else None
+    if source is None:
+        raise ImportError("no source for %s.%s" % (PACKAGE, name))
+    return source
+
+
+def shipped():
+    """The zipapp built from the running collection's sources (read, not imported)."""
+    return build(loaded_source, loaded_exists)
+
+
+def sha1(data):
+    return hashlib.sha1(data).hexdigest()

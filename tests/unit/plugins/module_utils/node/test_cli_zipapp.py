@@ -1,0 +1,65 @@
+"""The node CLI zipapp: one layout for the controller's build (tools/build-node-cli.py) and the
+module's build on the node (from the sources Python loaded), reproducible bytes."""
+
+import io
+import os
+import subprocess
+import sys
+import zipfile
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli_zipapp
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 5))
+SOURCE = os.path.join(REPO, "plugins", "module_utils")
+
+
+def _path(name):
+    return os.path.join(SOURCE, *name.split(".")) + ".py"
+
+
+def read_checkout(name):
+    with open(_path(name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def exists_in_checkout(name):
+    return os.path.isfile(_path(name))
+
+
+def test_the_closure_follows_every_import_form_and_only_the_cli_needs():
+    names = cli_zipapp.closure(read_checkout, exists_in_checkout)
+    assert "node.cli" in names and "node.sysfs" in names      # `from ...node.sysfs import Sysfs`
+    assert "agent.agent" in names and "agent.settings" in names  # `from ...agent import agent, settings as s`
+    assert "errors" in names                                  # `from ...module_utils.errors import ...`
+    assert not [n for n in names if n.startswith(("cluster.", "image."))]   # controller side stays out
+    assert "node.cli_zipapp" not in names and "node.module_glue" not in names
+
+
+def test_loaded_sources_give_the_same_bytes_as_the_checkout_and_runs_are_reproducible():
+    from_checkout = cli_zipapp.build(read_checkout, exists_in_checkout)
+    assert cli_zipapp.shipped() == from_checkout == cli_zipapp.build(read_checkout, exists_in_checkout)
+
+
+def test_the_archive_is_a_stored_zipapp_with_package_inits(tmp_path):
+    data = cli_zipapp.shipped()
+    assert data.startswith(b"#!/usr/bin/env python3\n")
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    infos = archive.infolist()
+    assert {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
+    assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+    names = archive.namelist()
+    assert names == sorted(names) and "__main__.py" in names
+    assert "ansible_collections/accelops/vgpu/plugins/module_utils/agent/__init__.py" in names
+    target = tmp_path / "accelops-vgpu"
+    target.write_bytes(data)
+    os.chmod(target, 0o755)
+    run = subprocess.run([sys.executable, str(target), "--help"], capture_output=True, text=True, check=False)
+    assert run.returncode == 0 and "apply" in run.stdout
+
+
+def test_the_tool_writes_the_same_bytes_and_their_checksum(tmp_path):
+    out = tmp_path / "cli.pyz"
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "build-node-cli.py"), str(out)], check=True,
+                   stdout=subprocess.DEVNULL)
+    assert out.read_bytes() == cli_zipapp.shipped()
+    assert (tmp_path / "cli.pyz.sha1").read_text() == cli_zipapp.sha1(out.read_bytes()) + "\n"
