@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
-from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_client import WritePlan, read_modify_write
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_write import WritePlan, read_modify_write
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import DEFAULT_PROFILE_PREFIX, profile_labels
 
 POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL = "nvidia.com", "v1", "clusterpolicies"

@@ -2,7 +2,8 @@
 # Copyright: accelops.vgpu contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """kubernetes.core-compatible auth options -> the official `kubernetes` client, plus the I/O the
-cluster modules share: one-line API errors, read-modify-write with 409 retries, dry runs.
+cluster modules share: one-line API errors, dry runs (read-modify-write with 409 retries and write
+plans are in k8s_write.py, which needs no client).
 
 No Ansible import: `run_cluster_module` drives a duck-typed AnsibleModule.
 """
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import traceback
-from dataclasses import dataclass, field
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
+# the client-free half, re-exported: callers of k8s_client keep one import
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_write import (  # noqa: F401  pylint: disable=unused-import
+    ConflictError, K8sError, WritePlan, read_modify_write)
 
 try:
     import kubernetes
@@ -40,30 +43,6 @@ MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = 30
 
 
-@dataclass
-class WritePlan:
-    """What a run would write: `patch` (None = nothing), one line per change, diff before/after."""
-
-    patch: dict | None
-    changes: list = field(default_factory=list)
-    before: dict = field(default_factory=dict)
-    after: dict = field(default_factory=dict)
-
-    @property
-    def changed(self):
-        return self.patch is not None
-
-
-class K8sError(EngineError):
-    """A failed API interaction, as one line naming the object."""
-
-    def __init__(self, message, status=None):
-        super().__init__(message)
-        self.status = status
-
-
-class ConflictError(K8sError):
-    """409: the object changed since we read it."""
 
 
 def _env_bool(text):
@@ -333,27 +312,6 @@ class KubeApi:
         kwargs = {"dry_run": "All"} if dry_run else {}
         return self._dict(self._call(what, self.apps.patch_namespaced_deployment, name, namespace, body,
                                      _content_type=MERGE_PATCH, **kwargs))
-
-
-def read_modify_write(read, plan, write, retries):
-    """Read, plan, write; on 409 (someone wrote in between) read and plan again, `retries` times.
-
-    read() -> obj; plan(obj) -> result with `.patch` (None = nothing to do); write(obj, patch).
-    Returns (obj as read last, plan result, attempts).
-    """
-    attempt = 0
-    while True:
-        attempt += 1
-        current = read()
-        result = plan(current)
-        if result.patch is None:
-            return current, result, attempt
-        try:
-            write(current, result.patch)
-            return current, result, attempt
-        except ConflictError as exc:
-            if attempt > retries:
-                raise K8sError("%s (gave up after %d attempts)" % (exc, attempt), status=409) from None
 
 
 def run_cluster_module(module, engine, missing_lib_message):

@@ -4,7 +4,7 @@
 """KubeVirt CR planning: permittedHostDevices entries keyed by resourceName, feature gates, versions.
 
 Everything here is pure: it takes the CR as a dict and returns plain data. The I/O (read, patch,
-retry on 409) lives in k8s_client.py, so the merge rules are tested without any server.
+retry on 409) lives in k8s_write.py, so the merge rules are tested without any server.
 
 Merge rules for `pciHostDevices` and `mediatedDevices` (a JSON merge patch would replace the
 lists wholesale and wipe other teams' entries, so we compute the whole new list ourselves and
@@ -28,7 +28,7 @@ import copy
 import re
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
-from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_client import K8sError, WritePlan, read_modify_write
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_write import K8sError, WritePlan, read_modify_write
 
 GROUP, VERSION, PLURAL, KIND = "kubevirt.io", "v1", "kubevirts", "KubeVirt"
 HOST_DEVICES_GATE = "HostDevices"

@@ -1,4 +1,4 @@
-"""Auth options -> client configuration, secret extraction, read-modify-write retries."""
+"""Auth options -> client configuration, secret extraction, the cluster modules' main()."""
 
 from __future__ import annotations
 
@@ -99,35 +99,6 @@ def test_a_valid_kubeconfig_file_with_a_chosen_context_loads(tmp_path):
 def test_two_impersonated_groups_are_rejected():
     with pytest.raises(kc.K8sError, match="impersonate_groups .* only one group"):
         kc.new_api_client(kc.auth_from_params({"host": "http://x", "impersonate_groups": ["a", "b"]}, {}))
-
-
-class Plan:
-    def __init__(self, patch):
-        self.patch = patch
-
-
-def test_read_modify_write_retries_conflicts_then_gives_up():
-    reads, writes = [], []
-
-    def write(obj, patch):
-        writes.append(patch)
-        if len(writes) < 3:
-            raise kc.ConflictError("Thing x: conflict (HTTP 409): modified", status=409)
-
-    obj, plan, attempts = kc.read_modify_write(lambda: reads.append(1) or {"n": len(reads)},
-                                               lambda cur: Plan({"n": cur["n"]}), write, retries=5)
-    assert attempts == 3 and obj == {"n": 3} and writes == [{"n": 1}, {"n": 2}, {"n": 3}]
-    with pytest.raises(kc.K8sError, match=r"conflict \(HTTP 409\): modified \(gave up after 2 attempts\)"):
-        kc.read_modify_write(dict, lambda cur: Plan({}), write_always_conflicts, retries=1)
-
-
-def write_always_conflicts(obj, patch):
-    raise kc.ConflictError("Thing x: conflict (HTTP 409): modified", status=409)
-
-
-def test_nothing_to_do_means_no_write():
-    obj, plan, attempts = kc.read_modify_write(dict, lambda cur: Plan(None), write_always_conflicts, retries=0)
-    assert attempts == 1 and plan.patch is None
 
 
 def test_cluster_module_glue_folds_a_multi_line_engine_error():
