@@ -62,8 +62,9 @@ def vgpu_cluster_plan(hosts, hostvars, naming="profile", mdev_external_provider=
     nodes = []
     for host in hosts:
         facts = hostvars[host]
-        nodes.append({"name": facts.get("kubevirt_vgpu_node_name") or host,
-                      "resources": facts.get("vgpu_profiles_resources")})
+        # a top-level var while facts are injected as vars (Ansible's default), else under ansible_facts
+        resources = facts.get("vgpu_profiles_resources", (facts.get("ansible_facts") or {}).get("vgpu_profiles_resources"))
+        nodes.append({"name": facts.get("kubevirt_vgpu_node_name") or host, "resources": resources})
     try:
         return plan_cluster_resources(nodes, naming, mdev_external_provider)
     except (KeyError, TypeError, AttributeError) as exc:

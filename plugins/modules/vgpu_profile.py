@@ -113,7 +113,7 @@ options:
       - Files on the node that re-apply the layout at boot (the layout, the node CLI, the systemd unit),
         compared in the same run. A file is up to date when it is a regular file owned by root:root
         with the expected content and mode.
-      - An entry with O(boot_files[].content) or O(boot_files[].node_cli) is installed by the module
+      - An entry with O(boot_files[].content), O(boot_files[].layout) or O(boot_files[].node_cli) is installed by the module
         when it is missing or differs (after the layout is applied; not in check mode), written to a
         temporary file beside it and renamed over it, parent directories created with mode C(0755). An entry
         with only O(boot_files[].checksum) is looked at, never written (RV(boot_files_outdated)).
@@ -132,6 +132,12 @@ options:
       content:
         description: The file's content (text, written as UTF-8).
         type: str
+      layout:
+        description:
+          - The file is the layout this run applies, O(config) as JSON (4-space indent, sorted keys), what
+            the node CLI reads at boot. Needs O(config).
+        type: bool
+        default: false
       node_cli:
         description:
           - The file is the node CLI C(accelops-vgpu), a zipapp built on the node from the engine this
@@ -142,6 +148,13 @@ options:
       checksum:
         description: Only look at the file - SHA-1 (hex) of its expected content.
         type: str
+  publish_facts:
+    description:
+      - Also return RV(gpus) and RV(resources) as the host facts C(vgpu_profiles_gpus) and
+        C(vgpu_profiles_resources) (what the C(accelops.vgpu.vgpu_profiles) role publishes for the
+        cluster roles; cached where a fact cache is configured), so no C(set_fact) task is needed.
+    type: bool
+    default: false
   mig_mode_order:
     description:
       - MIG-backed profiles (C(H100-1-20C), C(H200X-3-71C); Hopper) put the GPU into MIG mode, create one
@@ -225,7 +238,7 @@ EXAMPLES = r"""
     selected: l40s-2x24q
     enable_vfs: true
     boot_files:
-      - {path: /etc/accelops-vgpu/layout.json, mode: "0644", content: "{{ vdm_config | to_nice_json }}"}
+      - {path: /etc/accelops-vgpu/layout.json, mode: "0644", layout: true}
       - {path: /usr/local/bin/accelops-vgpu, mode: "0755", node_cli: true}
 
 - name: Remove every vGPU no VM uses
@@ -278,6 +291,19 @@ boot_files_installed:
   type: list
   elements: str
   sample: ["/etc/accelops-vgpu/layout.json"]
+ansible_facts:
+  description: With O(publish_facts), RV(gpus) and RV(resources) as host facts.
+  returned: when O(publish_facts) is true
+  type: dict
+  contains:
+    vgpu_profiles_gpus:
+      description: RV(gpus).
+      type: list
+      elements: dict
+    vgpu_profiles_resources:
+      description: RV(resources).
+      type: list
+      elements: dict
 vfs_enabled:
   description: The GPUs (PF addresses) whose VFs O(enable_vfs) enabled in this run (empty in check mode).
   returned: always
@@ -285,6 +311,8 @@ vfs_enabled:
   elements: str
   sample: ["0000:41:00.0"]
 """
+
+import json
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, cli_zipapp, mig, vgpu_apply, vgpu_layout
@@ -294,19 +322,25 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue imp
 LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(type="raw"),
                     profiles=dict(type="dict", required=True))
 BOOT_FILE = dict(path=dict(type="path", required=True), mode=dict(type="str", required=True),
-                 content=dict(type="str"), node_cli=dict(type="bool", default=False), checksum=dict(type="str"))
+                 content=dict(type="str"), layout=dict(type="bool", default=False),
+                 node_cli=dict(type="bool", default=False), checksum=dict(type="str"))
+SOURCES = ("content", "layout", "node_cli", "checksum")
 
 
-def boot_file_entries(params):
-    """The boot_files entries for the engine: `node_cli` becomes the zipapp's bytes as content."""
+def boot_file_entries(items, config):
+    """The boot_files entries for the engine: `layout` and `node_cli` become their content."""
     entries, cli = [], None
-    for item in params:
-        entry = dict(path=item["path"], mode=item["mode"])
-        given = [key for key in ("content", "checksum") if item[key] is not None] + (["node_cli"] if item["node_cli"] else [])
+    for item in items:
+        given = [key for key in SOURCES if item[key] not in (None, False)]
         if len(given) != 1:
-            raise boot_files.BootFileError("boot_files: %s needs exactly one of content, node_cli, checksum (has %s)"
-                                           % (item["path"], ", ".join(given) or "none"))
-        if item["node_cli"]:
+            raise boot_files.BootFileError("boot_files: %s needs exactly one of %s (has %s)"
+                                           % (item["path"], ", ".join(SOURCES), ", ".join(given) or "none"))
+        entry = dict(path=item["path"], mode=item["mode"])
+        if item["layout"]:
+            if config is None:
+                raise boot_files.BootFileError("boot_files: %s: layout needs the config option" % item["path"])
+            entry["content"] = json.dumps(config, indent=4, sort_keys=True) + "\n"
+        elif item["node_cli"]:
             cli = cli_zipapp.shipped() if cli is None else cli
             entry["content"] = cli
         else:
@@ -323,7 +357,7 @@ def main():
             mixed_size=dict(type="bool", default=False), lock_timeout=dict(type="float", default=120.0),
             state=dict(type="str", default="present", choices=["present", "absent"]),
             enable_vfs=dict(type="bool", default=False), wait_timeout=dict(type="float", default=vgpu_apply.WAIT_TIMEOUT),
-            sriov_manage_path=dict(type="path"),
+            sriov_manage_path=dict(type="path"), publish_facts=dict(type="bool", default=False),
             boot_files=dict(type="list", elements="dict", options=BOOT_FILE, default=[]),
             mig_mode_order=dict(type="str", default="after-vfs", choices=list(mig.MODE_ORDERS)),
             mig_compute_instances=dict(type="bool", default=True),
@@ -334,7 +368,7 @@ def main():
     params = module.params
     node = NodeContext(module)
     with engine_errors(module):
-        files = boot_file_entries(params["boot_files"])
+        files = boot_file_entries(params["boot_files"], params["config"])
         boot_files.validate(files)  # bad input writes nothing
         if params["config_file"]:
             entries = vgpu_layout.from_file(params["config_file"], params["selected"])
@@ -353,9 +387,12 @@ def main():
     diff = result["diff"]
     if installed["outdated"]:
         diff["before"]["boot_files"], diff["after"]["boot_files"] = installed["diff"]["before"], installed["diff"]["after"]
+    extra = {}
+    if params["publish_facts"]:
+        extra["ansible_facts"] = {"vgpu_profiles_gpus": result["gpus"], "vgpu_profiles_resources": result["resources"]}
     exit_with_diff(module, result["changed"] or bool(installed["installed"]), diff, gpus=result["gpus"],
                    resources=result["resources"], vfs_enabled=result["vfs_enabled"],
-                   boot_files_outdated=installed["outdated"], boot_files_installed=installed["installed"])
+                   boot_files_outdated=installed["outdated"], boot_files_installed=installed["installed"], **extra)
 
 
 if __name__ == "__main__":

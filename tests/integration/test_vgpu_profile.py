@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import yaml
+
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 CONFIGS = os.path.join(DATA, "vgpu-configs.yaml")
 
@@ -189,11 +191,12 @@ def test_boot_files_are_installed_by_the_module_and_the_cli_is_the_tools_build(g
                     str(built)], check=True, stdout=subprocess.DEVNULL)
     files = [{"path": str(root / "etc/layout.json"), "mode": "0644", "content": "{}\n"},
              {"path": str(root / "bin/accelops-vgpu"), "mode": "0755", "node_cli": True},
-             {"path": str(root / "etc/other"), "mode": "0644", "checksum": "0" * 40}]
+             {"path": str(root / "etc/other"), "mode": "0644", "checksum": "0" * 40},
+             {"path": str(root / "etc/applied.json"), "mode": "0644", "layout": True}]
     task = [{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True, boot_files=files)}]
     check = run_playbook(task, node, check=True, diff=True)
     assert check.rc == 0, check
-    assert check.task("apply")["boot_files_installed"] == [files[0]["path"], files[1]["path"]]
+    assert check.task("apply")["boot_files_installed"] == [files[0]["path"], files[1]["path"], files[3]["path"]]
     assert check.task("apply")["diff"]["after"]["boot_files"][files[0]["path"]] == hashlib.sha1(b"{}\n").hexdigest()
     assert not root.exists()
 
@@ -201,8 +204,10 @@ def test_boot_files_are_installed_by_the_module_and_the_cli_is_the_tools_build(g
     assert real.rc == 0, real
     result = real.task("apply")
     assert result["boot_files_outdated"] == [f["path"] for f in files]
-    assert result["boot_files_installed"] == [files[0]["path"], files[1]["path"]]
+    assert result["boot_files_installed"] == [files[0]["path"], files[1]["path"], files[3]["path"]]
     assert (root / "etc/layout.json").read_text() == "{}\n"
+    with open(CONFIGS) as handle:   # the document the module applied, as JSON
+        assert json.loads((root / "etc/applied.json").read_text()) == yaml.safe_load(handle)
     assert (root / "bin/accelops-vgpu").read_bytes() == built.read_bytes()
     assert oct(os.stat(root / "bin/accelops-vgpu").st_mode & 0o777) == "0o755"
     assert oct(os.stat(root / "bin").st_mode & 0o777) == "0o755"
@@ -222,6 +227,6 @@ def test_a_bad_boot_file_entry_writes_nothing(gpusim_node, run_playbook, tmp_pat
     run = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True,
                                                                             boot_files=files)}], node)
     assert run.rc != 0
-    assert run.task("apply")["msg"] == ("boot_files: %s needs exactly one of content, node_cli, checksum "
-                                        "(has checksum, node_cli)" % files[1]["path"])
+    assert run.task("apply")["msg"] == ("boot_files: %s needs exactly one of content, layout, node_cli, checksum "
+                                        "(has node_cli, checksum)" % files[1]["path"])
     assert node.writes() == [] and not (tmp_path / "layout.json").exists()
