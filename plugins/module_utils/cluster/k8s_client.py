@@ -43,8 +43,6 @@ MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = 30
 
 
-
-
 def _env_bool(text):
     return str(text).strip().lower() in ("1", "true", "yes", "on", "y", "t")
 
