@@ -117,6 +117,7 @@ options:
         when it is missing or differs (after the layout is applied; not in check mode), written to a
         temporary file beside it and renamed over it, parent directories created with mode C(0755). An entry
         with only O(boot_files[].checksum) is looked at, never written (RV(boot_files_outdated)).
+      - With O(state=absent) the listed files are removed (after the vGPUs), whatever their content.
     type: list
     elements: dict
     default: []
@@ -148,6 +149,20 @@ options:
       checksum:
         description: Only look at the file - SHA-1 (hex) of its expected content.
         type: str
+      own_directory:
+        description: With O(state=absent), also remove the file's directory once it is empty.
+        type: bool
+        default: false
+  boot_unit:
+    description:
+      - The systemd unit among O(boot_files) that re-applies the layout at boot (C(accelops-vgpu.service)).
+      - With O(state=present), after the files - C(systemctl daemon-reload) when a boot file was written in
+        this run, C(enable) unless C(is-enabled) says C(enabled), C(start) unless C(is-active) says
+        C(active) (an active unit is not restarted). With O(state=absent), before the files are removed -
+        C(stop) while active, C(disable) while enabled; C(daemon-reload) after the removal.
+      - C(is-enabled) and C(is-active) only read, so check mode asks them too and reports the same actions.
+      - Unset, systemd is left alone (containers, image builds).
+    type: str
   publish_facts:
     description:
       - Also return RV(gpus) and RV(resources) as the host facts C(vgpu_profiles_gpus) and
@@ -291,6 +306,18 @@ boot_files_installed:
   type: list
   elements: str
   sample: ["/etc/accelops-vgpu/layout.json"]
+boot_files_removed:
+  description: With O(state=absent), the paths of O(boot_files) the module removed (in check mode, would remove).
+  returned: always
+  type: list
+  elements: str
+  sample: ["/etc/systemd/system/accelops-vgpu.service"]
+boot_unit_actions:
+  description: The C(systemctl) commands run for O(boot_unit) (in check mode, that would run), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: ["systemctl daemon-reload", "systemctl enable accelops-vgpu.service", "systemctl start accelops-vgpu.service"]
 ansible_facts:
   description: With O(publish_facts), RV(gpus) and RV(resources) as host facts.
   returned: when O(publish_facts) is true
@@ -315,28 +342,33 @@ vfs_enabled:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, cli_zipapp, mig, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, boot_unit, cli_zipapp, mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, engine_errors, exit_with_diff, node_argspec)
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
 
 LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(type="raw"),
                     profiles=dict(type="dict", required=True))
 BOOT_FILE = dict(path=dict(type="path", required=True), mode=dict(type="str", required=True),
                  content=dict(type="str"), layout=dict(type="bool", default=False),
-                 node_cli=dict(type="bool", default=False), checksum=dict(type="str"))
+                 node_cli=dict(type="bool", default=False), checksum=dict(type="str"),
+                 own_directory=dict(type="bool", default=False))
 SOURCES = ("content", "layout", "node_cli", "checksum")
 
 
-def boot_file_entries(items, config):
-    """The boot_files entries for the engine: `layout` and `node_cli` become their content."""
+def boot_file_entries(items, config, present=True):
+    """The boot_files entries for the engine: `layout` and `node_cli` become their content (absent:
+    only the paths matter, nothing is built)."""
     entries, cli = [], None
     for item in items:
         given = [key for key in SOURCES if item[key] not in (None, False)]
         if len(given) != 1:
             raise boot_files.BootFileError("boot_files: %s needs exactly one of %s (has %s)"
                                            % (item["path"], ", ".join(SOURCES), ", ".join(given) or "none"))
-        entry = dict(path=item["path"], mode=item["mode"])
-        if item["layout"]:
+        entry = dict(path=item["path"], mode=item["mode"], own_directory=item["own_directory"])
+        if not present:
+            entry["checksum"] = "-"
+        elif item["layout"]:
             if config is None:
                 raise boot_files.BootFileError("boot_files: %s: layout needs the config option" % item["path"])
             entry["content"] = json.dumps(config, indent=4, sort_keys=True) + "\n"
@@ -349,6 +381,31 @@ def boot_file_entries(items, config):
     return entries
 
 
+def persistence(module, files, unit, present):
+    """Boot files and boot unit after the layout: (changed, result fields, diff before, diff after)."""
+    runner, check = FunctionRunner(module.run_command), module.check_mode
+    if present:
+        files_result = boot_files.install(files, check)
+        actions = boot_unit.plan(runner, unit, True, bool(files_result["installed"])) if unit else []
+        if not check:
+            boot_unit.run(runner, unit, actions)
+        removed, touched = [], files_result["installed"]
+    else:
+        actions = boot_unit.plan(runner, unit, False, False) if unit else []
+        if not check:
+            boot_unit.run(runner, unit, actions)
+        files_result = boot_files.remove(files, check)
+        removed, touched = files_result["removed"], files_result["removed"]
+        if unit and removed:
+            if not check:
+                boot_unit.run(runner, unit, [["daemon-reload"]])
+            actions.append(["daemon-reload"])
+    fields = dict(boot_files_outdated=files_result.get("outdated", []),
+                  boot_files_installed=files_result.get("installed", []), boot_files_removed=removed,
+                  boot_unit_actions=[" ".join([boot_unit.SYSTEMCTL] + a) for a in actions])
+    return bool(touched or actions), fields, files_result["diff"]
+
+
 def main():
     module = AnsibleModule(
         argument_spec=node_argspec(
@@ -358,6 +415,7 @@ def main():
             state=dict(type="str", default="present", choices=["present", "absent"]),
             enable_vfs=dict(type="bool", default=False), wait_timeout=dict(type="float", default=vgpu_apply.WAIT_TIMEOUT),
             sriov_manage_path=dict(type="path"), publish_facts=dict(type="bool", default=False),
+            boot_unit=dict(type="str"),
             boot_files=dict(type="list", elements="dict", options=BOOT_FILE, default=[]),
             mig_mode_order=dict(type="str", default="after-vfs", choices=list(mig.MODE_ORDERS)),
             mig_compute_instances=dict(type="bool", default=True),
@@ -367,9 +425,11 @@ def main():
         supports_check_mode=True)
     params = module.params
     node = NodeContext(module)
+    present = params["state"] == "present"
     with engine_errors(module):
-        files = boot_file_entries(params["boot_files"], params["config"])
-        boot_files.validate(files)  # bad input writes nothing
+        files = boot_file_entries(params["boot_files"], params["config"], present)
+        if present:
+            boot_files.validate(files)  # bad input writes nothing
         if params["config_file"]:
             entries = vgpu_layout.from_file(params["config_file"], params["selected"])
         else:
@@ -381,18 +441,16 @@ def main():
                                   state=params["state"], mixed_size=params["mixed_size"],
                                   check_mode=module.check_mode, lock_timeout=params["lock_timeout"],
                                   enable_vfs=params["enable_vfs"], wait_timeout=params["wait_timeout"])
-        installed = boot_files.install(files, module.check_mode)
+        persisted, fields, files_diff = persistence(module, files, params["boot_unit"], present)
     for warning in result["warnings"]:
         module.warn(warning)
     diff = result["diff"]
-    if installed["outdated"]:
-        diff["before"]["boot_files"], diff["after"]["boot_files"] = installed["diff"]["before"], installed["diff"]["after"]
-    extra = {}
+    if files_diff["before"] or files_diff["after"]:
+        diff["before"]["boot_files"], diff["after"]["boot_files"] = files_diff["before"], files_diff["after"]
     if params["publish_facts"]:
-        extra["ansible_facts"] = {"vgpu_profiles_gpus": result["gpus"], "vgpu_profiles_resources": result["resources"]}
-    exit_with_diff(module, result["changed"] or bool(installed["installed"]), diff, gpus=result["gpus"],
-                   resources=result["resources"], vfs_enabled=result["vfs_enabled"],
-                   boot_files_outdated=installed["outdated"], boot_files_installed=installed["installed"], **extra)
+        fields["ansible_facts"] = {"vgpu_profiles_gpus": result["gpus"], "vgpu_profiles_resources": result["resources"]}
+    exit_with_diff(module, result["changed"] or persisted, diff, gpus=result["gpus"], resources=result["resources"],
+                   vfs_enabled=result["vfs_enabled"], **fields)
 
 
 if __name__ == "__main__":

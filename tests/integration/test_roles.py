@@ -37,7 +37,7 @@ TYPE_IDS = {vgpu_type.short_name: vgpu_type.type_id for vgpu_type in MODELS["l40
 
 @pytest.fixture(scope="module")
 def node_cli(tmp_path_factory):
-    """The node CLI zipapp, built once (the role's own build is covered by test_cli_built_by_the_role)."""
+    """The node CLI as tools/build-node-cli.py builds it, to compare with the one the module installs."""
     path = tmp_path_factory.mktemp("cli") / "accelops-vgpu"
     subprocess.run([sys.executable, os.path.join(REPO, "tools", "build-node-cli.py"), str(path)], check=True,
                    stdout=subprocess.DEVNULL)
@@ -72,15 +72,15 @@ def changed_tasks(run):
     return sorted(result["task"] for result in run.results if result.get("changed"))
 
 
-def test_check_mode_predicts_a_layout_change_and_writes_nothing(gpusim_node, run_playbook, tmp_path, node_cli):
+def test_check_mode_predicts_a_layout_change_and_writes_nothing(gpusim_node, run_playbook, tmp_path):
     node = gpusim_node("l40s:1,t4:1")
-    first = run_playbook(ROLE_TASKS, node, extra_vars=role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli))
+    first = run_playbook(ROLE_TASKS, node, extra_vars=role_vars(node, tmp_path / "root"))
     assert first.rc == 0, first
     vf = node.vfs(node.pfs("l40s")[0])[0]
     assert int(node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf)) == TYPE_IDS["L40S-24Q"]
     writes = len(node.writes())
 
-    variables = role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli, vgpu_profiles_selected="large")
+    variables = role_vars(node, tmp_path / "root", vgpu_profiles_selected="large")
     check = run_playbook(ROLE_TASKS, node, check=True, extra_vars=variables)
     assert check.rc == 0, check
     assert len(node.writes()) == writes
@@ -123,10 +123,10 @@ def test_check_mode_on_a_fresh_node(gpusim_node, run_playbook, tmp_path):
     assert int(node.read("bus/pci/devices/%s/sriov_numvfs" % l40s)) == len(node.vfs(l40s)) > 0
 
 
-def test_check_mode_on_a_fresh_node_with_the_sriov_role(gpusim_node, run_playbook, tmp_path, node_cli):
+def test_check_mode_on_a_fresh_node_with_the_sriov_role(gpusim_node, run_playbook, tmp_path):
     """VFs are only planned by sriov_vfs in check mode: vgpu_profile predicts every vGPU, writes nothing."""
     node = gpusim_node("l40s:1,t4:1")
-    variables = role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli)
+    variables = role_vars(node, tmp_path / "root")
     check = run_playbook(SRIOV_FIRST, node, check=True, diff=True, extra_vars=variables)
     assert node.writes() == []
     assert check.rc == 0, check
@@ -143,10 +143,10 @@ def test_check_mode_on_a_fresh_node_with_the_sriov_role(gpusim_node, run_playboo
     assert changed_tasks(real) == changed_tasks(check)
 
 
-def test_resources_are_published_for_the_cluster_role(gpusim_node, run_playbook, tmp_path, node_cli):
+def test_resources_are_published_for_the_cluster_role(gpusim_node, run_playbook, tmp_path):
     node = gpusim_node("l40s:1,t4:1")
     tasks = ROLE_TASKS + [{"name": "resources", "ansible.builtin.debug": {"var": "vgpu_profiles_resources"}}]
-    run = run_playbook(tasks, node, extra_vars=role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli))
+    run = run_playbook(tasks, node, extra_vars=role_vars(node, tmp_path / "root"))
     assert run.rc == 0, run
     resources = {item["resource_name"]: item for item in run.task("resources")["vgpu_profiles_resources"]}
     assert resources["nvidia.com/NVIDIA_L40S-24Q"]["count"] == 2
@@ -159,9 +159,9 @@ def test_resources_are_published_for_the_cluster_role(gpusim_node, run_playbook,
     ({"vgpu_profiles_vdm_config": {"version": "v1", "vgpu-configs": {"fleet": []}}}, "set exactly one of"),
     ({"vgpu_profiles_configs": {"fleet": [{"profiles": {"L40S-7Q": 2}}]}}, "L40S-7Q"),
 ])
-def test_bad_layout_stops_before_any_write(gpusim_node, run_playbook, tmp_path, node_cli, overrides, message):
+def test_bad_layout_stops_before_any_write(gpusim_node, run_playbook, tmp_path, overrides, message):
     node = gpusim_node("l40s:1,t4:1")
-    variables = role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli, **overrides)
+    variables = role_vars(node, tmp_path / "root", **overrides)
     assert run_playbook(SRIOV_FIRST[1:2], node, extra_vars=variables).rc == 0      # VFs enabled
     writes = len(node.writes())
     run = run_playbook(ROLE_TASKS, node, extra_vars=variables)
@@ -190,11 +190,11 @@ def test_cli_built_on_the_node_asserts_the_layout(gpusim_node, run_playbook, tmp
     assert run_cli(argv, node) == 1
 
 
-def test_mixed_sizes_come_back_after_a_reboot(gpusim_node, run_playbook, tmp_path, node_cli):
+def test_mixed_sizes_come_back_after_a_reboot(gpusim_node, run_playbook, tmp_path):
     node = gpusim_node("l40s:1")
     root = tmp_path / "root"
     mixed = {"mixed": [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 1, "L40S-12Q": 2}}]}
-    variables = role_vars(node, root, vgpu_profiles_cli_src=node_cli, vgpu_profiles_configs=mixed,
+    variables = role_vars(node, root, vgpu_profiles_configs=mixed,
                           vgpu_profiles_selected="mixed", vgpu_profiles_mixed_size=True)
     run = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert run.rc == 0, run
@@ -208,14 +208,14 @@ def test_mixed_sizes_come_back_after_a_reboot(gpusim_node, run_playbook, tmp_pat
     assert [type_id for type_id in types if type_id] == sorted([TYPE_IDS["L40S-12Q"]] * 2 + [TYPE_IDS["L40S-24Q"]])
 
 
-def test_absent_removes_the_vgpus_and_the_boot_files(gpusim_node, run_playbook, tmp_path, node_cli):
+def test_absent_removes_the_vgpus_and_the_boot_files(gpusim_node, run_playbook, tmp_path):
     node = gpusim_node("l40s:1,t4:1")
     root = tmp_path / "root"
-    present = run_playbook(ROLE_TASKS, node, extra_vars=role_vars(node, root, vgpu_profiles_cli_src=node_cli))
+    present = run_playbook(ROLE_TASKS, node, extra_vars=role_vars(node, root))
     assert present.rc == 0, present
     assert (root / "etc/systemd/system/accelops-vgpu.service").exists()
 
-    absent = role_vars(node, root, vgpu_profiles_cli_src=node_cli, vgpu_profiles_state="absent")
+    absent = role_vars(node, root, vgpu_profiles_state="absent")
     run = run_playbook(ROLE_TASKS, node, extra_vars=absent)
     assert run.rc == 0, run
     pf = node.pfs("l40s")[0]
@@ -251,17 +251,70 @@ def test_boot_files_changed_on_the_node_are_put_back(gpusim_node, run_playbook, 
 
 
 @pytest.mark.parametrize("tasks", [ROLE_TASKS, SRIOV_FIRST], ids=["default", "sriov-role"])
-def test_a_layout_that_cannot_fit_stops_nodes_yml_before_the_vfs(gpusim_node, run_playbook, tmp_path, node_cli, tasks):
+def test_a_layout_that_cannot_fit_stops_nodes_yml_before_the_vfs(gpusim_node, run_playbook, tmp_path, tasks):
     """Three 24 GB vGPUs on a 48 GB L40S are refused before any VF is enabled: by the apply module
     itself, or by the check before the sriov role."""
     node = gpusim_node("l40s:1", fresh=True)
     too_big = {"fleet": [{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 3}}]}
-    variables = role_vars(node, tmp_path / "root", vgpu_profiles_configs=too_big, vgpu_profiles_cli_src=node_cli)
+    variables = role_vars(node, tmp_path / "root", vgpu_profiles_configs=too_big)
     run = run_playbook(tasks, node, extra_vars=variables)
     failed = [r for r in run.results if r.get("failed")]
     assert run.rc == 2 and len(failed) == 1, run
     assert "L40S-24Q need 72 GB of framebuffer, the GPU has 48 GB" in failed[0]["msg"]
     assert node.writes() == [] and not (tmp_path / "root").exists()
-    fits = run_playbook(tasks, node, extra_vars=role_vars(node, tmp_path / "root", vgpu_profiles_cli_src=node_cli))
+    fits = run_playbook(tasks, node, extra_vars=role_vars(node, tmp_path / "root"))
     assert fits.rc == 0, fits
     assert not [task for task in changed_tasks(fits) if task.startswith("Check that the vGPU layout fits")]
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# systemctl for one unit: state in $STATE/{enabled,active}, every call appended to $STATE/calls
+echo "$*" >> "$STATE/calls"
+case "$1" in
+  is-enabled) cat "$STATE/enabled" 2>/dev/null || echo disabled; grep -qx enabled "$STATE/enabled" 2>/dev/null ;;
+  is-active) cat "$STATE/active" 2>/dev/null || echo inactive; grep -qx active "$STATE/active" 2>/dev/null ;;
+  enable) echo enabled > "$STATE/enabled" ;;
+  disable) echo disabled > "$STATE/enabled" ;;
+  start) echo active > "$STATE/active" ;;
+  stop) echo inactive > "$STATE/active" ;;
+  daemon-reload) ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_the_module_keeps_the_boot_unit_enabled_and_started(gpusim_node, run_playbook, tmp_path):
+    """vgpu_profiles_manage_service: systemctl only where something is missing; absent stops, disables,
+    removes the files and reloads."""
+    node = gpusim_node("l40s:1")
+    tools, state, root = tmp_path / "bin", tmp_path / "systemd", tmp_path / "root"
+    tools.mkdir()
+    state.mkdir()
+    (tools / "systemctl").write_text(FAKE_SYSTEMCTL)
+    os.chmod(tools / "systemctl", 0o755)
+    environment = {"PATH": "%s:%s" % (tools, node.env["PATH"]), "STATE": str(state)}
+    tasks = [{"name": "with systemctl", "block": ROLE_TASKS, "environment": environment}]
+
+    def actions(run):
+        calls = (state / "calls").read_text().splitlines() if (state / "calls").exists() else []
+        (state / "calls").write_text("")
+        assert run.rc == 0, run
+        return [call for call in calls if not call.startswith("is-")]
+
+    variables = role_vars(node, root, vgpu_profiles_manage_service=True)
+    check = run_playbook(tasks, node, check=True, extra_vars=variables)
+    assert actions(check) == []
+    assert next(r for r in check.results if "resources" in r)["boot_unit_actions"] == [
+        "systemctl daemon-reload", "systemctl enable accelops-vgpu.service", "systemctl start accelops-vgpu.service"]
+    assert actions(run_playbook(tasks, node, extra_vars=variables)) == [
+        "daemon-reload", "enable accelops-vgpu.service", "start accelops-vgpu.service"]
+    again = run_playbook(tasks, node, extra_vars=variables)
+    assert actions(again) == [] and changed_tasks(again) == []
+
+    (state / "active").write_text("failed\n")        # the unit failed at some point: started again
+    assert actions(run_playbook(tasks, node, extra_vars=variables)) == ["start accelops-vgpu.service"]
+
+    absent = run_playbook(tasks, node, extra_vars=dict(variables, vgpu_profiles_state="absent"))
+    assert actions(absent) == ["stop accelops-vgpu.service", "disable accelops-vgpu.service", "daemon-reload"]
+    assert not (root / "etc/systemd/system/accelops-vgpu.service").exists()
+    assert not (root / "etc/accelops-vgpu").exists() and not (root / "usr/local/bin/accelops-vgpu").exists()

@@ -158,3 +158,37 @@ def install(entries, check_mode=False):
             hint = " (only root can install files owned by root:root)" if err.errno == errno.EPERM else ""
             raise BootFileError("boot_files: cannot install %s: %s%s" % (path, err.strerror or err, hint)) from None
     return result
+
+
+def remove(entries, check_mode=False):
+    """Remove the entries' files (state absent); an entry with `own_directory` also takes its directory
+    along once that is empty. Returns {"removed": paths (in check mode: that would be), "diff": ...}.
+
+    Only regular files and links are removed: a directory where a boot file should be is an error
+    naming it, before anything is removed.
+    """
+    entries = list(entries or [])
+    for entry in entries:
+        path = entry.get("path")
+        if not path or not os.path.isabs(str(path)):
+            raise BootFileError("boot_files: %r is not an absolute path" % (path,))
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise BootFileError("boot_files: %s is a directory, not a file to remove" % path)
+    result = {"removed": [], "diff": {"before": {}, "after": {}}}
+    for entry in entries:
+        path = str(entry["path"])
+        if not os.path.lexists(path):
+            continue
+        result["removed"].append(path)
+        result["diff"]["before"][path] = _sha1(path) if os.path.isfile(path) else "present"
+        result["diff"]["after"][path] = None
+        if check_mode:
+            continue
+        try:
+            os.unlink(path)
+            if entry.get("own_directory"):
+                with contextlib.suppress(OSError):  # not empty (someone else's files): kept
+                    os.rmdir(os.path.dirname(path))
+        except OSError as err:
+            raise BootFileError("boot_files: cannot remove %s: %s" % (path, err.strerror or err)) from None
+    return result

@@ -132,3 +132,30 @@ def test_a_failed_write_names_the_file(as_root, tmp_path):
     with pytest.raises(boot_files.BootFileError) as err:
         boot_files.install([content_entry(blocker / "layout.json")])
     assert str(err.value).startswith("boot_files: cannot install %s: " % (blocker / "layout.json"))
+
+
+def test_remove_takes_the_files_and_an_owned_directory_once_empty(tmp_path):
+    layout, cli = tmp_path / "etc/accelops-vgpu/layout.json", tmp_path / "bin/accelops-vgpu"
+    for path in (layout, cli):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(CONTENT)
+    (tmp_path / "bin/other-tool").write_text("not ours")
+    entries = [dict(content_entry(layout), own_directory=True), dict(content_entry(cli), own_directory=True),
+               content_entry(tmp_path / "etc/missing")]
+    check = boot_files.remove(entries, check_mode=True)
+    assert check["removed"] == [str(layout), str(cli)] and layout.exists() and cli.exists()
+    result = boot_files.remove(entries)
+    assert result["removed"] == [str(layout), str(cli)]
+    assert result["diff"]["before"][str(layout)] == hashlib.sha1(CONTENT).hexdigest()
+    assert not layout.parent.exists()                   # ours and empty
+    assert not cli.exists() and (tmp_path / "bin/other-tool").exists()   # not empty: kept
+    assert boot_files.remove(entries)["removed"] == []
+
+
+def test_remove_refuses_a_directory_before_removing_anything(tmp_path):
+    unit = tmp_path / "accelops-vgpu.service"
+    unit.write_bytes(CONTENT)
+    (tmp_path / "layout.json").mkdir()
+    with pytest.raises(boot_files.BootFileError, match="layout.json is a directory, not a file to remove"):
+        boot_files.remove([content_entry(unit), content_entry(tmp_path / "layout.json")])
+    assert unit.exists()

@@ -1,0 +1,62 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The systemd state of the boot unit that re-applies the layout (`systemctl`, read first).
+
+Present: `daemon-reload` when a boot file was (re)written in this run, `enable` unless
+`is-enabled` says `enabled`, `start` unless `is-active` says `active` (started, not only enabled:
+`PartOf=` only propagates restarts of the vGPU manager to an active unit). A unit that is already
+active is not restarted: it is a oneshot that applied the same layout this run just checked.
+Absent: `stop` while active, `disable` while enabled (before its files go), `daemon-reload` after.
+`is-enabled` / `is-active` only read, so check mode asks them too and reports the same actions.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+
+SYSTEMCTL = "systemctl"
+
+
+class BootUnitError(EngineError):
+    """systemctl is missing or refused an action; the message names the unit."""
+
+
+def _systemctl(runner, unit, *args):
+    rc, out, err = runner.run([SYSTEMCTL] + list(args), check=False)
+    if rc == 127:  # the runner's "could not execute"
+        raise BootUnitError("boot unit %s: systemctl cannot be run (%s); set manage_service false where systemd "
+                            "does not run" % (unit, (err or out or "not found").strip().splitlines()[-1]))
+    return rc, (out or "").strip(), (err or "").strip()
+
+
+def _is(runner, unit, question, answer):
+    dummy, out, dummy2 = _systemctl(runner, unit, question, unit)
+    return out.splitlines()[-1:] == [answer]
+
+
+def plan(runner, unit, present, files_changed):
+    """The systemctl actions, in order, as argv tails: [["daemon-reload"], ["enable", unit], ...]."""
+    actions = []
+    if present:
+        if files_changed:
+            actions.append(["daemon-reload"])
+        if not _is(runner, unit, "is-enabled", "enabled"):
+            actions.append(["enable", unit])
+        if not _is(runner, unit, "is-active", "active"):
+            actions.append(["start", unit])
+        return actions
+    if _is(runner, unit, "is-active", "active"):
+        actions.append(["stop", unit])
+    if _is(runner, unit, "is-enabled", "enabled"):
+        actions.append(["disable", unit])
+    return actions
+
+
+def run(runner, unit, actions):
+    """Carry out `actions`; the first refusal raises BootUnitError naming the unit and the action."""
+    for action in actions:
+        rc, out, err = _systemctl(runner, unit, *action)
+        if rc != 0:
+            said = (err or out or "exit %d" % rc).splitlines()[-1]
+            raise BootUnitError("boot unit %s: systemctl %s failed: %s" % (unit, " ".join(action), said))
