@@ -27,19 +27,10 @@ def _load_builder():
     return module
 
 
-def _path(name):
-    return os.path.join(SOURCE, *name.split(".")) + ".py"
-
-
-def read_source(name):
-    with open(_path(name), encoding="utf-8") as handle:
-        return handle.read()
-
-
 def build(out):
     """Write the zipapp (and OUT.sha1) atomically; returns OUT."""
     builder = _load_builder()
-    data = builder.build(read_source, lambda name: os.path.isfile(_path(name)))
+    data = builder.build(*builder.from_directory(SOURCE))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out + ".tmp", "wb") as handle:
         handle.write(data)

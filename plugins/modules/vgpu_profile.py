@@ -345,7 +345,6 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, boot_unit, cli_zipapp, mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, engine_errors, exit_with_diff, node_argspec)
-from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
 
 LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(type="raw"),
                     profiles=dict(type="dict", required=True))
@@ -359,51 +358,25 @@ SOURCES = ("content", "layout", "node_cli", "checksum")
 def boot_file_entries(items, config, present=True):
     """The boot_files entries for the engine: `layout` and `node_cli` become their content (absent:
     only the paths matter, nothing is built)."""
-    entries, cli = [], None
+    entries = []
     for item in items:
         given = [key for key in SOURCES if item[key] not in (None, False)]
         if len(given) != 1:
             raise boot_files.BootFileError("boot_files: %s needs exactly one of %s (has %s)"
                                            % (item["path"], ", ".join(SOURCES), ", ".join(given) or "none"))
         entry = dict(path=item["path"], mode=item["mode"], own_directory=item["own_directory"])
-        if not present:
-            entry["checksum"] = "-"
-        elif item["layout"]:
+        entries.append(entry)
+        if not present:  # removed whatever they hold
+            continue
+        if item["layout"]:
             if config is None:
                 raise boot_files.BootFileError("boot_files: %s: layout needs the config option" % item["path"])
             entry["content"] = json.dumps(config, indent=4, sort_keys=True) + "\n"
         elif item["node_cli"]:
-            cli = cli_zipapp.shipped() if cli is None else cli
-            entry["content"] = cli
+            entry["content"] = cli_zipapp.shipped()
         else:
             entry[given[0]] = item[given[0]]
-        entries.append(entry)
     return entries
-
-
-def persistence(module, files, unit, present):
-    """Boot files and boot unit after the layout: (changed, result fields, diff before, diff after)."""
-    runner, check = FunctionRunner(module.run_command), module.check_mode
-    if present:
-        files_result = boot_files.install(files, check)
-        actions = boot_unit.plan(runner, unit, True, bool(files_result["installed"])) if unit else []
-        if not check:
-            boot_unit.run(runner, unit, actions)
-        removed, touched = [], files_result["installed"]
-    else:
-        actions = boot_unit.plan(runner, unit, False, False) if unit else []
-        if not check:
-            boot_unit.run(runner, unit, actions)
-        files_result = boot_files.remove(files, check)
-        removed, touched = files_result["removed"], files_result["removed"]
-        if unit and removed:
-            if not check:
-                boot_unit.run(runner, unit, [["daemon-reload"]])
-            actions.append(["daemon-reload"])
-    fields = dict(boot_files_outdated=files_result.get("outdated", []),
-                  boot_files_installed=files_result.get("installed", []), boot_files_removed=removed,
-                  boot_unit_actions=[" ".join([boot_unit.SYSTEMCTL] + a) for a in actions])
-    return bool(touched or actions), fields, files_result["diff"]
 
 
 def main():
@@ -441,15 +414,17 @@ def main():
                                   state=params["state"], mixed_size=params["mixed_size"],
                                   check_mode=module.check_mode, lock_timeout=params["lock_timeout"],
                                   enable_vfs=params["enable_vfs"], wait_timeout=params["wait_timeout"])
-        persisted, fields, files_diff = persistence(module, files, params["boot_unit"], present)
+        boot = boot_unit.converge(node.runner, params["boot_unit"], files, present, module.check_mode)
     for warning in result["warnings"]:
         module.warn(warning)
     diff = result["diff"]
-    if files_diff["before"] or files_diff["after"]:
-        diff["before"]["boot_files"], diff["after"]["boot_files"] = files_diff["before"], files_diff["after"]
+    if boot["diff"]["before"] or boot["diff"]["after"]:
+        diff["before"]["boot_files"], diff["after"]["boot_files"] = boot["diff"]["before"], boot["diff"]["after"]
+    fields = dict(boot_files_outdated=boot["outdated"], boot_files_installed=boot["installed"],
+                  boot_files_removed=boot["removed"], boot_unit_actions=boot["actions"])
     if params["publish_facts"]:
         fields["ansible_facts"] = {"vgpu_profiles_gpus": result["gpus"], "vgpu_profiles_resources": result["resources"]}
-    exit_with_diff(module, result["changed"] or persisted, diff, gpus=result["gpus"], resources=result["resources"],
+    exit_with_diff(module, result["changed"] or boot["changed"], diff, gpus=result["gpus"], resources=result["resources"],
                    vfs_enabled=result["vfs_enabled"], **fields)
 
 

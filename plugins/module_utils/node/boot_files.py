@@ -79,12 +79,6 @@ def installed_checksum(entry):
         return None
 
 
-def is_current(entry):
-    """Whether `entry` is installed as described."""
-    wanted = checksum_of(entry)
-    return installed_checksum(entry) == wanted
-
-
 def validate(entries):
     """The expected checksum of every entry, in order; raises BootFileError on the first bad one."""
     return [checksum_of(entry) for entry in entries or []]
@@ -92,8 +86,7 @@ def validate(entries):
 
 def outdated(entries):
     """Paths of `entries` that are missing or differ, in the given order (every entry validated first)."""
-    validate(entries)
-    return [str(entry["path"]) for entry in entries or [] if not is_current(entry)]
+    return install(entries, check_mode=True)["outdated"]
 
 
 def _makedirs(directory):

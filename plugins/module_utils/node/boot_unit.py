@@ -9,11 +9,15 @@ Present: `daemon-reload` when a boot file was (re)written in this run, `enable` 
 active is not restarted: it is a oneshot that applied the same layout this run just checked.
 Absent: `stop` while active, `disable` while enabled (before its files go), `daemon-reload` after.
 `is-enabled` / `is-active` only read, so check mode asks them too and reports the same actions.
+
+`converge()` is the whole boot persistence after a layout apply: the files (boot_files.py), then
+the unit (or, absent, the unit first and the files after).
 """
 
 from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files
 
 SYSTEMCTL = "systemctl"
 
@@ -60,3 +64,28 @@ def run(runner, unit, actions):
         if rc != 0:
             said = (err or out or "exit %d" % rc).splitlines()[-1]
             raise BootUnitError("boot unit %s: systemctl %s failed: %s" % (unit, " ".join(action), said))
+
+
+def converge(runner, unit, files, present=True, check_mode=False):
+    """Boot files and, when `unit` is given, its systemd state. Returns {changed, outdated, installed,
+    removed, actions (command lines), diff}; in check mode nothing is written and the same is reported."""
+    if present:
+        done = boot_files.install(files, check_mode)
+        actions = plan(runner, unit, True, bool(done["installed"])) if unit else []
+        if not check_mode:
+            run(runner, unit, actions)
+        touched = done["installed"]
+    else:
+        actions = plan(runner, unit, False, False) if unit else []
+        if not check_mode:
+            run(runner, unit, actions)
+        done = boot_files.remove(files, check_mode)
+        touched = done["removed"]
+        if unit and touched:
+            reload = [["daemon-reload"]]
+            if not check_mode:
+                run(runner, unit, reload)
+            actions += reload
+    return {"changed": bool(touched or actions), "outdated": done.get("outdated", []),
+            "installed": done.get("installed", []), "removed": done.get("removed", []),
+            "actions": [" ".join([SYSTEMCTL] + action) for action in actions], "diff": done["diff"]}

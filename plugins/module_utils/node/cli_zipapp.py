@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
+import os
 import re
 import typing
 import zipfile
@@ -92,6 +93,18 @@ def build(read_source, exists, start=ENTRY):
             info.external_attr = 0o644 << 16
             archive.writestr(info, text.encode("utf-8"))
     return buffer.getvalue()
+
+
+def from_directory(module_utils):
+    """(read_source, exists) for the sources in a checkout's `plugins/module_utils` directory."""
+    def path(name):
+        return os.path.join(module_utils, *name.split(".")) + ".py"
+
+    def read_source(name):
+        with open(path(name), encoding="utf-8") as handle:
+            return handle.read()
+
+    return read_source, lambda name: os.path.isfile(path(name))
 
 
 def _spec(name):

@@ -136,17 +136,18 @@ class PciDevice:
 
     def virtfns(self):
         """VF addresses in virtfn order (virtfn0, virtfn1, ... numerically, not lexically)."""
-        links = []
-        for name in self.sysfs.listdir(self.base):
-            if name.startswith("virtfn") and name[6:].isdigit():
-                target = self.sysfs.link_name(self.attr(name))
-                if target:
-                    links.append((int(name[6:]), target))
-        return [addr for dummy, addr in sorted(links)]
+        targets = (self.sysfs.link_name(self.attr(name)) for name in virtfn_names(self.sysfs.listdir(self.base)))
+        return [target for target in targets if target]
 
     @property
     def id_pair(self):
         return (self.vendor, self.device)
+
+
+def virtfn_names(entries):
+    """The `virtfn<N>` names among a PF directory's `entries`, in N order (numerically, not lexically)."""
+    return sorted((name for name in entries if name.startswith("virtfn") and name[6:].isdigit()),
+                  key=lambda name: int(name[6:]))
 
 
 def list_addresses(sysfs):

@@ -323,12 +323,6 @@ def _run_sriov_manage(sysfs, runner, plan, flag, count, retries, retry_delay):
                         ": " + said[-1] if said else ""))
 
 
-def _virtfn_names(pf_dir):
-    """The PF's virtfn<N> link names in N order (numerically), from one listing of its directory."""
-    names = [name for name in pf_dir.listdir() if name.startswith("virtfn") and name[6:].isdigit()]
-    return sorted(names, key=lambda name: int(name[6:]))
-
-
 def _vf_ready(pf_dir, link):
     """The VF behind the link `link` has its nvidia/ directory (vendor VFIO) or mdev_supported_types."""
     return pf_dir.isdir(link + "/nvidia") or pf_dir.isdir(link + "/mdev_supported_types")
@@ -355,7 +349,7 @@ def not_ready(sysfs, plan, numvfs=None, first_only=False):
             raise
         return "0 of %d virtfn links present (%s is gone)" % (plan.desired, plan.address)
     with pf_dir:
-        links = _virtfn_names(pf_dir)
+        links = pci.virtfn_names(pf_dir.listdir())  # one listing
         if len(links) != plan.desired:
             return "%d of %d virtfn links present" % (len(links), plan.desired)
         if not plan.nvidia or not links:

@@ -13,21 +13,11 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 5))
 SOURCE = os.path.join(REPO, "plugins", "module_utils")
 
 
-def _path(name):
-    return os.path.join(SOURCE, *name.split(".")) + ".py"
-
-
-def read_checkout(name):
-    with open(_path(name), encoding="utf-8") as handle:
-        return handle.read()
-
-
-def exists_in_checkout(name):
-    return os.path.isfile(_path(name))
+READ, EXISTS = cli_zipapp.from_directory(SOURCE)
 
 
 def test_the_closure_follows_every_import_form_and_only_the_cli_needs():
-    names = cli_zipapp.closure(read_checkout, exists_in_checkout)
+    names = cli_zipapp.closure(READ, EXISTS)
     assert "node.cli" in names and "node.sysfs" in names      # `from ...node.sysfs import Sysfs`
     assert "agent.agent" in names and "agent.settings" in names  # `from ...agent import agent, settings as s`
     assert "errors" in names                                  # `from ...module_utils.errors import ...`
@@ -36,8 +26,8 @@ def test_the_closure_follows_every_import_form_and_only_the_cli_needs():
 
 
 def test_loaded_sources_give_the_same_bytes_as_the_checkout_and_runs_are_reproducible():
-    from_checkout = cli_zipapp.build(read_checkout, exists_in_checkout)
-    assert cli_zipapp.shipped() == from_checkout == cli_zipapp.build(read_checkout, exists_in_checkout)
+    from_checkout = cli_zipapp.build(READ, EXISTS)
+    assert cli_zipapp.shipped() == from_checkout == cli_zipapp.build(READ, EXISTS)
 
 
 def test_the_archive_is_a_stored_zipapp_with_package_inits(tmp_path):
