@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A small Kubernetes API client for the node agent, standard library only.
 
-The agent needs five calls (list/get/watch/patch its own Node, create an Event), so it speaks HTTP
-itself instead of shipping the `kubernetes` client (docs/design.md, "Node agent"). Credentials:
+The agent needs a few calls (list/get/watch/patch its own Node, create an Event; for the DRA driver
+its node's ResourceSlices and reading ResourceClaims), so it speaks HTTP itself instead of shipping the `kubernetes` client (docs/design.md, "Node agent"). Credentials:
 
 - in-cluster (a pod): KUBERNETES_SERVICE_HOST/PORT and the service account's `token`, `ca.crt` and
   `namespace` files. The token is projected and rotated by the kubelet, so it is read again for
@@ -30,6 +30,7 @@ import urllib.parse
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+RESOURCE_API = "/apis/resource.k8s.io/v1"
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = 30.0
 USER_AGENT = "accelops-vgpu-agent"
@@ -280,3 +281,31 @@ class KubeClient:
                 yield event
         finally:
             conn.close()
+
+    # --- DRA: ResourceSlices of this node, ResourceClaims ------------------------------------------
+    def list_resource_slices(self, node_name, driver):
+        """ResourceSlices of `driver` on node `node_name` (field selectors the API server supports for
+        them: spec.nodeName, spec.driver)."""
+        found = self.request("GET", RESOURCE_API + "/resourceslices",
+                             {"fieldSelector": "spec.nodeName=%s,spec.driver=%s" % (node_name, driver)})
+        return found.get("items") or []
+
+    def create_resource_slice(self, body):
+        return self.request("POST", RESOURCE_API + "/resourceslices", body=body)
+
+    def replace_resource_slice(self, body):
+        """PUT: the body's metadata.resourceVersion makes a concurrent change a 409."""
+        return self.request("PUT", RESOURCE_API + "/resourceslices/" + urllib.parse.quote(body["metadata"]["name"],
+                                                                                         safe=""), body=body)
+
+    def delete_resource_slice(self, name, resource_version=None):
+        """DELETE with a resourceVersion precondition (409 when the slice changed since it was listed)."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if resource_version:
+            options["preconditions"] = {"resourceVersion": resource_version}
+        return self.request("DELETE", RESOURCE_API + "/resourceslices/" + urllib.parse.quote(name, safe=""),
+                            body=options)
+
+    def get_resource_claim(self, namespace, name):
+        return self.request("GET", "%s/namespaces/%s/resourceclaims/%s" % (
+            RESOURCE_API, urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")))

@@ -1,0 +1,176 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The DRA devices of a node: one per programmed vGPU, as plain data computed from the engine's facts.
+
+    inventory(sysfs, facts) -> [VgpuDevice]   (facts = node.facts.gather(...))
+
+A vendor-specific VFIO VF with a type set is one device, and so is every mdev. What a device
+publishes (docs/design.md "DRA driver"; sources there):
+- `resource.kubernetes.io/pciBusID`: the VF (vendor VFIO) or the mdev's parent function, extended BDF;
+- `resource.kubernetes.io/pcieRoot`: `pci<domain>:<bus>`, the first element below `devices/` of the
+  function's sysfs path (k8s.io/dynamic-resource-allocation deviceattribute.GetPCIeRootAttributeByPCIBusID);
+- `mdevUUID` (unqualified, so in the driver's domain) for an mdev: KubeVirt >= 1.8.3 reads it before
+  pciBusID from the KEP-5304 metadata file and then attaches the mdev, not the PCI function;
+- the driver's own: `profile` (L40S-24Q), `typeName` (NVIDIA L40S-24Q), `typeID` (the driver's numeric
+  type ID), `framework` (vendor-vfio | mdev), `parentGPU` (the PF), `productName` (the catalog's model),
+  `numaNode` (when sysfs knows it), `migBacked`; capacity `framebuffer` from the profile's size.
+
+The device name carries the profile (`l40s-24q-0000-41-00-4`, `t4-1b-<uuid>`): a VF retyped after
+the scheduler allocated it is a different device, so Prepare refuses the stale allocation by name alone.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PCI_DEVICES
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+
+DRIVER = "vgpu.accelops.io"
+STANDARD = "resource.kubernetes.io/"
+PCI_BUS_ID, PCIE_ROOT = STANDARD + "pciBusID", STANDARD + "pcieRoot"
+MDEV_UUID = "mdevUUID"          # unqualified: KubeVirt's key (pkg/dra/metadata/types.go)
+MAX_NAME = 63                   # a device name is a DNS label
+MAX_STRING = 64                 # an attribute's string value (resource.k8s.io/v1 DeviceAttribute)
+_LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
+_MDEV_TYPE = re.compile(r"^nvidia-(\d+)$")
+
+
+@dataclass(frozen=True)
+class VgpuDevice:
+    """One allocatable vGPU. `nodes` are its VFIO device nodes relative to `<dev>/vfio/`."""
+
+    name: str
+    framework: str                  # vendor-vfio | mdev
+    address: str                    # the VF (vendor VFIO) or the mdev's parent function
+    parent_gpu: str
+    profile: str
+    type_name: str
+    type_id: int | None
+    mdev_uuid: str | None = None
+    pcie_root: str | None = None
+    numa_node: int | None = None
+    product: str | None = None
+    mig_backed: bool = False
+    framebuffer_mib: int | None = None
+    nodes: tuple = field(default=(), compare=False)
+
+    @property
+    def key(self):
+        """What a VM or a claim holds: the mdev UUID, else the VF's address (inuse's keys)."""
+        return self.mdev_uuid or self.address
+
+    def attributes(self):
+        """resource.k8s.io/v1 DeviceAttribute map (ResourceSlice and KEP-5304 metadata)."""
+        attrs = {PCI_BUS_ID: {"string": self.address}, "profile": {"string": self.profile},
+                 "typeName": {"string": self.type_name[:MAX_STRING]}, "framework": {"string": self.framework},
+                 "parentGPU": {"string": self.parent_gpu}, "migBacked": {"bool": self.mig_backed}}
+        if self.type_id is not None:
+            attrs["typeID"] = {"int": self.type_id}
+        if self.mdev_uuid:
+            attrs[MDEV_UUID] = {"string": self.mdev_uuid}
+        if self.pcie_root:
+            attrs[PCIE_ROOT] = {"string": self.pcie_root}
+        if self.numa_node is not None:
+            attrs["numaNode"] = {"int": self.numa_node}
+        if self.product:
+            attrs["productName"] = {"string": self.product[:MAX_STRING]}
+        return attrs
+
+    def capacity(self):
+        return {"framebuffer": {"value": "%dMi" % self.framebuffer_mib}} if self.framebuffer_mib else {}
+
+    def to_api(self):
+        """The Device entry of a resource.k8s.io/v1 ResourceSlice."""
+        entry = {"name": self.name, "attributes": self.attributes()}
+        if self.framebuffer_mib:
+            entry["capacity"] = self.capacity()
+        return entry
+
+
+def device_name(profile, ident):
+    """`<profile>-<address or uuid>` as a DNS label: lower case, `:`/`.` -> `-`, at most 63 characters."""
+    suffix = _LABEL_CHARS.sub("-", ident.lower()).strip("-")
+    prefix = _LABEL_CHARS.sub("-", profile.lower()).strip("-")[:MAX_NAME - len(suffix) - 1].strip("-")
+    return "%s-%s" % (prefix, suffix) if prefix else suffix
+
+
+def pcie_root(sysfs, address):
+    """`pci0000:41` for a function linked from bus/pci/devices to devices/pci0000:41/..., else None."""
+    target = sysfs.readlink("%s/%s" % (PCI_DEVICES, address))
+    if not target:
+        return None
+    parts = posixpath.normpath(posixpath.join(PCI_DEVICES, target)).split("/")
+    if len(parts) >= 3 and parts[0] == "devices" and parts[1].startswith("pci") and parts[-1] == address:
+        return parts[1]
+    return None
+
+
+def numa_node(sysfs, address):
+    """The function's NUMA node; None where the kernel says -1 (no NUMA) or does not say."""
+    try:
+        value = sysfs.read_int("%s/%s/numa_node" % (PCI_DEVICES, address))
+    except SysfsError:
+        return None
+    return value if value is not None and value >= 0 else None
+
+
+def _framebuffer_mib(profile):
+    try:
+        return vgpu_types.parse_profile(profile).size_gb * 1024
+    except vgpu_types.VgpuTypeError:
+        return None
+
+
+def _mig_backed(profile):
+    try:
+        return vgpu_types.parse_profile(profile).mig_backed
+    except vgpu_types.VgpuTypeError:
+        return False
+
+
+def _nodes(sysfs, base):
+    try:
+        return tuple(inuse.device_nodes(sysfs, base))
+    except SysfsError:
+        return ()
+
+
+def _common(sysfs, gpu, profile, type_name):
+    return {"parent_gpu": gpu["address"], "profile": profile, "type_name": type_name,
+            "pcie_root": pcie_root(sysfs, gpu["address"]), "numa_node": numa_node(sysfs, gpu["address"]),
+            "product": gpu.get("model"), "mig_backed": _mig_backed(profile), "framebuffer_mib": _framebuffer_mib(profile)}
+
+
+def inventory(sysfs, facts):
+    """[VgpuDevice] of the node, sorted by name; `facts` is node.facts.gather()'s result.
+
+    A VF whose type has no known name (no creatable list or nvidia-smi names it) is left out: a
+    device nobody can select by profile is not offered."""
+    gpus = {gpu["address"]: gpu for gpu in facts.get("gpus") or ()}
+    found = []
+    for vf in facts.get("vfs") or ():
+        gpu = gpus.get(vf["pf"])
+        if gpu is None or not vf.get("vgpu_type_id") or not vf.get("vgpu_type"):
+            continue
+        profile = vgpu_types.short_name(vf["vgpu_type"])
+        found.append(VgpuDevice(name=device_name(profile, vf["address"]), framework="vendor-vfio",
+                                address=vf["address"], type_id=vf["vgpu_type_id"],
+                                nodes=_nodes(sysfs, "%s/%s" % (PCI_DEVICES, vf["address"])),
+                                **_common(sysfs, gpu, profile, vf["vgpu_type"])))
+    parent_gpu = {vf["address"]: vf["pf"] for vf in facts.get("vfs") or ()}
+    for mdev in facts.get("mdevs") or ():
+        gpu = gpus.get(parent_gpu.get(mdev["parent"], mdev["parent"]))
+        if gpu is None or not mdev.get("type_name"):
+            continue
+        profile = vgpu_types.short_name(mdev["type_name"])
+        number = _MDEV_TYPE.match(mdev.get("type") or "")
+        found.append(VgpuDevice(name=device_name(profile, mdev["uuid"]), framework="mdev", address=mdev["parent"],
+                                type_id=int(number.group(1)) if number else None, mdev_uuid=mdev["uuid"],
+                                nodes=_nodes(sysfs, "%s/%s" % (inuse.MDEV_DEVICES, mdev["uuid"])),
+                                **_common(sysfs, gpu, profile, mdev["type_name"])))
+    return sorted(found, key=lambda device: device.name)

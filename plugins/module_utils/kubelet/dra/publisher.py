@@ -1,0 +1,73 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Publishes this node's vGPUs as ResourceSlices through the agent's API client (agent/kube.py).
+
+    publisher = SlicePublisher(api, node_name, node_uid)
+    publisher.publish(devices)            # list, plan (slices.plan), delete / update / create
+    publisher.publish(devices, force=False) -> None when the devices are the ones last published
+
+A write that loses a race (409: someone changed or deleted a slice since it was listed) starts
+over from a fresh list, a few times; a delete of a slice already gone (404) is done. Any other API
+error propagates (KubeApiError / KubeUnavailable): the caller retries on its own schedule.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices as slice_plan
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
+
+CONFLICT_RETRIES = 5
+
+
+class SlicePublisher:
+    def __init__(self, api, node_name, node_uid=None, driver=DRIVER):
+        self.api, self.node_name, self.node_uid, self.driver = api, node_name, node_uid, driver
+        self.published = None       # the devices of the last successful publish
+        self.writes = 0             # API writes made (tests and the benchmark count them)
+
+    def publish(self, devices, force=True):
+        """Make the API hold exactly `devices` for this node; returns the executed Plan (None when
+        `force` is false and nothing changed since the last publish)."""
+        devices = list(devices)
+        if not force and self.published == devices:
+            return None
+        for attempt in range(CONFLICT_RETRIES):
+            existing = self.api.list_resource_slices(self.node_name, self.driver)
+            plan = slice_plan.plan(self.node_name, devices, existing, self.node_uid, self.driver)
+            try:
+                self._execute(plan)
+            except KubeApiError as exc:
+                if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
+                    raise
+                continue
+            self.published = devices
+            return plan
+        raise AssertionError("unreachable")
+
+    def _execute(self, plan):
+        for name, version in plan.deletes:
+            try:
+                self.api.delete_resource_slice(name, version)
+            except KubeApiError as exc:
+                if exc.status != 404:
+                    raise
+            self.writes += 1
+        for body in plan.updates:
+            self.api.replace_resource_slice(body)
+            self.writes += 1
+        for body in plan.creates:
+            self.api.create_resource_slice(body)
+            self.writes += 1
+
+    def withdraw(self):
+        """Delete every slice of this node and driver (the driver stops serving the node)."""
+        for item in self.api.list_resource_slices(self.node_name, self.driver):
+            try:
+                self.api.delete_resource_slice(item["metadata"]["name"], item["metadata"].get("resourceVersion"))
+            except KubeApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+            self.writes += 1
+        self.published = None

@@ -1,0 +1,119 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""This node's ResourceSlices (resource.k8s.io/v1) as plain data, and the writes that make the API match.
+
+One pool per node, named after the node; its devices are split into slices of at most
+MAX_DEVICES_PER_SLICE (the API's limit for devices without taints or counters). Every slice of the
+pool carries the same `pool.generation` and `pool.resourceSliceCount`; the scheduler uses only the
+slices of a pool's highest generation and treats the pool as incomplete until it sees
+resourceSliceCount of them, so a change that needs more than one write bumps the generation and
+rewrites every slice (the rule of k8s.io/dynamic-resource-allocation resourceslice.Controller.syncPool;
+one write alone keeps it). Slice names are fixed, `<node>-<driver>-<index>`, so a restarted agent
+finds its own slices again; the node's slices of this driver with another name, pool or a lower
+generation are stale and deleted first.
+
+    desired_slices(node, devices, generation, node_uid=None) -> [slice bodies without metadata.resourceVersion]
+    plan(node, devices, existing, node_uid=None) -> Plan(deletes, updates, creates)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+MAX_NAME = 253
+
+
+def slice_name(node, index, driver=DRIVER):
+    """`<node>-<driver>-<index>`; a node name too long for that keeps its start and a hash."""
+    name = "%s-%s-%d" % (node, driver, index)
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    tail = "-%s-%s-%d" % (digest, driver, index)
+    return node[:MAX_NAME - len(tail)].rstrip("-.") + tail
+
+
+def chunks(devices, size=MAX_DEVICES_PER_SLICE):
+    """The devices' API entries in slices of at most `size`; an empty pool is one empty slice
+    (the pool stays published, with no devices, so the scheduler knows it is complete)."""
+    entries = [device.to_api() for device in devices]
+    return [entries[i:i + size] for i in range(0, len(entries), size)] or [[]]
+
+
+def desired_slices(node, devices, generation, node_uid=None, driver=DRIVER):
+    """The full ResourceSlice objects for `devices` at `generation`."""
+    parts = chunks(devices)
+    slices = []
+    for index, entries in enumerate(parts):
+        metadata = {"name": slice_name(node, index, driver)}
+        if node_uid:
+            # the Node owns its slices: they go when the Node object goes (the kubelet plugin helper does the same)
+            metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
+                                            "controller": True}]
+        slices.append({"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata,
+                       "spec": {"driver": driver, "nodeName": node, "devices": entries,
+                                "pool": {"name": node, "generation": generation, "resourceSliceCount": len(parts)}}})
+    return slices
+
+
+@dataclass
+class Plan:
+    """Writes in order: deletes (stale slices, resourceVersion-guarded), updates, creates."""
+
+    deletes: list = field(default_factory=list)     # [(name, resourceVersion)]
+    updates: list = field(default_factory=list)     # [slice body with metadata.resourceVersion]
+    creates: list = field(default_factory=list)     # [slice body]
+
+    @property
+    def empty(self):
+        return not (self.deletes or self.updates or self.creates)
+
+
+def _spec_view(item):
+    spec = item.get("spec") or {}
+    return (spec.get("pool"), spec.get("devices") or [], spec.get("nodeName"), spec.get("driver"))
+
+
+def _owners_view(item):
+    return (item.get("metadata") or {}).get("ownerReferences") or None
+
+
+def plan(node, devices, existing, node_uid=None, driver=DRIVER):
+    """What to write so that the API holds exactly this node's pool of `devices`.
+
+    `existing` are the ResourceSlices the API lists for spec.nodeName=node, spec.driver=driver."""
+    existing = [item for item in existing or () if (item.get("spec") or {}).get("driver") == driver
+                and (item.get("spec") or {}).get("nodeName") == node]
+    ours = [item for item in existing if ((item.get("spec") or {}).get("pool") or {}).get("name") == node]
+    generation = max([int(((item["spec"].get("pool") or {}).get("generation")) or 0) for item in ours] or [0])
+    by_name = {item["metadata"]["name"]: item for item in ours
+               if int((item["spec"].get("pool") or {}).get("generation") or 0) == generation}
+    wanted = desired_slices(node, devices, generation, node_uid, driver)
+    changed = [body for body in wanted if body["metadata"]["name"] not in by_name
+               or _spec_view(by_name[body["metadata"]["name"]]) != _spec_view(body)
+               or _owners_view(by_name[body["metadata"]["name"]]) != _owners_view(body)]
+    new = [body for body in wanted if body["metadata"]["name"] not in by_name]
+    if new or len(changed) > 1 or not ours:
+        generation += 1
+        wanted = desired_slices(node, devices, generation, node_uid, driver)
+        changed = wanted
+    names = {body["metadata"]["name"] for body in wanted}
+    result = Plan()
+    for item in existing:
+        name = item["metadata"]["name"]
+        if item not in by_name.values() or name not in names:
+            result.deletes.append((name, item["metadata"].get("resourceVersion")))
+    for body in changed:
+        name = body["metadata"]["name"]
+        if name in by_name and name not in dict(result.deletes):
+            body["metadata"]["resourceVersion"] = by_name[name]["metadata"].get("resourceVersion")
+            result.updates.append(body)
+        else:
+            result.creates.append(body)
+    return result
