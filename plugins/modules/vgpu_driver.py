@@ -19,7 +19,16 @@ description:
     and its C(--version) output reports the version in its name. Otherwise the module fails before changing anything.
   - An install or upgrade stops the vGPU services, unloads C(nvidia_vgpu_vfio) and C(nvidia), runs the runfile
     non-interactively (C(--ui=none --no-questions --silent), plus C(--dkms) and O(installer_args)), loads the
-    modules again and enables and starts the services. Modules VMs still use cannot be unloaded; stop the VMs first.
+    modules again and enables and starts the services. This takes the vGPU from every running VM, so
+    before the first stop (install, upgrade and V(absent)) the module refuses, naming each holder, while a VM holds
+    a VF or mdev of an NVIDIA GPU or C(nvidia_vgpu_vfio) has users (or when it cannot tell); stop or migrate the
+    VMs first.
+  - An install also refuses before any change when the running kernel's build tree
+    (C(<modules_dir>/<release>/build), release from C(<proc_root>/sys/kernel/osrelease)) is missing, unless
+    O(installer_args) names C(--kernel-source-path), and when O(dkms) is set but C(dkms) is not installed.
+  - When a step fails after the first stop (a module still in use, the installer failing), the module restores
+    what ran before (loads the modules that were loaded, starts the services that were active), reads the node
+    again, and fails with one line naming the failed step and what was restored or is still missing.
   - Without a version change it only repairs the nouveau blacklist, loads missing modules and starts stopped services.
 author:
   - accelops.vgpu contributors (@accelops)
@@ -88,10 +97,23 @@ options:
     default: /sys
   proc_root:
     description:
-      - Directory that holds the node's procfs; loaded modules are read from C(<proc_root>/modules).
+      - Directory that holds the node's procfs; loaded modules are read from C(<proc_root>/modules), the running
+        kernel from C(<proc_root>/sys/kernel/osrelease), the processes that hold VFIO devices from
+        C(<proc_root>/<pid>/fd).
       - A directory that does not exist fails the task.
     type: path
     default: /proc
+  dev_root:
+    description:
+      - Directory that holds the node's C(/dev) (VFIO device nodes VMs hold).
+      - A directory that does not exist fails the task.
+    type: path
+    default: /dev
+  modules_dir:
+    description:
+      - The node's C(/lib/modules); an install needs C(<modules_dir>/<running kernel>/build) (the kernel headers).
+    type: path
+    default: /lib/modules
   lock_timeout:
     description:
       - Seconds to wait for the node's apply lock, which the SR-IOV and profile modules take too.
@@ -99,7 +121,8 @@ options:
     default: 120.0
 notes:
   - Check mode runs only read-only commands (C(<runfile> --version), C(modinfo), C(systemctl is-enabled/is-active)).
-  - Diff mode shows the driver before and after (version, flavour, loaded modules, services) and the planned actions.
+  - Diff mode shows the driver before and after (version, flavour, loaded modules, services), the planned actions
+    and the restore a failure after the first stop would run (RV(on_failure)).
 attributes:
   check_mode:
     support: full
@@ -131,6 +154,12 @@ previous_version:
   returned: always
   type: str
   sample: 550.54.16
+on_failure:
+  description: What a failure after the first stop restores, in order (empty when the run stops nothing).
+  returned: always
+  type: list
+  elements: str
+  sample: ["load nvidia", "load nvidia_vgpu_vfio", "start nvidia-vgpud.service", "start nvidia-vgpu-mgr.service"]
 runfile_version:
   description: Version of O(runfile), null without one.
   returned: always
@@ -170,6 +199,8 @@ def main():
             services=dict(type="list", elements="str", default=list(DEFAULT_SERVICES)),
             sysfs_root=dict(type="path", default="/sys"),
             proc_root=dict(type="path", default="/proc"),
+            dev_root=dict(type="path", default="/dev"),
+            modules_dir=dict(type="path", default="/lib/modules"),
             lock_timeout=dict(type="float", default=120.0),
         ),
         required_if=[("state", "present", ["runfile"])],
@@ -177,14 +208,15 @@ def main():
     )
     params = module.params
     manager = DriverManager(FunctionRunner(module.run_command), params["sysfs_root"], params["modprobe_dir"],
-                            params["proc_root"])
+                            params["proc_root"], params["dev_root"], params["modules_dir"])
     with engine_errors(module) as result:
-        check_roots(params["sysfs_root"], proc_root=params["proc_root"])
+        check_roots(params["sysfs_root"], params["dev_root"], params["proc_root"])
         # one writer per node: the driver swap must not race a profile or VF apply
         with node_lock(params["sysfs_root"], params["lock_timeout"]) if not module.check_mode else nullcontext():
             result.update(manager.apply(params, check_mode=module.check_mode))
     before, after = result.pop("before"), result.pop("after")
-    exit_with_diff(module, result.pop("changed"), {"before": before, "after": dict(after, actions=result["actions"])},
+    exit_with_diff(module, result.pop("changed"), {"before": before, "after": dict(after, actions=result["actions"],
+                                                                     on_failure=result["on_failure"])},
                    **result)
 
 

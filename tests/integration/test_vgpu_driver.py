@@ -7,7 +7,7 @@ proven by the calls that did not happen.
 
 import pytest
 
-from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import changing_calls, make_fake_node
+from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import changing_calls, make_fake_node, modules_dir
 from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile
 
 OLD, NEW = "550.54.16", "570.124.03"
@@ -31,7 +31,8 @@ def host(gpusim_node, tmp_path, run_playbook):
 
         def driver(self, check=False, diff=False, **options):
             task = {"name": "driver", "accelops.vgpu.vgpu_driver": dict(
-                dict(sysfs_root=node.root, proc_root=str(fake / "proc"), modprobe_dir=str(self.modprobe_dir)),
+                dict(sysfs_root=node.root, proc_root=str(fake / "proc"), modprobe_dir=str(self.modprobe_dir),
+                     modules_dir=modules_dir(fake), dev_root=node.dev_root),
                 **options)}
             return run_playbook([task], node, check=check, diff=diff).task("driver")
 
@@ -97,7 +98,8 @@ def test_role_copies_the_runfile_and_is_idempotent(host, run_playbook, tmp_path)
                      vgpu_host_driver_runfile_dir=str(tmp_path / "cache"),
                      vgpu_host_driver_modprobe_dir=str(host.modprobe_dir),
                      vgpu_host_driver_sysfs_root=host.sim.root,
-                     vgpu_host_driver_proc_root=str(host.dir / "proc"))
+                     vgpu_host_driver_proc_root=str(host.dir / "proc"),
+                     vgpu_host_driver_modules_dir=modules_dir(host.dir), vgpu_host_driver_dev_root=host.sim.dev_root)
     # check mode on a fresh node: only the copy reports a change, nothing is written
     checked = run_playbook([role], host.sim, check=True, extra_vars=role_vars)
     assert checked.rc == 0, checked

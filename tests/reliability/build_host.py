@@ -12,9 +12,11 @@ import os
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import DEFAULT_SERVICES
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import FAKE_KERNEL
 from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile
 
 DRIVER_LOADED = "570.172.07"          # gpusim's default driver version
+UPGRADE = "575.51.02"                 # a newer runfile: an upgrade stops the vGPU manager
 
 
 class QueryOnlyRunner(CommandRunner):
@@ -50,8 +52,14 @@ class NoRegistry:
 
 
 def runfiles(directory):
-    """The runfiles the cases refer to, written into `directory`, and an empty `proc` root beside them."""
-    os.makedirs(os.path.join(str(directory), "proc"), exist_ok=True)
+    """The runfiles the cases refer to, written into `directory`, and beside them a `proc` root (no process,
+    the running kernel FAKE_KERNEL) and `lib/modules` with that kernel's (and this host's) build tree."""
+    os.makedirs(os.path.join(str(directory), "proc", "sys", "kernel"), exist_ok=True)
+    with open(os.path.join(str(directory), "proc", "sys", "kernel", "osrelease"), "w", encoding="utf-8") as handle:
+        handle.write(FAKE_KERNEL + "\n")
+    for release in (FAKE_KERNEL, os.uname().release):  # the latter for cases that read the host's /proc
+        os.makedirs(os.path.join(str(directory), "lib", "modules", release, "build"), exist_ok=True)
+    write_runfile(directory, UPGRADE)
     write_runfile(directory, DRIVER_LOADED)
     write_runfile(directory, "550.54.16")
     write_runfile(directory, DRIVER_LOADED, name="NVIDIA-Linux-x86_64-%s.run" % DRIVER_LOADED)
@@ -87,7 +95,7 @@ def driver_params(tmp, sysfs_root, **overrides):
     params = {"state": "present", "runfile": None, "dkms": False, "allow_downgrade": False, "installer_args": [],
               "blacklist_nouveau": True, "modprobe_dir": "{tmp}/modprobe.d", "load_modules": True,
               "manage_services": True, "services": list(DEFAULT_SERVICES), "sysfs_root": sysfs_root,
-              "proc_root": "{tmp}/proc", "lock_timeout": 10.0}
+              "proc_root": "{tmp}/proc", "dev_root": "/dev", "modules_dir": "{tmp}/lib/modules", "lock_timeout": 10.0}
     params.update(overrides)
     return fill(params, tmp)
 

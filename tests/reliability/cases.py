@@ -198,6 +198,12 @@ DRIVER = [
     image_case("driver-downgrade-refused", "550.54.16", runfile="{tmp}/NVIDIA-Linux-x86_64-550.54.16-vgpu-kvm.run"),
     image_case("driver-absent-with-bad-runfile", "NVIDIA-Linux-x86_64-570.172.07.run", state="absent",
                runfile="{tmp}/NVIDIA-Linux-x86_64-570.172.07.run"),
+    # an upgrade stops the vGPU manager: refused while a VM holds a VF (the lab's HELD_VF), before the first stop
+    image_case("driver-upgrade-with-held-vf", HELD_VF, runfile="{tmp}/NVIDIA-Linux-x86_64-575.51.02-vgpu-kvm.run",
+               proc_root="/proc", dev_root="{dev}"),
+    image_case("driver-absent-with-held-vf", HELD_VF, state="absent", proc_root="/proc", dev_root="{dev}"),
+    image_case("driver-upgrade-without-kernel-headers", "{tmp}/no-headers",
+               runfile="{tmp}/NVIDIA-Linux-x86_64-575.51.02-vgpu-kvm.run", modules_dir="{tmp}/no-headers"),
 ]
 
 # --- a representative subset end to end: node modules as Ansible runs them, roles in playbooks ----

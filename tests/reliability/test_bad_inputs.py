@@ -115,9 +115,11 @@ def test_image_input_is_refused_in_one_line_without_writes(row, runfile_dir, fai
 @pytest.mark.parametrize("row", params(cases.DRIVER))
 def test_driver_input_is_refused_in_one_line_without_writes(row, lab, runfile_dir, failure_writes):
     runner = build_host.QueryOnlyRunner()
-    options = build_host.driver_params(runfile_dir, lab.node.root, **row["params"])
+    params = json.loads(json.dumps(row["params"]).replace("{dev}", lab.node.dev_root))
+    options = build_host.driver_params(runfile_dir, lab.node.root, **params)
     lab.node.clear_log()
-    manager = DriverManager(runner, options["sysfs_root"], options["modprobe_dir"], options["proc_root"])
+    manager = DriverManager(runner, options["sysfs_root"], options["modprobe_dir"], options["proc_root"],
+                            options["dev_root"], options["modules_dir"])
     with pytest.raises(EngineError) as caught:
         manager.apply(options)
     created = build_host.files_below(options["modprobe_dir"])

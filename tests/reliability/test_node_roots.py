@@ -28,10 +28,10 @@ MODULES = {
     "vgpu_facts": {},
     "vgpu_driver": {"runfile": "{tmp}/NVIDIA-Linux-x86_64-570.172.07-vgpu-kvm.run", "modprobe_dir": "{tmp}/modprobe.d"},
 }
-# vgpu_driver has no dev_root; the others take all three roots.
+# Every node module takes all three roots.
 # Check mode too, for the modules that write: the verdict must not depend on it.
 MODULE_ROWS = [pytest.param(module, broken, False, id="%s-%s" % (module, broken)) for module in MODULES
-               for broken in BROKEN if not (module == "vgpu_driver" and BROKEN[broken][0] == "dev_root")] + [
+               for broken in BROKEN] + [
     pytest.param(module, broken, True, id="check-%s-%s" % (module, broken))
     for module, broken in (("sriov_vfs", "dev-missing"), ("vgpu_profile", "dev-missing"),
                            ("vgpu_profile", "sysfs-not-a-sysfs"))]
@@ -49,8 +49,6 @@ def broken_path(tmp_path, kind):
 def roots(lab, tmp_path, broken, module=None):
     option, kind, dummy = BROKEN[broken]
     given = {"sysfs_root": lab.node.root, "dev_root": lab.node.dev_root, "proc_root": "/proc"}
-    if module == "vgpu_driver":
-        del given["dev_root"]
     given[option] = broken_path(tmp_path, kind)
     return given, given[option]
 

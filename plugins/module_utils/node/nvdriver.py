@@ -16,6 +16,15 @@ Decisions (documented in the module):
   replaced by an install.
 - A runfile is accepted when its name is `NVIDIA-Linux-<arch>-<version>-vgpu-kvm[-aie].run`, its
   first bytes are a makeself shell header, and its `--version` output names the same version.
+- Before the first stop (install, upgrade, absent) nothing may use the vGPU stack (vgpu_busy.users:
+  a VF/mdev a VM holds, or nvidia_vgpu_vfio with users; "cannot tell" counts as in use), and an
+  install needs the running kernel's build tree (`<modules_dir>/<release>/build`, release from
+  `<proc_root>/sys/kernel/osrelease`, or the installer's --kernel-source-path) and `dkms` with
+  `dkms: true`. Otherwise it refuses, naming what is missing or held, and changes nothing.
+- A step failing after the first stop restores what ran before (modprobe the modules that were
+  loaded, start the services that were active), reads the node again and reports both the failure
+  and the restore in one line. The planned restore is part of the plan (`on_failure`), so check
+  and diff mode show the whole sequence.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ import re
 import tempfile
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_busy
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import InUseError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 
 RUNFILE_NAME = re.compile(
@@ -41,6 +52,7 @@ BLACKLIST_NAME = "accelops-vgpu-blacklist-nouveau.conf"
 BLACKLIST_CONTENT = ("# Written by accelops.vgpu.vgpu_driver: the NVIDIA vGPU manager needs nouveau off.\n"
                      "blacklist nouveau\noptions nouveau modeset=0\n")
 BLACKLIST_MODE = 0o644
+KERNEL_SOURCE_ARG = "--kernel-source-path"
 
 
 class DriverError(EngineError):
@@ -145,8 +157,9 @@ def _service_state(runner, name):
 class Action:
     """One step of a plan: a command (argv) or the blacklist file write."""
 
-    def __init__(self, describe, argv=None, write=None):
-        self.describe, self.argv, self.write = describe, argv, write
+    def __init__(self, describe, argv=None, write=None, disruptive=False):
+        # disruptive: from this step on the running vGPU manager is (partly) gone; a failure restores it
+        self.describe, self.argv, self.write, self.disruptive = describe, argv, write, disruptive
 
     def __repr__(self):
         return "Action(%r)" % self.describe
@@ -155,11 +168,12 @@ class Action:
 class DriverManager:
     """Plans and applies `state: present|absent` for the vGPU manager driver."""
 
-    def __init__(self, runner, sysfs_root="/sys", modprobe_dir="/etc/modprobe.d", proc_root="/proc"):
+    def __init__(self, runner, sysfs_root="/sys", modprobe_dir="/etc/modprobe.d", proc_root="/proc",
+                 dev_root="/dev", modules_dir="/lib/modules"):
         self.runner = runner
         self.sysfs = Sysfs(sysfs_root)
         self.modprobe_dir = modprobe_dir
-        self.proc_root = proc_root
+        self.proc_root, self.dev_root, self.modules_dir = proc_root, dev_root, modules_dir
 
     def tool(self, name):
         path = _which(self.runner, name)
@@ -174,6 +188,8 @@ class DriverManager:
         state = DriverState.read(self.sysfs, self.runner, services, self.proc_root)
         if params["state"] == "absent":
             actions = self._plan_absent(params, state, services)
+            if actions:
+                self._refuse_while_in_use(state, "remove it")
             gone = {"version": None, "vgpu_manager": False, "loaded_modules": [],
                     "services": {name: {"enabled": False, "active": False} for name in services}}
             return state, None, actions, gone if actions else state.as_dict()
@@ -185,6 +201,8 @@ class DriverManager:
         install = state.version != runfile.version or not state.vgpu_manager
         actions = self._plan_blacklist(params)
         if install:
+            self._check_build_prerequisites(params, runfile)
+            self._refuse_while_in_use(state, "install %s" % runfile.version)
             actions += self._plan_stop(state, services) + self._plan_install(params, runfile)
         actions += self._plan_load(params, state, install) + self._plan_services(state, services, install)
         after = {"version": runfile.version, "vgpu_manager": True,
@@ -192,6 +210,45 @@ class DriverManager:
                  ([] if install else list(state.modules)),
                  "services": {name: {"enabled": True, "active": True} for name in services}}
         return state, runfile, actions, after
+
+    # -- before the first stop ------------------------------------------------------------------
+    def _refuse_while_in_use(self, state, doing):
+        """DriverError naming every holder (or why nobody can tell) while the vGPU stack is in use."""
+        try:
+            found = vgpu_busy.users(self.sysfs, self.dev_root, self.proc_root)
+        except InUseError as err:
+            found = ["cannot tell which devices VMs hold (%s)" % err]
+        if found:
+            raise DriverError("driver %s: refusing to %s while the vGPU stack is in use (stopping it takes the vGPU "
+                              "from running VMs; stop them first): %s"
+                              % (state.version or "(none)", doing, "; ".join(found)))
+
+    def kernel_release(self):
+        """The running kernel's release (`uname -r`) as `<proc_root>/sys/kernel/osrelease` says."""
+        try:
+            with open(os.path.join(self.proc_root, "sys/kernel/osrelease"), encoding="utf-8") as handle:
+                return handle.read().strip() or os.uname().release
+        except OSError:
+            return os.uname().release
+
+    def _check_build_prerequisites(self, params, runfile):
+        """The runfile builds its kernel modules for the running kernel: its build tree (headers) must be there,
+        and `dkms` when asked for."""
+        args = list(params["installer_args"])
+        source = None
+        for index, arg in enumerate(args):
+            if arg.startswith(KERNEL_SOURCE_ARG + "="):
+                source = arg.split("=", 1)[1]
+            elif arg == KERNEL_SOURCE_ARG and index + 1 < len(args):
+                source = args[index + 1]
+        release = self.kernel_release()
+        source = source or os.path.join(self.modules_dir, release, "build")
+        if not os.path.isdir(source):
+            raise DriverError("driver %s: cannot build its kernel modules for the running kernel %s: no kernel source "
+                              "tree at %s (install the kernel headers for %s, or pass %s)"
+                              % (runfile.version, release, source, release, KERNEL_SOURCE_ARG))
+        if params["dkms"] and not _which(self.runner, "dkms"):
+            raise DriverError("driver %s: dkms is true but dkms is not installed on the node" % runfile.version)
 
     def _plan_blacklist(self, params):
         if not params["blacklist_nouveau"]:
@@ -205,18 +262,19 @@ class DriverManager:
         return [] if same else [Action("blacklist nouveau in %s" % path, write=path)]
 
     def _plan_stop(self, state, services):
-        actions = [Action("stop %s" % name, argv=[self.tool("systemctl"), "stop", name])
+        actions = [Action("stop %s" % name, argv=[self.tool("systemctl"), "stop", name], disruptive=True)
                    for name in services if state.services[name]["active"]]
         loaded = [name for name in reversed(MODULES) if name in state.modules]
         if loaded:
             actions.append(Action("unload %s" % " ".join(loaded),
-                                  argv=[self.tool("modprobe"), "-r"] + loaded))
+                                  argv=[self.tool("modprobe"), "-r"] + loaded, disruptive=True))
         return actions
 
     def _plan_install(self, params, runfile):
         argv = ["sh", runfile.path] + list(SILENT_ARGS) + (["--dkms"] if params["dkms"] else [])
         argv += list(params["installer_args"])
-        return [Action("install %s from %s" % (runfile.version, os.path.basename(runfile.path)), argv=argv)]
+        return [Action("install %s from %s" % (runfile.version, os.path.basename(runfile.path)), argv=argv,
+                       disruptive=True)]
 
     def _plan_load(self, params, state, install):
         if not params["load_modules"]:
@@ -246,26 +304,70 @@ class DriverManager:
         else:
             argv = [self.tool("nvidia-uninstall")]
         actions.append(Action("uninstall driver %s" % (state.version or "(vGPU manager)"),
-                              argv=argv + list(SILENT_ARGS)))
+                              argv=argv + list(SILENT_ARGS), disruptive=True))
         return actions
 
     # -- applying ------------------------------------------------------------------------------
     def apply(self, params, check_mode=False):
-        """Result dict: changed, version, previous_version, actions, before, after."""
+        """Result dict: changed, version, previous_version, actions, on_failure, before, after."""
         before, runfile, actions, after = self.plan(params)
+        disruptive = any(action.disruptive for action in actions)
         result = {"changed": bool(actions), "previous_version": before.version, "actions":
                   [action.describe for action in actions], "before": before.as_dict(), "after": after,
+                  "on_failure": self._describe_restore(before) if disruptive else [],
                   "version": after["version"], "runfile_version": runfile.version if runfile else None}
         if check_mode:
             return result
+        disrupted = False
         for action in actions:
-            if action.write:
-                write_file(action.write, BLACKLIST_CONTENT, BLACKLIST_MODE)
-            else:
-                self.runner.run(action.argv)
+            disrupted = disrupted or action.disruptive
+            try:
+                if action.write:
+                    write_file(action.write, BLACKLIST_CONTENT, BLACKLIST_MODE)
+                else:
+                    self.runner.run(action.argv)
+            except (EngineError, OSError) as err:
+                if not disrupted:
+                    raise
+                raise DriverError("driver %s: '%s' failed (%s); %s"
+                                  % (before.version or "(none)", action.describe, err, self._restore(before))) from None
         if runfile and actions:
             self._verify(runfile, params)
         return result
+
+    @staticmethod
+    def _describe_restore(before):
+        """What a failure after the first stop brings back: the modules that were loaded, the services that ran."""
+        return (["load %s" % name for name in MODULES if name in before.modules]
+                + ["start %s" % name for name, now in before.services.items() if now["active"]])
+
+    def _restore(self, before):
+        """Bring back what `before` ran; one clause saying what was restored or what is still missing."""
+        services = list(before.services)
+        now = DriverState.read(self.sysfs, self.runner, services, self.proc_root)
+        done = []
+        modprobe, systemctl = _which(self.runner, "modprobe"), _which(self.runner, "systemctl")
+        for name in MODULES:
+            if name in before.modules and name not in now.modules and modprobe:
+                if self.runner.run([modprobe, name], check=False)[0] == 0:
+                    done.append("loaded %s" % name)
+        for name in services:
+            if before.services[name]["active"] and not now.services[name]["active"] and systemctl:
+                if self.runner.run([systemctl, "start", name], check=False)[0] == 0:
+                    done.append("started %s" % name)
+        final = DriverState.read(self.sysfs, self.runner, services, self.proc_root)
+        missing = ["module %s" % name for name in before.modules if name not in final.modules]
+        missing += ["service %s" % name for name in services
+                    if before.services[name]["active"] and not final.services[name]["active"]]
+        if before.loaded and final.version != before.version:
+            missing.append("driver %s (the kernel runs %s)" % (before.version, final.version or "no nvidia module"))
+        if missing:
+            return "restore incomplete: %s not back%s" % (
+                ", ".join(missing), " (did: %s)" % ", ".join(done) if done else "")
+        if not done:
+            return "nothing to restore (%s)" % ("nothing ran before" if not self._describe_restore(before)
+                                                 else "modules and services as before")
+        return "restored: %s" % ", ".join(done)
 
     def _verify(self, runfile, params):
         now = DriverState.read(self.sysfs, self.runner, (), self.proc_root)

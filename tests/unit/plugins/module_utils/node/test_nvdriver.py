@@ -2,10 +2,12 @@ import os
 
 import pytest
 
+from fake_node import FakeNode
+
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import nvdriver
-from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandError, CommandRunner
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import (
-    changing_calls, make_fake_node, read_calls)
+    FAKE_KERNEL, changing_calls, fail_calls, make_fake_node, modules_dir, read_calls)
 from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile
 
 OLD, NEW = "550.54.16", "570.124.03"
@@ -14,21 +16,24 @@ SERVICES = ["nvidia-vgpud.service", "nvidia-vgpu-mgr.service"]
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
-    """A plain-directory sysfs + fake tools; returns a helper namespace."""
-    sysfs = tmp_path / "sys"
+    """A plain-directory sysfs (FakeNode: devices, /dev, processes) + fake tools; returns a helper namespace."""
+    devices = FakeNode(tmp_path)
+    sysfs = devices.sys
     (sysfs / "module").mkdir(parents=True)
-    fake = tmp_path / "node"
+    fake = tmp_path    # the fake tools share FakeNode's proc/ (modules, osrelease, processes)
     for key, value in make_fake_node(fake, sysfs).items():
         monkeypatch.setenv(key, value)
 
     class Node:
-        root, dir, modprobe_dir = sysfs, fake, tmp_path / "modprobe.d"
+        root, dir, modprobe_dir, sim = sysfs, fake, tmp_path / "modprobe.d", devices
 
         def runfile(self, version, **kwargs):
-            return write_runfile(tmp_path, version, **kwargs)
+            (tmp_path / "runfiles").mkdir(exist_ok=True)
+            return write_runfile(tmp_path / "runfiles", version, **kwargs)
 
         def manager(self):
-            return nvdriver.DriverManager(CommandRunner(), str(sysfs), str(self.modprobe_dir), str(fake / "proc"))
+            return nvdriver.DriverManager(CommandRunner(), str(sysfs), str(self.modprobe_dir), str(fake / "proc"),
+                                          str(devices.dev), modules_dir(fake))
 
         def run(self, check_mode=False, **overrides):
             params = dict(state="present", runfile=None, dkms=False, allow_downgrade=False, installer_args=[],
@@ -162,9 +167,9 @@ def test_installed_but_unloaded_driver_is_loaded_not_reinstalled(node):
 
 
 def test_failed_install_is_one_line(node):
-    with pytest.raises(CommandError, match="Unable to build the NVIDIA kernel module") as err:
+    with pytest.raises(nvdriver.DriverError, match="Unable to build the NVIDIA kernel module") as err:
         node.run(runfile=node.runfile(NEW, fail_install=True))
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and str(err.value).endswith("nothing to restore (nothing ran before)")
 
 
 def test_absent_uninstalls_and_is_then_idempotent(node):
@@ -194,3 +199,116 @@ def test_absent_without_uninstaller_names_the_tool(node, monkeypatch):
     with pytest.raises(nvdriver.DriverError, match="nvidia-uninstall: not found"):
         node.run(state="absent")
     assert node.loaded_version() == NEW
+
+
+# --- the promise: never take the vGPU from a running VM; a failure leaves the node as it was ---------------
+
+def held_vf(node):
+    """An L40S-like PF with 4 vendor-VFIO VFs; a VM (a process) holds the second one."""
+    node.sim.pf("0000:41:00.0", total=4)
+    node.sim.set_numvfs("0000:41:00.0", 4)
+    return node.sim.hold(node.sim.group_of("0000:41:00.5"))
+
+
+def services_active(node):
+    return sorted(p.name for p in (node.dir / "systemd").glob("*.active"))
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_upgrade_with_a_held_vf_is_refused_naming_it_and_touches_nothing(node, check_mode):
+    install(node, OLD)
+    pid = held_vf(node)
+    with pytest.raises(nvdriver.DriverError, match="refusing to install %s while the vGPU stack is in use" % NEW) as err:
+        node.run(check_mode=check_mode, runfile=node.runfile(NEW))
+    assert "0000:41:00.5 held by pid %d" % pid in str(err.value) and "\n" not in str(err.value)
+    assert changing_calls(node.dir) == [] and node.loaded_version() == OLD
+    assert services_active(node) == sorted(name + ".active" for name in SERVICES)
+
+
+def test_a_held_non_nvidia_vf_does_not_block_the_upgrade(node):
+    install(node, OLD)
+    node.sim.nic("0000:81:00.0", total=2)
+    node.sim.set_numvfs("0000:81:00.0", 2)
+    node.sim.hold(node.sim.group_of("0000:81:00.4"))
+    assert node.run(runfile=node.runfile(NEW))["version"] == NEW
+
+
+def test_vfio_module_with_users_refuses_absent(node):
+    install(node, NEW)
+    modules = node.dir / "proc" / "modules"
+    modules.write_text(modules.read_text().replace("nvidia_vgpu_vfio 1 0", "nvidia_vgpu_vfio 1 2"))
+    with pytest.raises(nvdriver.DriverError, match="refusing to remove it .*module nvidia_vgpu_vfio has 2 user"):
+        node.run(state="absent")
+    assert changing_calls(node.dir) == [] and node.loaded_version() == NEW
+
+
+def test_missing_kernel_headers_refuse_the_upgrade_before_the_first_stop(node):
+    install(node, OLD)
+    os.rmdir(os.path.join(modules_dir(node.dir), FAKE_KERNEL, "build"))
+    with pytest.raises(nvdriver.DriverError, match="no kernel source tree at .*%s/build" % FAKE_KERNEL) as err:
+        node.run(runfile=node.runfile(NEW))
+    assert "install the kernel headers for %s" % FAKE_KERNEL in str(err.value)
+    assert changing_calls(node.dir) == [] and node.loaded_version() == OLD
+    # a kernel source tree named to the installer is used instead
+    other = node.dir / "src"
+    other.mkdir()
+    assert node.run(runfile=node.runfile(NEW), installer_args=["--kernel-source-path=%s" % other])["version"] == NEW
+
+
+def test_dkms_requested_but_not_installed_is_refused(node):
+    install(node, OLD)
+    os.unlink(node.dir / "bin" / "dkms")
+    with pytest.raises(nvdriver.DriverError, match="dkms is true but dkms is not installed"):
+        node.run(runfile=node.runfile(NEW), dkms=True)
+    assert changing_calls(node.dir) == []
+
+
+def test_unload_in_use_restarts_the_stopped_services_and_says_so(node):
+    install(node, OLD)
+    fail_calls(node.dir, "modprobe", "-r", "modprobe: FATAL: Module nvidia is in use.")
+    with pytest.raises(nvdriver.DriverError) as err:
+        node.run(runfile=node.runfile(NEW))
+    message = str(err.value)
+    assert message.startswith("driver %s: 'unload nvidia_vgpu_vfio nvidia' failed (" % OLD)
+    assert "Module nvidia is in use" in message and "\n" not in message
+    assert message.endswith("restored: started %s, started %s" % tuple(SERVICES))
+    assert services_active(node) == sorted(name + ".active" for name in SERVICES)
+    assert node.loaded_version() == OLD
+
+
+def test_failed_installer_reloads_the_old_modules_and_services(node):
+    install(node, OLD)
+    with pytest.raises(nvdriver.DriverError) as err:
+        node.run(runfile=node.runfile(NEW, fail_install=True))
+    message = str(err.value)
+    assert "'install %s from" % NEW in message and "Unable to build the NVIDIA kernel module" in message
+    assert message.endswith("restored: loaded nvidia, loaded nvidia_vgpu_vfio, started %s, started %s"
+                            % tuple(SERVICES))
+    assert node.loaded_version() == OLD and (node.root / "module/nvidia_vgpu_vfio").is_dir()
+    assert services_active(node) == sorted(name + ".active" for name in SERVICES)
+    calls = changing_calls(node.dir)
+    assert calls[-4:] == [["modprobe", "nvidia"], ["modprobe", "nvidia_vgpu_vfio"],
+                          ["systemctl", "start", SERVICES[0]], ["systemctl", "start", SERVICES[1]]]
+
+
+def test_a_restore_that_cannot_bring_everything_back_says_what_is_missing(node):
+    install(node, OLD)
+    fail_calls(node.dir, "systemctl", "start", "Job for nvidia-vgpu-mgr.service failed.")
+    with pytest.raises(nvdriver.DriverError) as err:
+        node.run(runfile=node.runfile(NEW, fail_install=True))
+    message = str(err.value)
+    assert "restore incomplete: service %s, service %s not back (did: loaded nvidia, loaded nvidia_vgpu_vfio)" \
+        % tuple(SERVICES) in message
+    assert node.loaded_version() == OLD
+
+
+def test_check_mode_shows_the_whole_sequence_and_its_restore(node):
+    install(node, OLD)
+    checked = node.run(check_mode=True, runfile=node.runfile(NEW))
+    assert checked["actions"][:3] == ["stop %s" % SERVICES[0], "stop %s" % SERVICES[1],
+                                      "unload nvidia_vgpu_vfio nvidia"]
+    assert checked["on_failure"] == ["load nvidia", "load nvidia_vgpu_vfio"] + ["start %s" % s for s in SERVICES]
+    assert changing_calls(node.dir) == []
+    # a run that stops nothing has nothing to restore
+    install(node, NEW)
+    assert node.run(check_mode=True, runfile=node.runfile(NEW))["on_failure"] == []
