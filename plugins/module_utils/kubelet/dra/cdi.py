@@ -1,0 +1,85 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""CDI specs (Container Device Interface) for prepared vGPUs, and how files are written.
+
+One spec per prepared claim, `<cdi dir>/vgpu.accelops.io-claim_<claim uid>.json`, kind
+`vgpu.accelops.io/claim`, one CDI device per vGPU named `<claim uid>-<device name>`. Its container
+edits are the VFIO device nodes, as KubeVirt's own device plugins hand them out
+(pkg/virt-handler/device-manager/common.go formatVFIODeviceSpecs, formatVFIOCdevDeviceSpecs):
+`/dev/vfio/vfio`, `/dev/vfio/<iommu group>` and, where the kernel exposes it, the iommufd cdev
+`/dev/vfio/devices/vfio<N>`. cdiVersion 0.5.0: the oldest version that covers what is used and the
+one the kubelet plugin helper writes for metadata, so every runtime with CDI loads it.
+
+Files are replaced atomically (a temporary file in the same directory, fsync, rename): a reader or
+a crash never sees half a spec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+CDI_VERSION = "0.5.0"
+CLASS = "claim"
+
+
+def write_atomic(path, text, mode=0o644):
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def remove(path):
+    """Remove a file; one already gone is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def spec_path(cdi_dir, driver, claim_uid):
+    return os.path.join(cdi_dir, "%s-%s_%s.json" % (driver, CLASS, claim_uid))
+
+
+def device_id(driver, claim_uid, device_name):
+    """The fully qualified CDI device ID (`vendor/class=name`) the kubelet passes to the runtime."""
+    return "%s/%s=%s-%s" % (driver, CLASS, claim_uid, device_name)
+
+
+def device_nodes(device, dev_dir="/dev"):
+    """CDI deviceNodes of a vGPU: the VFIO container node first, then its group and cdev."""
+    paths = [os.path.join(dev_dir, "vfio", "vfio")] + [os.path.join(dev_dir, "vfio", node) for node in device.nodes]
+    return [{"path": path, "permissions": "rw"} for path in paths]
+
+
+def claim_spec(driver, claim_uid, devices):
+    """The spec (a dict) for one claim's vGPUs."""
+    return {"cdiVersion": CDI_VERSION, "kind": "%s/%s" % (driver, CLASS),
+            "devices": [{"name": "%s-%s" % (claim_uid, device.name),
+                         "containerEdits": {"deviceNodes": device_nodes(device)}} for device in devices]}
+
+
+def write_claim_spec(cdi_dir, driver, claim_uid, devices):
+    path = spec_path(cdi_dir, driver, claim_uid)
+    write_atomic(path, json.dumps(claim_spec(driver, claim_uid, devices), indent=2, sort_keys=True) + "\n")
+    return path

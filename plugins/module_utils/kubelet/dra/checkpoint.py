@@ -1,0 +1,111 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The driver's record of prepared claims: `<plugin dir>/checkpoint.json`.
+
+What makes Prepare and Unprepare idempotent and crash-safe, and what says which vGPUs prepared
+claims hold (a layout change must not retype them). The model is NVIDIA's DRA driver
+(cmd/gpu-kubelet-plugin/checkpoint.go): versioned, checksummed, per claim a state
+PrepareStarted (recorded before the first file is written) or PrepareCompleted (after the last),
+and the node's boot ID, since a reboot empties /var/run/cdi.
+
+    {"version": 1, "checksum": "<sha256 of the canonical claims JSON>",
+     "claims": {"<uid>": {"namespace", "name", "state", "bootID", "devices": [{"requests", "pool",
+                 "device", "key", "typeID", "cdiIDs"}]}}}
+
+Written atomically (cdi.write_atomic: temporary file, fsync, rename, fsync of the directory), so
+a kill -9 leaves the old or the new checkpoint, never a mix. A file whose checksum does not match
+is an error naming it (nothing is then prepared or unprepared: guessing could hand a held vGPU out).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.cdi import write_atomic
+
+FILE_NAME = "checkpoint.json"
+VERSION = 1
+STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
+
+
+class CheckpointError(EngineError):
+    """The checkpoint cannot be read or trusted; the message names the file."""
+
+
+def _checksum(claims):
+    return hashlib.sha256(json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def read_boot_id(proc_root="/proc"):
+    try:
+        with open(os.path.join(proc_root, "sys/kernel/random/boot_id")) as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+class Checkpoint:
+    """The prepared claims of one driver instance; `save()` after every change."""
+
+    def __init__(self, plugin_dir, boot_id=None):
+        self.path = os.path.join(plugin_dir, FILE_NAME)
+        self.boot_id = boot_id
+        self.claims = {}
+        self.load()
+
+    def load(self):
+        try:
+            with open(self.path) as handle:
+                doc = json.load(handle)
+        except FileNotFoundError:
+            self.claims = {}
+            return self
+        except (OSError, ValueError) as exc:
+            raise CheckpointError("checkpoint %s cannot be read: %s" % (self.path, exc)) from None
+        if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("claims"), dict):
+            raise CheckpointError("checkpoint %s: not a version %d checkpoint" % (self.path, VERSION))
+        if doc.get("checksum") != _checksum(doc["claims"]):
+            raise CheckpointError("checkpoint %s: checksum mismatch (edited or damaged); move it away only when "
+                                  "no pod on this node uses a vGPU claim" % self.path)
+        self.claims = doc["claims"]
+        return self
+
+    def save(self):
+        claims = copy.deepcopy(self.claims)
+        write_atomic(self.path, json.dumps({"version": VERSION, "checksum": _checksum(claims), "claims": claims},
+                                           indent=1, sort_keys=True) + "\n", mode=0o600)
+
+    def get(self, uid):
+        return self.claims.get(uid)
+
+    def completed_this_boot(self, uid):
+        """Whether `uid` was fully prepared since the node last booted (its files are all there)."""
+        entry = self.claims.get(uid)
+        return bool(entry) and entry.get("state") == COMPLETED and entry.get("bootID") == self.boot_id
+
+    def set(self, uid, namespace, name, state, devices):
+        self.claims[uid] = {"namespace": namespace, "name": name, "state": state, "bootID": self.boot_id,
+                            "devices": devices}
+
+    def drop(self, uid):
+        return self.claims.pop(uid, None)
+
+    def holders(self):
+        """{device key (VF address or mdev UUID): ["claim ns/name", ...]} of every recorded claim,
+        prepared or half-way (a half-way claim may be completed by the kubelet's retry)."""
+        held = {}
+        for entry in self.claims.values():
+            for device in entry.get("devices") or ():
+                held.setdefault(device["key"], []).append("claim %s/%s" % (entry["namespace"], entry["name"]))
+        return {key: sorted(set(names)) for key, names in held.items()}
+
+
+def holders_of(plugin_dir):
+    """Checkpoint(plugin_dir).holders() for any process (the CLI, the boot unit, another agent);
+    no checkpoint: {}."""
+    return Checkpoint(plugin_dir).holders()

@@ -1,0 +1,168 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Prepare and unprepare ResourceClaims on this node: the DRA driver's logic, without gRPC.
+
+    driver = DraDriver(node_name, get_claim, read_devices, plugin_dir, cdi_dir, node_lock=..., boot_id=...)
+    driver.prepare([ClaimRef(namespace, name, uid)]) -> {uid: Prepared(devices, error)}
+    driver.unprepare([ClaimRef(...)]) -> {uid: error or ""}
+    driver.holders() -> {VF address or mdev UUID: ["claim ns/name"]}   (prepared vGPUs are held)
+
+Prepare, per claim (an error is that claim's, the others go on; every claim gets an answer):
+1. recorded as completed in this boot with its files in place -> the recorded answer (idempotent);
+2. the claim is read from the API server (`get_claim(namespace, name)`), its UID checked, the
+   results of this driver taken (claims.results);
+3. under the node lock (the one every layout apply takes): each device must be in this node's
+   pool, exist now with the profile it was published with (the name carries the profile, so a
+   retyped VF no longer matches), and not be prepared for another claim; then the claim is
+   recorded PrepareStarted, so from here on a layout change refuses to touch its vGPUs;
+4. the CDI spec and, per request, the KEP-5304 metadata file and its CDI spec are written, the
+   claim recorded PrepareCompleted, and its CDI IDs returned (the device's, then its request's
+   metadata one). A failure while writing removes what was written and the record.
+Unprepare removes the files (also those of a claim never recorded: a crash before the record
+leaves nothing behind) and the record. Calls are serialized (the kubeletplugin helper's default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import namedtuple
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, claims, metadata
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, STARTED, Checkpoint
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
+
+Prepared = namedtuple("Prepared", "devices error")   # devices: [{"requests", "pool", "device", "cdiIDs"}]
+
+
+class DraDriver:
+    def __init__(self, node_name, get_claim, read_devices, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
+                 boot_id=None):
+        self.node_name, self.get_claim, self.read_devices = node_name, get_claim, read_devices
+        self.plugin_dir, self.cdi_dir, self.driver = plugin_dir, cdi_dir, driver
+        self.node_lock = node_lock or contextlib.nullcontext
+        self.checkpoint = Checkpoint(plugin_dir, boot_id)
+        self._lock = threading.Lock()
+
+    # --- the kubelet's calls ---------------------------------------------------------------------
+    def prepare(self, refs):
+        with self._lock:
+            return {ref.uid: _guarded(self._prepare_one, ref, lambda message: Prepared([], message)) for ref in refs}
+
+    def unprepare(self, refs):
+        with self._lock:
+            return {ref.uid: _guarded(self._unprepare_one, ref, lambda message: message) for ref in refs}
+
+    def holders(self):
+        with self._lock:
+            return self.checkpoint.holders()
+
+    # --- prepare ---------------------------------------------------------------------------------
+    def _prepare_one(self, ref):
+        entry = self.checkpoint.get(ref.uid)
+        if self.checkpoint.completed_this_boot(ref.uid) and self._files_present(ref, entry):
+            return Prepared(_answer_devices(entry), "")
+        try:
+            claim = self.get_claim(ref.namespace, ref.name)
+        except EngineError as exc:
+            if getattr(exc, "status", None) == 404:
+                raise ClaimError("%s: not found in the API server" % (ref,)) from None
+            raise ClaimError("%s: cannot read it from the API server: %s" % (ref, exc)) from None
+        allocated = claims.results(ref, claim, self.driver)
+        if not allocated:
+            return Prepared([], "")
+        entries = self._reserve(ref, allocated)
+        try:
+            devices = self._write(ref, claim, entries)
+        except BaseException:
+            self._remove_files(ref)
+            self.checkpoint.drop(ref.uid)
+            self.checkpoint.save()
+            raise
+        self.checkpoint.set(ref.uid, ref.namespace, ref.name, COMPLETED, devices)
+        self.checkpoint.save()
+        return Prepared(_answer_devices(self.checkpoint.get(ref.uid)), "")
+
+    def _reserve(self, ref, allocated):
+        """Check every allocated device against the node now and record the claim as started."""
+        with self.node_lock():
+            current = {device.name: device for device in self.read_devices()}
+            held = self.checkpoint.holders()
+            entries = []
+            for item in allocated:
+                if item.pool != self.node_name:
+                    raise ClaimError("%s: device %s/%s is not in this node's pool (%s)" % (
+                        ref, item.pool, item.device, self.node_name))
+                device = current.get(item.device)
+                if device is None:
+                    raise ClaimError("%s: device %s (request %s) is not on node %s: its vGPU was retyped or removed "
+                                     "after it was allocated" % (ref, item.device, item.request, self.node_name))
+                others = [name for name in held.get(device.key, ()) if name != "claim %s/%s" % (ref.namespace, ref.name)]
+                if others:
+                    raise ClaimError("%s: device %s is prepared for %s" % (ref, item.device, ", ".join(others)))
+                entries.append((item.request, item.pool, device))
+            self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries))
+            self.checkpoint.save()
+        return entries
+
+    def _write(self, ref, claim, entries):
+        """The CDI spec and the metadata files; the record's devices with their CDI IDs."""
+        cdi.write_claim_spec(self.cdi_dir, self.driver, ref.uid, [device for dummy, dummy2, device in entries])
+        by_request = {}
+        for entry in entries:
+            by_request.setdefault(claims.base_request(entry[0]), []).append(entry)
+        metadata_ids = {request: metadata.write_request(self.plugin_dir, self.cdi_dir, self.driver, ref, request, group,
+                                                        claims.pod_claim_name(claim))
+                        for request, group in sorted(by_request.items())}
+        devices = _record(entries)
+        for record, (request, dummy, device) in zip(devices, entries):
+            record["cdiIDs"] = [cdi.device_id(self.driver, ref.uid, device.name), metadata_ids[claims.base_request(request)]]
+        return devices
+
+    def _files_present(self, ref, entry):
+        paths = [cdi.spec_path(self.cdi_dir, self.driver, ref.uid)]
+        for device in entry.get("devices") or ():
+            for request in device["requests"]:
+                base = claims.base_request(request)
+                paths.append(metadata.spec_path(self.cdi_dir, self.driver, ref.uid, base))
+                paths.append(metadata.file_path(self.plugin_dir, entry["namespace"], entry["name"], base))
+        return all(os.path.exists(path) for path in paths)
+
+    # --- unprepare -------------------------------------------------------------------------------
+    def _unprepare_one(self, ref):
+        entry = self.checkpoint.get(ref.uid)
+        self._remove_files(ref)
+        if entry and (entry["namespace"], entry["name"]) != (ref.namespace, ref.name):
+            self._remove_files(claims.ClaimRef(entry["namespace"], entry["name"], ref.uid))
+        if entry is not None:
+            self.checkpoint.drop(ref.uid)
+            self.checkpoint.save()
+        return ""
+
+    def _remove_files(self, ref):
+        cdi.remove(cdi.spec_path(self.cdi_dir, self.driver, ref.uid))
+        metadata.remove_claim(self.plugin_dir, self.cdi_dir, self.driver, ref)
+
+
+def _guarded(call, ref, on_error):
+    """`call(ref)`, or `on_error(one-line message)`: one claim's failure is its answer, never the call's."""
+    try:
+        return call(ref)
+    except EngineError as exc:
+        return on_error(str(exc))
+    except OSError as exc:
+        return on_error("%s: %s: %s" % (ref, exc.filename or "file", exc.strerror or exc))
+
+
+def _record(entries):
+    return [{"requests": [request], "pool": pool, "device": device.name, "key": device.key,
+             "typeID": device.type_id, "cdiIDs": []} for request, pool, device in entries]
+
+
+def _answer_devices(entry):
+    return [{"requests": list(device["requests"]), "pool": device["pool"], "device": device["device"],
+             "cdiIDs": list(device["cdiIDs"])} for device in entry.get("devices") or ()]

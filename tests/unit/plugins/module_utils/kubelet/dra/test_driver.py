@@ -1,0 +1,221 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from claim_data import ClaimStore, claim, ref
+from dra_node import A16_UUID, build, inventory
+from schemas import assert_valid
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, metadata
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
+
+NODE = "gpu-node-1"
+VF4, VF5 = "l40s-24q-0000-41-00-4", "l40s-24q-0000-41-00-5"
+A16_DEVICE = "a2-1b-" + A16_UUID
+UID1, UID2, UID3 = "11111111-aaaa-4bbb-8ccc-000000000001", "22222222-aaaa-4bbb-8ccc-000000000002", \
+    "33333333-aaaa-4bbb-8ccc-000000000003"
+
+
+class Env:
+    def __init__(self, tmp_path, *claims, boot_id="boot-1"):
+        self.node = build(tmp_path / "node")
+        self.store = ClaimStore(*claims)
+        self.plugin_dir, self.cdi_dir = str(tmp_path / "plugins" / "vgpu.accelops.io"), str(tmp_path / "cdi")
+        self.boot_id = boot_id
+        self.driver = self.start()
+
+    def start(self, boot_id=None):
+        """A (re)started driver on the same node, directories and API."""
+        return DraDriver(NODE, self.store.get, lambda: inventory(self.node), self.plugin_dir, self.cdi_dir,
+                         boot_id=boot_id or self.boot_id)
+
+    def files(self):
+        found = []
+        for base in (self.plugin_dir, self.cdi_dir):
+            for root, dummy, names in os.walk(base):
+                found += [os.path.relpath(os.path.join(root, n), base) for n in names if n != "checkpoint.json"]
+        return sorted(found)
+
+    def json(self, *parts):
+        with open(os.path.join(*parts)) as handle:
+            return json.load(handle)
+
+
+def test_prepare_writes_the_cdi_spec_and_kep5304_metadata_and_returns_their_ids(tmp_path):
+    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+    assert_valid(one)
+    env = Env(tmp_path, one)
+    result = env.driver.prepare([ref(one)])
+    assert result == {UID1: (
+        [{"requests": ["gpu"], "pool": NODE, "device": VF4,
+          "cdiIDs": ["vgpu.accelops.io/claim=%s-%s" % (UID1, VF4), "vgpu.accelops.io/metadata=%s_gpu" % UID1]}], "")}
+    node = env.node
+    spec = env.json(env.cdi_dir, "vgpu.accelops.io-claim_%s.json" % UID1)
+    assert spec == {"cdiVersion": "0.5.0", "kind": "vgpu.accelops.io/claim", "devices": [
+        {"name": "%s-%s" % (UID1, VF4), "containerEdits": {"deviceNodes": [
+            {"path": "/dev/vfio/vfio", "permissions": "rw"},
+            {"path": "/dev/vfio/%s" % node.group_of("0000:41:00.4"), "permissions": "rw"},
+            {"path": "/dev/vfio/devices/vfio1", "permissions": "rw"}]}}]}
+    host_file = os.path.join(env.plugin_dir, "dra-device-metadata", "vms_vm-a-gpu", "gpu", "metadata.json")
+    mount = env.json(env.cdi_dir, "vgpu.accelops.io_metadata_%s_gpu.json" % UID1)
+    assert mount == {"cdiVersion": "0.5.0", "kind": "vgpu.accelops.io/metadata", "devices": [
+        {"name": "%s_gpu" % UID1, "containerEdits": {"mounts": [{
+            "hostPath": host_file, "options": ["ro", "bind"],
+            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm-a-gpu/gpu/"
+                             "vgpu.accelops.io-metadata.json"}]}}]}
+    with open(host_file) as handle:
+        stream = metadata.read_stream(handle.read())
+    assert [(obj["apiVersion"], obj["kind"]) for obj in stream] == [("metadata.resource.k8s.io/v1alpha1", "DeviceMetadata")]
+    doc = stream[0]
+    assert doc["metadata"] == {"name": "vm-a-gpu", "namespace": "vms", "uid": UID1, "generation": 1}
+    assert "podClaimName" not in doc
+    [request] = doc["requests"]
+    assert request["name"] == "gpu" and [(d["driver"], d["pool"], d["name"]) for d in request["devices"]] == [
+        ("vgpu.accelops.io", NODE, VF4)]
+    attributes = request["devices"][0]["attributes"]
+    assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:41:00.4"}   # what KubeVirt attaches
+    assert "mdevUUID" not in attributes and attributes["profile"] == {"string": "L40S-24Q"}
+
+
+def test_an_mdev_claim_gives_kubevirt_the_uuid_and_a_template_claim_the_pod_claim_path(tmp_path):
+    one = claim("vm-b-gpu-x7k2p", UID2, [A16_DEVICE], NODE,
+                annotations={"resource.kubernetes.io/pod-claim-name": "vgpu"})
+    env = Env(tmp_path, one)
+    assert env.driver.prepare([ref(one)])[UID2].error == ""
+    mount = env.json(env.cdi_dir, "vgpu.accelops.io_metadata_%s_gpu.json" % UID2)["devices"][0]["containerEdits"]
+    assert mount["mounts"][0]["containerPath"] == \
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/vgpu/gpu/vgpu.accelops.io-metadata.json"
+    with open(mount["mounts"][0]["hostPath"]) as handle:
+        doc = metadata.read_stream(handle.read())[0]
+    assert doc["podClaimName"] == "vgpu"
+    attributes = doc["requests"][0]["devices"][0]["attributes"]
+    assert attributes["mdevUUID"] == {"string": A16_UUID}
+    spec = env.json(env.cdi_dir, "vgpu.accelops.io-claim_%s.json" % UID2)
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"][1] == {
+        "path": "/dev/vfio/%s" % env.node.group_of(A16_UUID, "bus/mdev/devices"), "permissions": "rw"}
+
+
+def test_prepare_again_answers_the_same_without_asking_the_api(tmp_path):
+    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+    env = Env(tmp_path, one)
+    first = env.driver.prepare([ref(one)])
+    files = env.files()
+    assert env.store.reads == 1
+    assert env.driver.prepare([ref(one)]) == first and env.start().prepare([ref(one)]) == first
+    assert env.store.reads == 1 and env.files() == files
+
+
+def test_each_claim_gets_its_own_error_and_the_others_are_prepared(tmp_path):
+    good = claim("good", UID1, [VF4], NODE)
+    stale = claim("stale", UID2, ["l40s-48q-0000-41-00-5"], NODE)      # allocated before a retype
+    recreated = claim("recreated", "99999999-0000-4000-8000-000000000009", [VF5], NODE)
+    env = Env(tmp_path, good, stale, recreated)
+    missing = ref(claim("missing", UID3, [VF5], NODE))
+    asked = [ref(good), ref(stale), missing, ref(recreated)._replace(uid="44444444-0000-4000-8000-000000000004")]
+    result = env.driver.prepare(asked)
+    assert sorted(result) == sorted(r.uid for r in asked)                # every claim gets an answer
+    assert result[UID1].error == "" and result[UID1].devices
+    assert result[UID2] == ([], "claim vms/stale: device l40s-48q-0000-41-00-5 (request gpu) is not on node "
+                                "gpu-node-1: its vGPU was retyped or removed after it was allocated")
+    assert result[UID3] == ([], "claim vms/missing: not found in the API server")
+    assert result["44444444-0000-4000-8000-000000000004"].error == (
+        "claim vms/recreated: its UID is 99999999-0000-4000-8000-000000000009, the kubelet asked for "
+        "44444444-0000-4000-8000-000000000004 (the claim was deleted and re-created)")
+    assert env.driver.holders() == {"0000:41:00.4": ["claim vms/good"]}
+    assert not any(UID2 in name or UID3 in name for name in env.files())
+
+
+def test_a_device_of_another_pool_or_another_prepared_claim_is_refused(tmp_path):
+    first = claim("first", UID1, [VF4], NODE)
+    second = claim("second", UID2, [VF4], NODE)
+    foreign = claim("foreign", UID3, [VF5], "other-node")
+    env = Env(tmp_path, first, second, foreign)
+    env.driver.prepare([ref(first)])
+    result = env.driver.prepare([ref(second), ref(foreign)])
+    assert result[UID2].error == "claim vms/second: device %s is prepared for claim vms/first" % VF4
+    assert result[UID3].error == "claim vms/foreign: device other-node/%s is not in this node's pool (gpu-node-1)" % VF5
+
+
+def test_results_of_other_drivers_are_left_to_them(tmp_path):
+    one = claim("mixed", UID1, [VF4], NODE, other_driver="nic.example.com")
+    env = Env(tmp_path, one)
+    assert [d["device"] for d in env.driver.prepare([ref(one)])[UID1].devices] == [VF4]
+
+
+def test_unprepare_removes_every_file_and_the_hold_and_is_idempotent(tmp_path):
+    one, two = claim("vm-a-gpu", UID1, [VF4], NODE), claim("vm-b-gpu", UID2, [VF5], NODE)
+    env = Env(tmp_path, one, two)
+    env.driver.prepare([ref(one), ref(two)])
+    assert env.driver.unprepare([ref(one)]) == {UID1: ""}
+    assert not any(UID1 in name or "vm-a-gpu" in name for name in env.files())
+    assert env.driver.holders() == {"0000:41:00.5": ["claim vms/vm-b-gpu"]}
+    assert env.driver.unprepare([ref(one)]) == {UID1: ""} and env.start().unprepare([ref(one)]) == {UID1: ""}
+    assert checkpoint.holders_of(env.plugin_dir) == {"0000:41:00.5": ["claim vms/vm-b-gpu"]}
+
+
+def test_a_reboot_prepares_again_from_the_api(tmp_path):
+    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+    env = Env(tmp_path, one)
+    first = env.driver.prepare([ref(one)])
+    assert env.start(boot_id="boot-2").prepare([ref(one)]) == first
+    assert env.store.reads == 2
+
+
+def test_lost_files_are_written_again(tmp_path):
+    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+    env = Env(tmp_path, one)
+    env.driver.prepare([ref(one)])
+    os.unlink(os.path.join(env.cdi_dir, "vgpu.accelops.io-claim_%s.json" % UID1))
+    env.driver.prepare([ref(one)])
+    assert os.path.exists(os.path.join(env.cdi_dir, "vgpu.accelops.io-claim_%s.json" % UID1))
+
+
+def test_a_damaged_checkpoint_is_an_error_naming_it(tmp_path):
+    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+    env = Env(tmp_path, one)
+    env.driver.prepare([ref(one)])
+    path = os.path.join(env.plugin_dir, "checkpoint.json")
+    with open(path) as handle:
+        doc = json.load(handle)
+    doc["claims"][UID1]["devices"] = []
+    with open(path, "w") as handle:
+        json.dump(doc, handle)
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint %s: checksum mismatch" % path):
+        env.start()
+
+
+CRASH = r"""
+import os, signal, sys
+sys.path[:0] = %(path)r
+from test_driver import Env, claim, ref, NODE, VF4, UID1
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import metadata
+import pathlib
+env = Env.__new__(Env)
+env.node = __import__("dra_node").FakeNode(pathlib.Path(%(node)r))
+env.store = __import__("claim_data").ClaimStore(claim("vm-a-gpu", UID1, [VF4], NODE))
+env.plugin_dir, env.cdi_dir, env.boot_id = %(plugin)r, %(cdi)r, "boot-1"
+if %(midway)r:   # killed after the CDI spec, before the metadata files
+    metadata.write_request = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+env.start().prepare([ref(claim("vm-a-gpu", UID1, [VF4], NODE))])
+os.kill(os.getpid(), signal.SIGKILL)   # the answer never reaches the kubelet
+"""
+
+
+@pytest.mark.parametrize("midway", [False, True], ids=["after-the-writes", "between-the-writes"])
+def test_kill_9_then_restart_prepares_and_unprepares(tmp_path, midway):
+    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+    env = Env(tmp_path, one)
+    script = CRASH % {"path": [os.path.dirname(__file__)] + sys.path, "node": str(tmp_path / "node"),
+                      "plugin": env.plugin_dir, "cdi": env.cdi_dir, "midway": midway}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    state = checkpoint.Checkpoint(env.plugin_dir).get(UID1)["state"]
+    assert state == (checkpoint.STARTED if midway else checkpoint.COMPLETED)
+    assert env.start().holders() == {"0000:41:00.4": ["claim vms/vm-a-gpu"]}   # held across the crash
+    assert env.start().unprepare([ref(one)]) == {UID1: ""}
+    assert env.files() == [] and env.start().holders() == {}
+    result = env.start().prepare([ref(one)])[UID1]
+    assert result.error == "" and len(env.files()) == 3
