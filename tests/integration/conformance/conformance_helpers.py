@@ -17,6 +17,7 @@ NAMESPACES = "v1/namespaces"
 DEVICE_CLASSES = "resource.k8s.io/v1/deviceclasses"
 L40S_RES = "nvidia.com/NVIDIA_L40S-24Q"
 A16_RES = "nvidia.com/NVIDIA_A16-4Q"
+RTX_PRO_RES = "nvidia.com/GB202GL_RTX_PRO_6000"   # a whole RTX PRO 6000 Blackwell passed through (issue 24)
 PREFIX = "accelops.io/vgpu.profile."
 
 RESOURCES = {
@@ -78,6 +79,17 @@ def healthy_state(dra=True):
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vfio.gpu.nvidia.com"},
             "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}})
     return {"resources": resources, "objects": objects}
+
+
+def passthrough_state():
+    """healthy_state plus a whole GPU KubeVirt passes through: permitted by PCI ID, on a node without
+    profile labels (what the GPU Operator's sandbox device plugin advertises for passthrough)."""
+    state = healthy_state()
+    cr = state["objects"][0]["body"]
+    cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"].append(
+        {"pciVendorSelector": "10DE:2BB5", "resourceName": RTX_PRO_RES})
+    state["objects"].append({"resource": NODES, "name": "gpu-p", "body": gpu_node("gpu-p", {}, {RTX_PRO_RES: 1})})
+    return state
 
 
 def module_args(kubeconfig, report_dir=None, **extra):

@@ -9,7 +9,7 @@ import sys
 
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import run_playbook
 from ansible_collections.accelops.vgpu.tests.integration.conformance.conformance_helpers import (
-    NAMESPACES, NODE_FACTS, healthy_state)
+    NAMESPACES, NODE_FACTS, RTX_PRO_RES, healthy_state, passthrough_state)
 
 FAST = {"vgpu_conformance_running_timeout": 10, "vgpu_conformance_ready_timeout": 10,
         "vgpu_conformance_pending_timeout": 2, "vgpu_conformance_cleanup_timeout": 10,
@@ -50,6 +50,18 @@ def test_role_attests_a_healthy_cluster_with_the_nodes_facts_and_writes_the_repo
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
         "vgpu-conformance.json", "vgpu-conformance.junit.xml", "vgpu-conformance.md"]
     assert task_output(proc.stdout, "Delete what the run left behind") == "skipping: [localhost]"
+
+
+def test_role_passes_a_cluster_that_also_passes_a_whole_gpu_through(cluster, controller, kubeconfig, tmp_path):
+    cluster.reset(passthrough_state())
+    controller()
+    for check in (True, False):
+        proc = run_role(tmp_path, kubeconfig, check=check)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "0 FAIL" in proc.stdout
+    report = json.loads((tmp_path / "report" / "vgpu-conformance.json").read_text())
+    status = dict(((r["check"], r["subject"]), r["status"]) for r in report["checks"])
+    assert status["inventory", RTX_PRO_RES] == "UNKNOWN" and report["summary"]["fail"] == 0
 
 
 def test_role_fails_the_play_on_a_failed_check_after_writing_the_report(cluster, controller, kubeconfig, tmp_path):

@@ -13,8 +13,8 @@ import pytest
 
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import run_module
 from ansible_collections.accelops.vgpu.tests.integration.conformance.conformance_helpers import (
-    KUBEVIRT, L40S_RES, NAMESPACES, NODES, VMIS, gpu_node, healthy_state, kubevirt_cr, module_args, row, rows,
-    start_module)
+    KUBEVIRT, L40S_RES, NAMESPACES, NODES, RTX_PRO_RES, VMIS, gpu_node, healthy_state, kubevirt_cr, module_args,
+    passthrough_state, row, rows, start_module)
 
 NS = "vgpu-conformance"
 L40S_VMIS = ["vgpu-conformance-l40s-24q-%d" % i for i in range(1, 5)]
@@ -150,6 +150,25 @@ def test_an_accelerator_the_catalog_does_not_know_is_unknown_not_failed(cluster,
     # no node facts for gpu-z: which GPU each VMI uses cannot be known
     assert row(result, "sharing", "ZX9-8Q@gpu-z")["status"] == "UNKNOWN"
     assert not [(r["subject"], r["reason"]) for r in rows(result) if r["status"] == "FAIL"]
+
+
+def test_a_whole_gpu_passed_through_beside_the_vgpu_nodes_is_not_attested_and_fails_nothing(
+        cluster, controller, kubeconfig):
+    state = passthrough_state()
+    cluster.reset(state)
+    controller()
+    rc, result = run_module("vgpu_conformance", module_args(kubeconfig))
+    assert rc == 0, result.get("msg")
+    assert result["summary"]["fail"] == 0 and result["failed_checks"] == []
+    passthrough = row(result, "inventory", RTX_PRO_RES)
+    assert passthrough["status"] == "UNKNOWN" and passthrough["details"]["passthrough"] is True
+    assert "permitted for passthrough of a whole GPU (gpu-p: 1)" in passthrough["reason"]
+    assert "not attested" in passthrough["reason"]
+    assert [r["check"] for r in rows(result) if r["subject"].endswith(RTX_PRO_RES)] == ["inventory"]
+    assert row(result, "consistency", L40S_RES)["status"] == "PASS"
+    assert row(result, "sharing", "L40S-24Q@gpu-a")["status"] == "PASS"
+    check_rc, checked = run_module("vgpu_conformance", module_args(kubeconfig), check=True)
+    assert check_rc == 0 and checked["summary"]["fail"] == 0, checked
 
 
 def test_a_vmi_that_never_becomes_ready_fails_by_name_after_the_timeout(cluster, controller, kubeconfig):

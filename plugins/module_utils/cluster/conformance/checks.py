@@ -8,6 +8,11 @@ vGPU facts) and returns `Check` rows or plain data; the I/O that creates and wat
 in run.py. A row is PASS, FAIL or UNKNOWN with one line saying why. UNKNOWN is for what the run
 cannot decide (an accelerator the catalog does not know, a fact it has no source for), never a
 softened FAIL, and never turned into a PASS.
+
+A permitted NVIDIA PCI entry that no vGPU profile maps to (no profile in its resource name, no node's
+profile labels or facts publish it, and a name outside the vGPU naming `nvidia.com/NVIDIA_*` /
+`nvidia.com/GRID_*`) is a whole GPU passed through, e.g. `nvidia.com/GB202GL_RTX_PRO_6000`: it gets
+one inventory row, UNKNOWN ("passthrough, not attested"), and no other check counts it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ DEFAULT_PROFILE_PREFIX = "accelops.io/vgpu.profile."
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 _EXTENDED_RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _PROFILE_RE = re.compile(r"^[A-Za-z0-9]+(-\d+)?-\d+[A-Z]+\Z")
+VGPU_RESOURCE_PREFIXES = ("nvidia.com/NVIDIA_", "nvidia.com/GRID_")  # kubevirt.resource_name / model naming
 
 
 class ConformanceError(EngineError):
@@ -61,6 +67,11 @@ class Resource:
     labelled: dict = field(default_factory=dict)       # node -> {profile: count} from the profile labels
     profiles: set = field(default_factory=set)         # profiles that map to this resource
     named: set = field(default_factory=set)            # the profile its own name or mdev type names
+
+    @property
+    def passthrough(self):
+        """A whole GPU passed through, not one of our vGPU resources (module docstring)."""
+        return self.kind == PCI and not self.profiles and not self.name.startswith(VGPU_RESOURCE_PREFIXES)
 
 
 # --- names -----------------------------------------------------------------------------------
@@ -197,6 +208,11 @@ def discover_resources(kubevirt_cr, nodes, prefix=DEFAULT_PROFILE_PREFIX):
     return resources
 
 
+def vgpu_resources(resources):
+    """The resources that are vGPUs (passthrough entries left out)."""
+    return [res for res in resources if not res.passthrough]
+
+
 def select_profiles(resources, wanted):
     """The profiles to test: all (wanted empty) or `wanted`, each of which must be known."""
     known = sorted(set(p for res in resources for p in res.profiles))
@@ -213,7 +229,13 @@ def inventory_checks(resources):
         selector = "%s %s" % (SELECTOR[res.kind], res.selector) if res.selector else "no selector"
         details = {"kind": res.kind, "selector": res.selector, "model": res.model, "nodes": dict(res.allocatable),
                    "profiles": sorted(res.profiles), "external_resource_provider": res.external}
-        if res.model is None:
+        details["passthrough"] = res.passthrough
+        if res.passthrough:
+            where = ", ".join("%s: %d" % item for item in sorted(res.allocatable.items())) or "no node advertises it"
+            status, reason = UNKNOWN, ("%s%s is permitted for passthrough of a whole GPU (%s): no vGPU profile maps "
+                                       "to it, so it is not a vGPU resource of this collection; not attested"
+                                       % (selector, " (%s)" % res.model if res.model else "", where))
+        elif res.model is None:
             status, reason = UNKNOWN, ("%s is not in the collection's GPU catalog: unknown accelerator, verify by hand"
                                        % selector)
         elif not res.allocatable:
@@ -235,7 +257,7 @@ def accounting_checks(resources, node_facts):
     fallback and are compared with the facts when both exist.
     """
     rows = []
-    for res in resources:
+    for res in vgpu_resources(resources):
         nodes = set(res.allocatable) | set(res.labelled)
         for name, facts in node_facts.items():
             if any(publishes(res, p) for p in facts_profiles(facts)):
@@ -452,7 +474,7 @@ def consistency_checks(resources, nodes, prefix=DEFAULT_PROFILE_PREFIX):
     """
     by_name = dict((node_name(n), n) for n in nodes)
     rows = []
-    for res in resources:
+    for res in vgpu_resources(resources):
         side = {
             "vgpu": {"resource": res.name, "request": "spec.domain.devices.gpus[].deviceName: %s" % res.name,
                      "launcher_pod": "resources.limits[%s]: 1 (virt-launcher pod, set by KubeVirt)" % res.name,

@@ -272,7 +272,7 @@ def preflight(api, params):
     cr, nodes, namespace, dra = _read_cluster(api, params)
     prefix = params.get("profile_label_prefix") or checks.DEFAULT_PROFILE_PREFIX
     resources = checks.discover_resources(cr, nodes, prefix)
-    if not resources:
+    if not checks.vgpu_resources(resources):
         raise ConformanceError("%s permits no NVIDIA vGPU resource (pciHostDevices / mediatedDevices): nothing to "
                                "attest; publish the vGPUs first (playbooks/cluster.yml)" % kubevirt.cr_ref(cr))
     profiles = checks.select_profiles(resources, params.get("profiles"))

@@ -212,3 +212,35 @@ def test_grid_named_mdev_types_map_to_their_profile_labels_and_facts():
     rows = checks.accounting_checks(res, {"a": facts})
     assert [(r.status, r.reason) for r in rows] == [(PASS, "allocatable 2, node facts 2 vGPU(s), profile labels 2")]
     assert checks.consistency_checks(res, nodes)[0].status == PASS
+
+
+RTX_PRO = "nvidia.com/GB202GL_RTX_PRO_6000"
+RTX_PRO_ENTRY = {"pciVendorSelector": "10DE:2BB5", "resourceName": RTX_PRO}
+
+
+def test_a_whole_gpu_passed_through_is_unknown_in_the_inventory_and_counted_by_no_other_check():
+    nodes = [node("a", {PREFIX + "L40S-24Q": "2"}, {L40S: 2}), node("p", {}, {RTX_PRO: 1})]
+    found = checks.discover_resources(cr(pci=[L40S_ENTRY, RTX_PRO_ENTRY]), nodes)
+    assert [(r.name, r.passthrough) for r in found] == [(L40S, False), (RTX_PRO, True)]
+    assert checks.vgpu_resources(found) == found[:1]
+    inventory = checks.inventory_checks(found)
+    assert [(r.subject, r.status) for r in inventory] == [(L40S, PASS), (RTX_PRO, UNKNOWN)]
+    assert inventory[1].reason == (
+        "pciVendorSelector 10DE:2BB5 (RTX PRO 6000 Blackwell) is permitted for passthrough of a whole GPU (p: 1): no "
+        "vGPU profile maps to it, so it is not a vGPU resource of this collection; not attested")
+    assert inventory[1].details["passthrough"] is True
+    facts = {"p": {"gpus": [{"address": "0000:41:00.0", "vgpus": []}]}}
+    assert [r.subject for r in checks.accounting_checks(found, facts)] == ["a " + L40S]
+    assert [(r.subject, r.status) for r in checks.consistency_checks(found, nodes)] == [(L40S, PASS)]
+    assert checks.select_profiles(found, []) == ["L40S-24Q"]
+    assert checks.plan_workloads(found, ["L40S-24Q"], {}, nodes)[0][0]["resource"] == L40S
+
+
+@pytest.mark.parametrize("pci,mdev", [
+    ([{"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S"}], []),  # model naming, no label yet
+    ([], [{"mdevNameSelector": "NVIDIA A16-4Q", "resourceName": "nvidia.com/a16"}]),     # an mdev is always a vGPU
+])
+def test_a_vgpu_resource_without_profile_labels_is_never_passthrough(pci, mdev):
+    name = (pci + mdev)[0]["resourceName"]
+    found = checks.discover_resources(cr(pci=pci, mdev=mdev), [node("a", {}, {name: 1})])
+    assert found[0].passthrough is False
