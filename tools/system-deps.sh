@@ -5,8 +5,10 @@
 #   podman, runc       Molecule nodes and the vGPU manager image build (runc: see tests/containers.conf)
 #   docker-registry    a registry on 127.0.0.1 for the image push test
 #   debootstrap        builds the local Debian 12 base image (no registry pulls here)
+#   python3-grpcio, python3-protobuf   the agent image's gRPC runtime: the agent tests run the node agent (its
+#                      kubelet device plugin) on the node's Debian python3, as the image does
 set -eu
-pkgs=(python3-venv fuse3 libfuse3-3 podman runc docker-registry debootstrap uidmap)
+pkgs=(python3-venv fuse3 libfuse3-3 podman runc docker-registry debootstrap uidmap python3-grpcio python3-protobuf)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -71,8 +71,9 @@ def _meta(node, key):
 
 
 class Agent:
-    def __init__(self, settings, api, namespace, clock=time.monotonic):
+    def __init__(self, settings, api, namespace, clock=time.monotonic, device_plugin=None):
         self.settings, self.api, self.namespace, self.clock = settings, api, namespace, clock
+        self.device_plugin = device_plugin  # kubelet.vgpu_device_plugin.VgpuDevicePlugin, or None
         self.config = ConfigSource(settings.config_file)
         self.stop, self.wake, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self.latest = None          # the node as last listed/watched
@@ -105,6 +106,8 @@ class Agent:
             timeout = min(self.settings.config_poll_interval, max(0.05, self.next_resync - self.clock()))
             self.wake.wait(timeout)
             self.wake.clear()
+        if self.device_plugin is not None:
+            self.device_plugin.close()  # sockets removed: the kubelet marks the vGPUs unhealthy
         self.write_status("stopped", None, None)
         return 0
 
@@ -162,8 +165,10 @@ class Agent:
                 self._wait_for_operands(paused)
 
         try:
+            engine = self.engine()
+            self._plugin_check(engine)
             entries = self.config.entries(name)
-            result = vgpu_apply.apply(self.engine(), entries, mixed_size=s.mixed_size, lock_timeout=s.lock_timeout,
+            result = vgpu_apply.apply(engine, entries, mixed_size=s.mixed_size, lock_timeout=s.lock_timeout,
                                       enable_vfs=True, wait_timeout=s.wait_timeout, before_changes=before_changes)
         except (KubeApiError, KubeUnavailable):
             raise  # retried with backoff; the retry's finish restores operands this one paused
@@ -173,11 +178,18 @@ class Agent:
             log(traceback.format_exc().rstrip())
             reason = vdm.reason_text("internal error: %s: %s" % (type(exc).__name__, exc))
         else:
+            if self.device_plugin is not None:
+                self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])
             self._finish(node, vdm.SUCCESS, profiles, None, applied=bool(changing), config=name)
             return vdm.SUCCESS, profiles, None, bool(changing)
         self._finish(node, vdm.FAILED, None, reason, applied=bool(changing), config=name)
         return vdm.FAILED, None, reason, False
+
+    def _plugin_check(self, engine):
+        """The served vGPUs' health as the node says now, before the reconcile may change them."""
+        if self.device_plugin is not None:
+            self.device_plugin.check(engine.sysfs)
 
     def _patch(self, node, patch):
         """Merge-patch our Node; returns the updated object (or `node` when there is nothing to do)."""
@@ -280,7 +292,17 @@ def main(args):
         credentials = kube.in_cluster()
     if settings.lock_key:
         os.environ[LOCK_KEY_ENV] = settings.lock_key  # the engine names the node lock after it
-    agent = Agent(settings, kube.KubeClient(credentials), settings.namespace or credentials.namespace or "default")
+    device_plugin = None
+    if settings.device_plugin:
+        # gRPC lives in the agent image only: imported when the agent serves the kubelet
+        try:
+            from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import vgpu_device_plugin
+        except ImportError as exc:
+            raise agent_settings.SettingsError("DEVICE_PLUGIN=true needs the Python packages grpcio and protobuf "
+                                               "(the agent image has them): %s" % exc) from None
+        device_plugin = vgpu_device_plugin.VgpuDevicePlugin(settings.kubelet_dir, log).start()
+    agent = Agent(settings, kube.KubeClient(credentials), settings.namespace or credentials.namespace or "default",
+                  device_plugin=device_plugin)
     signal.signal(signal.SIGTERM, agent.shutdown)
     signal.signal(signal.SIGINT, agent.shutdown)
     return agent.run()

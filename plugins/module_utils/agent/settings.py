@@ -54,6 +54,14 @@ OPTIONS = (
      "pods on this node to terminate, as VDM does (needs pods list there); unset: no wait"),
     ("--operand-wait-timeout", "OPERAND_WAIT_TIMEOUT", "120", "seconds",
      "seconds to wait for the paused operands' pods to terminate (default 120); longer fails the change"),
+    ("--device-plugin", "DEVICE_PLUGIN", "false", "bool",
+     "true: also serve this node's vGPUs to the kubelet, one resource per profile (device plugin API v1beta1, "
+     "nvidia.com/<type name>; for KubeVirt entries with externalResourceProvider: true); needs grpcio and protobuf "
+     "(the agent image has them)"),
+    ("--kubelet-dir", "KUBELET_DIR", "/var/lib/kubelet", "str",
+     "the kubelet's root directory as this container sees it (device-plugins/ holds kubelet.sock and the "
+     "plugin's sockets); k0s: /var/lib/k0s/kubelet, MicroK8s: /var/snap/microk8s/common/var/lib/kubelet "
+     "(default /var/lib/kubelet)"),
     ("--status-file", "STATUS_FILE", None, "str",
      "file the agent rewrites with its last state as JSON (for a readiness/liveness probe)"),
 )

@@ -30,9 +30,13 @@ import zipfile
 # module that can install the CLI, without importing it (and the agent's HTTP client) at run time.
 if typing.TYPE_CHECKING:
     from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli  # noqa: F401  pylint: disable=unused-import
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import vgpu_device_plugin  # noqa: F401  pylint: disable=unused-import
 
 PACKAGE = "ansible_collections.accelops.vgpu.plugins.module_utils"
 ENTRY = "node.cli"
+# Modules the CLI imports only when a setting asks for them (inside a function, so the closure cannot see
+# them): the agent's kubelet device plugin, which needs grpcio/protobuf (the agent image has them, nodes need not).
+LAZY = ("kubelet.vgpu_device_plugin",)
 IMPORT = re.compile(r"^from ansible_collections\.accelops\.vgpu\.plugins\.module_utils((?:\.\w+)*) import "
                     r"(\([^)]*\)|[\w, ]+)", re.MULTILINE)
 MAIN = """import sys
@@ -45,14 +49,14 @@ SHEBANG = b"#!/usr/bin/env python3\n"
 DATE_TIME = (1980, 1, 1, 0, 0, 0)
 
 
-def closure(read_source, exists, start=ENTRY):
-    """Sorted dotted names below module_utils (e.g. `node.sysfs`) that `start` needs, itself included.
+def closure(read_source, exists, start=ENTRY, lazy=LAZY):
+    """Sorted dotted names below module_utils (e.g. `node.sysfs`) that `start` and `lazy` need, themselves included.
 
     `read_source(name)` returns a module's text; `exists(name)` says whether `name` is a module (not a
     package): `from ...module_utils.node import sysfs, pci` imports modules, `from ...node.sysfs import
     Sysfs` a name from one.
     """
-    todo, seen = [start], set()
+    todo, seen = [start] + list(lazy), set()
     while todo:
         name = todo.pop()
         if name in seen:

@@ -86,6 +86,12 @@ def vfio_number(group):
     return group - VFIO_OFFSET
 
 
+def numa_node(pf_index, pf_count):
+    """The NUMA node of a GPU (and its VFs, which report their PF's): GPUs split across two sockets as on
+    dual-socket servers, the first half on node 0, the rest on node 1 (one GPU: node 0)."""
+    return 0 if pf_count < 2 else pf_index * 2 // pf_count
+
+
 def root_dir(pf_addr):
     """devices/pci0000:<bus> holding the PF and its VFs."""
     domain, bus, dummy = split_address(pf_addr)

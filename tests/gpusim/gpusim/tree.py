@@ -240,6 +240,7 @@ class Tree:
         entries["driver_override"] = file(read=lambda: (dev.driver_override or "(null)") + "\n",
                                           write=lambda text: state.store_override(dev, text))
         entries["iommu_group"] = link(path, "kernel/iommu_groups/%d" % dev.group)
+        entries["numa_node"] = value("%d" % layout.numa_node(dev.gpu.pf_index, len(state.pfs)))
         if dev.driver:
             entries["driver"] = link(path, "bus/pci/drivers/" + dev.driver)
         if dev.is_vf:

@@ -23,6 +23,20 @@ def test_the_closure_follows_every_import_form_and_only_the_cli_needs():
     assert "errors" in names                                  # `from ...module_utils.errors import ...`
     assert not [n for n in names if n.startswith(("cluster.", "image."))]   # controller side stays out
     assert "node.cli_zipapp" not in names and "node.module_glue" not in names
+    # the agent's device plugin, imported only when DEVICE_PLUGIN is on, and the generated gRPC modules it needs
+    assert {"kubelet.vgpu_device_plugin", "kubelet.transport", "kubelet.api.deviceplugin_v1beta1_pb2_grpc"} <= set(names)
+
+
+def test_the_cli_and_its_apply_path_never_import_grpc(tmp_path):
+    pyz = tmp_path / "cli.pyz"
+    pyz.write_bytes(cli_zipapp.build(READ, EXISTS))
+    code = ("import sys, runpy; sys.argv = ['accelops-vgpu', 'agent', '--help']; sys.path.insert(0, %r)\n"
+            "try:\n    runpy.run_path(%r, run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "assert 'grpc' not in sys.modules and 'google.protobuf' not in sys.modules, 'grpc imported'\n"
+            % (str(pyz), str(pyz)))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "--kubelet-dir" in result.stdout and "KUBELET_DIR" in result.stdout
 
 
 def test_loaded_sources_give_the_same_bytes_as_the_checkout_and_runs_are_reproducible():

@@ -1,0 +1,154 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The vGPUs a node offers the kubelet, one resource per profile, as plain data (standard library only).
+
+Computed from the engine's own result (vgpu_apply.apply: which VF or mdev carries which type, after the
+layout was applied and verified), so the agent's reconcile and the device plugin share one read of the node;
+the only extra reads are per served device (its NUMA node, IOMMU group, VFIO cdev, and, for health, its
+driver and current type), never a scan of the PCI bus.
+
+- Resource names are the ones the collection already gives KubeVirt (vgpu_types.resource_name:
+  `nvidia.com/NVIDIA_L40S-24Q`), so VM specs keep working when a cluster switches provider.
+- Device IDs: the VF's PCI address (vendor-specific VFIO) or the mdev UUID.
+- Allocate answers what KubeVirt's virt-launcher reads for an `externalResourceProvider: true` entry
+  [kubevirt v1.9.0]: env `PCI_RESOURCE_<NAME>` (PCI addresses) or `MDEV_PCI_RESOURCE_<NAME>` (mdev UUIDs),
+  NAME the resource name upper-cased with `/` and `.` turned into `_` (pkg/util/util.go:89-94, prefixes
+  staging/src/kubevirt.io/api/core/v1/types.go:3672-3673), the value comma-separated
+  (pkg/virt-launcher/virtwrap/device/hostdevice/addresspool.go:46-61); and the device nodes KubeVirt's own
+  plugins hand out (pkg/virt-handler/device-manager/common.go:275-315): /dev/vfio/vfio, /dev/vfio/<IOMMU group>
+  and, where the VF has them, its iommufd cdevs /dev/vfio/devices/vfioN, all `mrw`.
+- Health: a VF whose device is gone, whose driver is not `nvidia` any more, or whose current type is not the
+  one applied (a vGPU-manager restart resets the types) is Unhealthy; an mdev that is gone or changed type too.
+  Whether a VM holds the vGPU does not matter: the kubelet keeps its own allocation accounting, so capacity
+  never shrinks under running VMs.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
+
+PCI_PREFIX, MDEV_PREFIX = "PCI_RESOURCE", "MDEV_PCI_RESOURCE"   # KubeVirt's v1.PCIResourcePrefix, MDevResourcePrefix
+VFIO_DEVICE, VFIO_DIR = "/dev/vfio/vfio", "/dev/vfio"
+PCI, MDEV = "pci", "mdev"
+NVIDIA_DRIVER = "nvidia"
+
+
+class VgpuDevice(namedtuple("VgpuDevice", "id resource kind parent type_id healthy numa_nodes iommu_group cdevs")):
+    """One vGPU the kubelet may hand out. kind: pci (id = VF address) or mdev (id = UUID, parent = its VF/PF);
+    type_id: the applied type (vendor-VFIO numeric ID, or mdev type directory name)."""
+
+
+Allocation = namedtuple("Allocation", "envs device_specs mounts annotations")
+
+
+def env_name(prefix, resource_name):
+    """KubeVirt's ResourceNameToEnvVar: `nvidia.com/NVIDIA_L40S-24Q` -> `PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-24Q`."""
+    return "%s_%s" % (prefix, resource_name.upper().replace("/", "_").replace(".", "_"))
+
+
+def _numa_nodes(sysfs, address):
+    """[node] from the PCI function's numa_node; -1 or no attribute: no topology."""
+    try:
+        node = sysfs.read_int("%s/%s/numa_node" % (pci.PCI_DEVICES, address), -1)
+    except (EngineError, OSError, ValueError):
+        return ()
+    return (node,) if node is not None and node >= 0 else ()
+
+
+def _cdevs(sysfs, address):
+    return tuple(n for n in sysfs.listdir("%s/%s/vfio-dev" % (pci.PCI_DEVICES, address)) if n.startswith("vfio"))
+
+
+def devices_from_apply(sysfs, result):
+    """[VgpuDevice] from an apply result (`gpus[].vgpus[]` and `resources[]`), every one Healthy (just verified)."""
+    resources = dict(((r["profile"], r["pci_vendor_selector"].upper()), r["resource_name"])
+                     for r in result.get("resources") or ())
+    devices = []
+    for gpu in result.get("gpus") or ():
+        if not gpu.get("pci_id"):
+            continue
+        vendor, device = gpu["pci_id"].split(":")
+        selector = pci.vendor_selector(vendor, device).upper()
+        for vgpu in gpu.get("vgpus") or ():
+            resource = resources.get((vgpu.get("after"), selector))
+            if resource is None:
+                continue
+            address = vgpu["address"]
+            if vgpu.get("uuid"):
+                group = sysfs.link_name("%s/%s/iommu_group" % (vgpu_types.MDEV_DEVICES, vgpu["uuid"]))
+                devices.append(VgpuDevice(vgpu["uuid"], resource, MDEV, address, vgpu.get("type_id"), True,
+                                          _numa_nodes(sysfs, address), group, ()))
+            else:
+                group = sysfs.link_name("%s/%s/iommu_group" % (pci.PCI_DEVICES, address))
+                devices.append(VgpuDevice(address, resource, PCI, address, vgpu.get("type_id"), True,
+                                          _numa_nodes(sysfs, address), group, _cdevs(sysfs, address)))
+    return devices
+
+
+def is_healthy(sysfs, device):
+    """Whether the vGPU is still what was applied (a few reads of this one device)."""
+    if device.kind == MDEV:
+        base = "%s/%s" % (vgpu_types.MDEV_DEVICES, device.id)
+        return sysfs.isdir(base) and sysfs.link_name(base + "/mdev_type") == device.type_id
+    base = "%s/%s" % (pci.PCI_DEVICES, device.id)
+    if not sysfs.isdir(base) or sysfs.link_name(base + "/driver") != NVIDIA_DRIVER:
+        return False
+    try:
+        return vgpu_types.read_current(sysfs, device.id) == device.type_id
+    except (EngineError, OSError, ValueError):   # an unreadable attribute is no healthy vGPU
+        return False
+
+
+def check_health(sysfs, devices):
+    """The same devices with `healthy` as the node says now."""
+    return [d._replace(healthy=is_healthy(sysfs, d)) for d in devices]
+
+
+def allocate(resource, devices, ids):
+    """The Allocation for one container asking `ids` of `resource`; AllocationError names an unknown ID."""
+    by_id = dict((d.id, d) for d in devices)
+    chosen = []
+    for device_id in ids:
+        if device_id not in by_id:
+            raise AllocationError("resource %s: no vGPU %s on this node" % (resource, device_id))
+        chosen.append(by_id[device_id])
+    specs, seen = [(VFIO_DEVICE, VFIO_DEVICE, "mrw")], {VFIO_DEVICE}
+    for device in chosen:
+        nodes = (["%s/%s" % (VFIO_DIR, device.iommu_group)] if device.iommu_group else []) + \
+            ["%s/devices/%s" % (VFIO_DIR, cdev) for cdev in device.cdevs]
+        for node in nodes:
+            if node not in seen:
+                seen.add(node)
+                specs.append((node, node, "mrw"))
+    kinds = set(d.kind for d in chosen) or {PCI}
+    prefix = MDEV_PREFIX if kinds == {MDEV} else PCI_PREFIX
+    return Allocation({env_name(prefix, resource): ",".join(d.id for d in chosen)}, specs, [], {})
+
+
+class ResourceView:
+    """What the device plugin server serves for one resource: its devices and its Allocate."""
+
+    def __init__(self, resource, devices):
+        self.resource, self.devices = resource, list(devices)
+
+    def allocate(self, ids):
+        return allocate(self.resource, self.devices, ids)
+
+    def __eq__(self, other):
+        return isinstance(other, ResourceView) and (self.resource, self.devices) == (other.resource, other.devices)
+
+    def __repr__(self):
+        return "ResourceView(%r, %r)" % (self.resource, self.devices)
+
+
+def resource_views(devices):
+    """{resource name: ResourceView}, devices in ID order."""
+    grouped = {}
+    for device in sorted(devices, key=lambda d: d.id):
+        grouped.setdefault(device.resource, []).append(device)
+    return dict((name, ResourceView(name, devs)) for name, devs in grouped.items())

@@ -1,0 +1,69 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node agent's device plugin: the node's vGPUs (device_plugin, plain data) served to the kubelet
+(device_plugin_server, gRPC). The agent imports this module only when it serves the kubelet (DEVICE_PLUGIN).
+
+The agent calls, from its reconcile thread:
+- `check(sysfs)` before each reconcile: the served devices' health as the node says now (a vGPU-manager restart
+  that reset the types, a VF gone or off the nvidia driver -> Unhealthy); a few reads per device, no bus scan;
+- `applied(sysfs, result)` after a layout was applied or re-asserted: the devices are the engine's result (one
+  inventory for the reconcile and the plugin), each Healthy; resources the node no longer has stop being served.
+A thread watches the sockets (a kubelet restart wipes them: served and registered again).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.device_plugin_server import DevicePluginHost
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
+
+ENDPOINT_PREFIX = "accelops-vgpu"
+
+
+class KubeletDirError(EngineError):
+    """The kubelet directory setting points at no kubelet (exit 2)."""
+
+
+class VgpuDevicePlugin:
+    def __init__(self, kubelet_dir, log, watch_interval=1.0):
+        self.paths = KubeletPaths(kubelet_dir)
+        self.log = log
+        self.host = DevicePluginHost(self.paths, ENDPOINT_PREFIX, log, watch_interval)
+        self.devices = None      # None: nothing published yet (no reconcile finished)
+        self._stop = threading.Event()
+
+    def start(self):
+        if not os.path.isdir(self.paths.device_plugins):
+            raise KubeletDirError("kubelet directory %s: no device-plugins/ directory (KUBELET_DIR or --kubelet-dir "
+                                  "names the kubelet's root directory, e.g. /var/lib/k0s/kubelet on k0s)"
+                                  % self.paths.root)
+        threading.Thread(target=self.host.watch, args=(self._stop,), name="device-plugin-watch", daemon=True).start()
+        self.log("device plugin: serving the kubelet at %s" % self.paths.device_plugins)
+        return self
+
+    def applied(self, sysfs, result):
+        self._publish(device_plugin.devices_from_apply(sysfs, result))
+
+    def check(self, sysfs):
+        if self.devices:
+            self._publish(device_plugin.check_health(sysfs, self.devices))
+
+    def _publish(self, devices):
+        before = dict((d.id, d) for d in self.devices or ())
+        for device in devices:
+            old = before.get(device.id)
+            if old is not None and old.resource == device.resource and old.healthy != device.healthy:
+                self.log("device plugin: %s %s is %s" % (device.resource, device.id,
+                                                         "Healthy" if device.healthy else "Unhealthy"))
+        if devices != self.devices:
+            self.devices = devices
+            self.host.publish(device_plugin.resource_views(devices))
+
+    def close(self):
+        self._stop.set()
+        self.host.close()
