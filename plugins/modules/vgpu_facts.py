@@ -142,12 +142,18 @@ ansible_facts:
               type: list
               elements: dict
             held:
-              description: Whether a process (a VM) holds the VF or an mdev on it open.
+              description:
+                - Whether a process (a VM) holds the VF or an mdev on it open, in any mount namespace (matched by
+                  the open file's device number).
+                - Also V(true) when a process could not be inspected and the kernel reports the VFIO group busy or
+                  cannot be asked (fail closed).
               type: bool
             holders:
-              description: The pids holding it.
+              description:
+                - The pids holding it; a holder that is not a process we could name is a string saying why
+                  (C(VFIO group N is open in a process this scan may not inspect ...), C(unknown: ...)).
               type: list
-              elements: int
+              elements: raw
         mdevs:
           description: Every mediated device.
           type: list

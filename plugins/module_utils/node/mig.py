@@ -24,6 +24,7 @@ import re
 from collections import OrderedDict, namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import describe
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
 
 NVIDIA_SMI = "nvidia-smi"
@@ -276,8 +277,8 @@ def plan(state, gpu_plan, view, smi):
     if mig_after and not state.mode_before:
         if view.held:
             vf, pids = sorted(view.held.items())[0]
-            raise LayoutError("GPU %s: MIG mode must be enabled for %s, but VF %s is held by a VM (pid %s)"
-                              % (address, mig_after[0].short, vf, ", ".join(str(p) for p in pids)))
+            raise LayoutError("GPU %s: MIG mode must be enabled for %s, but VF %s is held by a VM (%s)"
+                              % (address, mig_after[0].short, vf, describe(pids)))
         state.mode_after = True
     for mig_type in mig_after:
         state.names[state.types[mig_type.type_id].gi_profile] = gi_profile_name(mig_type.name)

@@ -237,8 +237,8 @@ def _check_removals(sysfs, plans, held, force):
         for vf in pci.PciDevice(sysfs, plan.address).virtfns():
             pids = inuse.holders(held_now, vf, parents)
             if pids:
-                raise SriovError("%s: VF %s is held by a VM (pid %s); refusing to change %d -> %d VFs"
-                                 % (plan.address, vf, ", ".join(str(p) for p in pids), plan.current, plan.desired))
+                raise SriovError("%s: VF %s is held by a VM (%s); refusing to change %d -> %d VFs"
+                                 % (plan.address, vf, inuse.describe(pids), plan.current, plan.desired))
             why = _programmed(sysfs, vf, parents)
             if why and not force:
                 raise SriovError("%s: VF %s has %s that changing %d -> %d VFs would discard; set force to allow it"

@@ -178,8 +178,10 @@ class Node:
         self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage
         self.names = TypeNames(sysfs, runner, cache_dir)
 
-    def held(self):
-        return inuse.held_devices(self.sysfs, self.dev_root, self.proc_root)
+    def held(self, scope=None):
+        """inuse.held_devices for this node; `scope`: the PFs about to be written (probed when the
+        /proc scan is incomplete), None = all."""
+        return inuse.held_devices(self.sysfs, self.dev_root, self.proc_root, scope)
 
     def view(self, gpu, framework, held, vfs=None):
         if framework == vgpu_vfio.FRAMEWORK:
@@ -206,7 +208,7 @@ class Node:
         vfs_of = {}  # PF -> VF addresses, read once per plan (a readlink each)
         gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs, vfs_of))
         selection = resolve(entries, list(gpus.values()), self.sysfs)
-        held = self.held()
+        held = self.held(list(selection))
         plans = []
         for address, gpu_entries in selection.items():
             gpu = gpus[address]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import uuid as uuid_mod
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import mdev_parents as mdev_parent_map
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import describe, mdev_parents as mdev_parent_map
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
     GpuPlan, LayoutError, VgpuChange, check_sizes, choose_profiles, gpu_model, type_size_gb)
@@ -100,12 +100,12 @@ def plan(view, entries, mixed_size=False, absent=False):
             kept.append(mdev)
         elif mdev.held and absent:
             kept.append(mdev)
-            result.warnings.append("mdev %s on %s is held by a VM (pid %s); it was left in place"
-                                   % (mdev.uuid, mdev.parent, ", ".join(str(p) for p in mdev.held)))
+            result.warnings.append("mdev %s on %s is held by a VM (%s); it was left in place"
+                                   % (mdev.uuid, mdev.parent, describe(mdev.held)))
         elif mdev.held:
-            raise LayoutError("mdev %s (%s) on %s of GPU %s is held by a VM (pid %s); the layout needs it removed"
+            raise LayoutError("mdev %s (%s) on %s of GPU %s is held by a VM (%s); the layout needs it removed"
                               % (mdev.uuid, mdev.type.short, mdev.parent, gpu.address,
-                                 ", ".join(str(p) for p in mdev.held)))
+                                 describe(mdev.held)))
     creates = _place(view, wanted, remaining, kept)
     after = [m.type for m in kept] + [t for dummy, t, dummy2 in creates]
     if not absent:

@@ -20,6 +20,7 @@ layout that needs it changed fails naming it, before any write.
 from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import describe
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.mig import mig_backed
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
@@ -167,11 +168,11 @@ def _assign(address, view, before, wanted, absent, result):
         elif vf in view.held and view.current[vf]:
             if absent:
                 after[vf] = current
-                result.warnings.append("VF %s of GPU %s is held by a VM (pid %s); its vGPU was left in place"
-                                       % (vf, address, ", ".join(str(p) for p in view.held[vf])))
+                result.warnings.append("VF %s of GPU %s is held by a VM (%s); its vGPU was left in place"
+                                       % (vf, address, describe(view.held[vf])))
             else:
-                raise LayoutError("VF %s of GPU %s is held by a VM (pid %s) and has %s; the layout needs it changed"
-                                  % (vf, address, ", ".join(str(p) for p in view.held[vf]),
+                raise LayoutError("VF %s of GPU %s is held by a VM (%s) and has %s; the layout needs it changed"
+                                  % (vf, address, describe(view.held[vf]),
                                      current.short if current else "type %d" % view.current[vf]))
     free = [vf for vf in view.vfs if after[vf] is None and vf not in view.held]
     fills = sorted(((t, n) for t, n in wanted.items()), key=lambda item: -(type_size_gb(item[0]) or 0))

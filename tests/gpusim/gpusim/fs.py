@@ -76,11 +76,11 @@ class SimFS(mfusepy.Operations):
             raise SimError(errno.EACCES)
         if mode in (os.O_RDONLY, os.O_RDWR) and node.read is None:
             raise SimError(errno.EACCES)
+        if node.holds is not None:
+            self.state.open_handle(node.holds, node.exclusive)   # EBUSY for a busy VFIO group
         fh = next(self._next_fh)
         with self._handles_lock:
             self._handles[fh] = (node, canon)
-        if node.holds is not None:
-            self.state.open_handle(node.holds)
         return fh
 
     def release(self, path, fh):

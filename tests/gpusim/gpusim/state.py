@@ -125,8 +125,11 @@ class State:
             raise SimError(errno.ENODEV, "device is gone")
 
     # ---- holds (open VFIO device nodes) ---------------------------------------------------
-    def open_handle(self, obj):
+    def open_handle(self, obj, exclusive=False):
+        """A VFIO node opened; `exclusive` (a group node) refuses with EBUSY while any node of it is open."""
         with self.lock:
+            if exclusive and self.open_counts.get(obj.uid, 0):
+                raise SimError(errno.EBUSY, "VFIO group of %s is already open" % getattr(obj, "address", obj.uid))
             self.open_counts[obj.uid] = self.open_counts.get(obj.uid, 0) + 1
 
     def close_handle(self, obj):

@@ -23,7 +23,7 @@ _KINDS = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "link": stat.S_IFLNK}
 
 
 class Node:
-    __slots__ = ("kind", "mode", "read", "write", "target", "holds", "path", "make", "cache", "owner")
+    __slots__ = ("kind", "mode", "read", "write", "target", "holds", "path", "make", "cache", "owner", "exclusive")
 
     def __init__(self, kind, mode, read=None, write=None, target=None, holds=None, path=None, make=None):
         self.kind = kind
@@ -36,6 +36,7 @@ class Node:
         self.make = make          # directories: (path) -> {name: Node}
         self.cache = (-1, None)
         self.owner = None         # files: the Device/Mdev they belong to (gone -> ENODEV, as kernfs)
+        self.exclusive = False    # VFIO group nodes: one open at a time (EBUSY), see _vfio_nodes
 
     @property
     def st_mode(self):
@@ -50,10 +51,12 @@ def static_dir(path, entries):
     return directory(path, lambda dummy: entries)
 
 
-def file(read=None, write=None, mode=None, holds=None):
+def file(read=None, write=None, mode=None, holds=None, exclusive=False):
     if mode is None:
         mode = RW if (read and write) else (WO if write else RO)
-    return Node("file", mode, read=read, write=write, holds=holds)
+    node = Node("file", mode, read=read, write=write, holds=holds)
+    node.exclusive = exclusive
+    return node
 
 
 def value(text):
@@ -142,7 +145,8 @@ class Tree:
                     "devices": directory("bus/pci/devices", self._pci_links),
                     "drivers": directory("bus/pci/drivers", self._drivers)}),
                 "mdev": static_dir("bus/mdev", {"devices": directory("bus/mdev/devices", self._mdev_links)})}),
-            "class": static_dir("class", {"mdev_bus": directory("class/mdev_bus", self._mdev_bus)}),
+            "class": static_dir("class", {"mdev_bus": directory("class/mdev_bus", self._mdev_bus),
+                                          "vfio": directory("class/vfio", self._vfio_class)}),
             "devices": directory("devices", self._roots),
             "kernel": static_dir("kernel", {"iommu_groups": directory("kernel/iommu_groups", self._groups)}),
             "module": directory("module", self._modules),
@@ -161,14 +165,26 @@ class Tree:
         return [dev for dev in state.devices.values() if dev.is_vf] + list(state.mdevs.values())
 
     def _vfio_nodes(self, path):
+        # A VFIO group opens once at a time: a second open, or one while a device of the group is
+        # bound through its iommufd cdev (here: its cdev is open), fails with EBUSY (kernel
+        # drivers/vfio/group.c vfio_group_fops_open: group->opened_file, cdev_device_open_cnt).
+        # The cdev itself opens any number of times (drivers/vfio/device_cdev.c; only the bind is exclusive).
         entries = {}
         cdevs = {}
         for obj in self._holdables():
-            entries[str(obj.group)] = file(read=str, write=_ignore, mode=0o600, holds=obj)
+            entries[str(obj.group)] = file(read=str, write=_ignore, mode=0o600, holds=obj, exclusive=True)
             if obj.vfio is not None:
                 cdevs["vfio%d" % obj.vfio] = file(read=str, write=_ignore, mode=0o600, holds=obj)
         entries["devices"] = static_dir(path + "/devices", cdevs)
         return entries
+
+    def _vfio_class(self, path):
+        """class/vfio/<group>/dev: the group cdev's MAJOR:MINOR (drivers/vfio/group.c registers one
+        device of class "vfio" per group, devnode vfio/<group>). The major is dynamic on a real host
+        (alloc_chrdev_region); 510 and minor = group number here (ASSUMPTION: real minors come from an
+        IDA). The iommufd cdevs' vfio-dev/vfio<N>/dev use 511 (see _vfio_dev)."""
+        return {str(obj.group): static_dir("%s/%d" % (path, obj.group), {"dev": value("510:%d" % obj.group)})
+                for obj in self._holdables()}
 
     def _pci_links(self, path):
         return {addr: link(path, device_dir(dev)) for addr, dev in sorted(self.state.devices.items())}

@@ -33,6 +33,7 @@ class FakeNode:
         self.proc = root / "proc"
         for path in (self.sys / "bus/pci/devices", self.sys / "bus/mdev/devices", self.dev / "vfio", self.proc):
             path.mkdir(parents=True, exist_ok=True)
+        (self.proc / "1" / "fd").mkdir(parents=True, exist_ok=True)   # procfs always shows a process
         self._groups = itertools.count(10)
         self._pids = itertools.count(4000)
         self.vf_style = {}   # PF address -> "vendor-vfio" | "mdev" | "plain": what its VFs look like
@@ -137,7 +138,11 @@ class FakeNode:
         fd_dir = self.proc / str(pid) / "fd"
         fd_dir.mkdir(parents=True, exist_ok=True)
         fds = len(os.listdir(fd_dir))
-        os.symlink(str(self.dev / "vfio" / node), fd_dir / str(fds + 3))
+        target = self.dev / "vfio" / node
+        if not target.exists():                     # the device node the process opened
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("")
+        os.symlink(str(target), fd_dir / str(fds + 3))
         return pid
 
     def group_of(self, name, root="bus/pci/devices"):

@@ -50,6 +50,7 @@ def test_own_options_are_added_to_a_fresh_copy():
 
 def test_node_context_builds_the_engine_objects_from_params(tmp_path):
     (tmp_path / "bus/pci/devices").mkdir(parents=True)
+    (tmp_path / "1/fd").mkdir(parents=True)     # a process with no fds: proc_root must show one
     module = FakeModule(dict(sysfs_root=str(tmp_path), proc_root=str(tmp_path), dev_root=str(tmp_path)))
     node = module_glue.NodeContext(module)
     assert node.sysfs.root == str(tmp_path)
