@@ -40,7 +40,8 @@ other answer (no node under dev_root, EACCES, ...) = "cannot tell" = held. kerne
 checks the same before reusing a VF: the driver gives no reliable error when a held VF is cleared
 (domain brief 1.4).
 
-Other API: `mdev_parents(sysfs) -> {uuid: parent PCI address}`; `holders(held, address, parents)`
+Other API: `device_nodes(sysfs, base) -> ["<group>", "devices/vfioN"]` (node names, for CDI specs);
+`mdev_parents(sysfs) -> {uuid: parent PCI address}`; `holders(held, address, parents)`
 -> a PCI function's holders including its mdevs'; `describe(holders) -> "pid 1, 2; ..."`.
 """
 
@@ -211,6 +212,19 @@ def probe_group(dev_root, group):
         os.close(handle)
         return "free"
     return "cannot tell (no VFIO group node %s below %s/vfio)" % (group, dev_root)
+
+
+def device_nodes(sysfs, base):
+    """The VFIO node names (relative to `<dev_root>/vfio/`) a device is reachable through: its group,
+    then its iommufd cdevs (what a VM is given; the DRA driver's CDI spec lists them)."""
+    nodes = []
+    group = sysfs.link_name(base + "/iommu_group")
+    if group:
+        nodes.append(group)
+    for name in sysfs.listdir(base + "/vfio-dev"):
+        if name.startswith("vfio"):
+            nodes.append("devices/" + name)
+    return nodes
 
 
 def _dev_roots(dev_root):
