@@ -26,6 +26,7 @@ leaves nothing behind) and the record. Calls are serialized (the kubeletplugin h
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import threading
 from collections import namedtuple
@@ -60,6 +61,11 @@ class DraDriver:
     def holders(self):
         with self._lock:
             return self.checkpoint.holders()
+
+    def prepared_claims(self):
+        """{uid: checkpoint entry} (a copy) of every recorded claim."""
+        with self._lock:
+            return copy.deepcopy(self.checkpoint.claims)
 
     # --- prepare ---------------------------------------------------------------------------------
     def _prepare_one(self, ref):
@@ -156,6 +162,9 @@ def _guarded(call, ref, on_error):
         return on_error(str(exc))
     except OSError as exc:
         return on_error("%s: %s: %s" % (ref, exc.filename or "file", exc.strerror or exc))
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        # a bug must not fail the other claims or the kubelet's call: this claim's answer says so
+        return on_error("%s: internal error: %s: %s" % (ref, type(exc).__name__, exc))
 
 
 def _record(entries):

@@ -112,7 +112,9 @@ def plan(node, devices, existing, node_uid=None, driver=DRIVER):
     for body in changed:
         name = body["metadata"]["name"]
         if name in by_name and name not in dict(result.deletes):
-            body["metadata"]["resourceVersion"] = by_name[name]["metadata"].get("resourceVersion")
+            version = by_name[name]["metadata"].get("resourceVersion")
+            if version:     # the update's precondition: a concurrent change makes it a 409
+                body["metadata"]["resourceVersion"] = version
             result.updates.append(body)
         else:
             result.creates.append(body)

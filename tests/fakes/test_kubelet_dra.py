@@ -1,0 +1,113 @@
+"""The test kubelet (tests/fakes/test_kubelet.py) learns DRA: what the kubelet's DRA manager does with a
+registered DRA plugin (kubernetes/kubernetes pkg/kubelet/cm/dra; the APIs: kubernetes/kubelet
+pkg/apis/dra/v1, v1beta1, dra-health/v1alpha1, pluginregistration/v1).
+
+- It dials a DRA plugin only after its plugin watcher called GetInfo on the registration socket and
+  accepted the type "DRAPlugin" with a version it knows; the endpoint is the one GetInfo named.
+- prepare(driver, claims) / unprepare(driver, claims): NodePrepareResources / NodeUnprepareResources
+  with the claim references only (namespace, name, UID: the plugin reads the claim itself), through v1
+  when the plugin offers "v1.DRAPlugin", else v1beta1 (`version=` forces one); an answer that lacks a
+  claim asked for is an error, as in the kubelet.
+- watch_health(driver): a NodeWatchResources stream (v1alpha1.DRAResourceHealth, when offered), its
+  latest list kept in `health[driver]`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import (
+    dra_health_v1alpha1_pb2 as health_pb, dra_health_v1alpha1_pb2_grpc as health_grpc,
+    dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)
+from ansible_collections.accelops.vgpu.tests.fakes.test_kubelet import TestKubelet
+
+VERSIONS = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+
+
+class KubeletError(Exception):
+    """What the kubelet would log and retry: no such plugin, a gRPC failure, a claim missing from an answer."""
+
+
+class DraKubelet(TestKubelet):
+    __test__ = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.health = {}            # driver -> [(pool, device, health name, message)] as last streamed
+        self.health_updates = {}    # driver -> number of lists received
+        self._streams = []
+
+    def registration(self, driver):
+        for info in list(self.registrations.values()):
+            if info["type"] == "DRAPlugin" and info["name"] == driver and info["registered"]:
+                return info
+        raise KubeletError("DRA driver %s is not registered" % driver)
+
+    def _stub(self, driver, version):
+        info = self.registration(driver)
+        if version is None:
+            version = next(v for v in VERSIONS if v in info["supported_versions"])
+        pb2, pb2_grpc = VERSIONS[version]
+        channel = grpc.insecure_channel("unix:" + info["endpoint"])
+        return pb2, pb2_grpc.DRAPluginStub(channel), channel
+
+    def prepare(self, driver, claims, version=None, timeout=10.0):
+        """{uid: {"devices": [{"requests", "pool", "device", "cdi"}], "error"}} for claims [(namespace, name, uid)]."""
+        pb2, stub, channel = self._stub(driver, version)
+        with channel:
+            try:
+                answer = stub.NodePrepareResources(pb2.NodePrepareResourcesRequest(claims=[
+                    pb2.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]), timeout=timeout)
+            except grpc.RpcError as exc:
+                raise KubeletError("NodePrepareResources: %s: %s" % (exc.code().name, exc.details())) from None
+        missing = [uid for dummy, dummy2, uid in claims if uid not in answer.claims]
+        if missing:
+            raise KubeletError("NodePrepareResources left out claims %s" % missing)
+        return {uid: {"error": result.error, "devices": [
+            {"requests": list(d.request_names), "pool": d.pool_name, "device": d.device_name,
+             "cdi": list(d.cdi_device_ids)} for d in result.devices]} for uid, result in answer.claims.items()}
+
+    def unprepare(self, driver, claims, version=None, timeout=10.0):
+        """{uid: error} for claims [(namespace, name, uid)]."""
+        pb2, stub, channel = self._stub(driver, version)
+        with channel:
+            try:
+                answer = stub.NodeUnprepareResources(pb2.NodeUnprepareResourcesRequest(claims=[
+                    pb2.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]), timeout=timeout)
+            except grpc.RpcError as exc:
+                raise KubeletError("NodeUnprepareResources: %s: %s" % (exc.code().name, exc.details())) from None
+        missing = [uid for dummy, dummy2, uid in claims if uid not in answer.claims]
+        if missing:
+            raise KubeletError("NodeUnprepareResources left out claims %s" % missing)
+        return {uid: result.error for uid, result in answer.claims.items()}
+
+    def watch_health(self, driver):
+        info = self.registration(driver)
+        if HEALTH_SERVICE not in info["supported_versions"]:
+            raise KubeletError("DRA driver %s offers no %s" % (driver, HEALTH_SERVICE))
+        channel = grpc.insecure_channel("unix:" + info["endpoint"])
+        stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(health_pb.NodeWatchResourcesRequest())
+        self._streams.append((channel, stream))
+
+        def follow():
+            try:
+                for answer in stream:
+                    with self._lock:
+                        self.health[driver] = [(d.device.pool_name, d.device.device_name,
+                                                health_pb.HealthStatus.Name(d.health), d.message) for d in answer.devices]
+                        self.health_updates[driver] = self.health_updates.get(driver, 0) + 1
+                        self.changed.notify_all()
+            except grpc.RpcError:
+                pass
+
+        threading.Thread(target=follow, name="health-" + driver, daemon=True).start()
+
+    def stop(self):
+        for channel, stream in self._streams:
+            stream.cancel()
+            channel.close()
+        self._streams = []
+        super().stop()
