@@ -1,4 +1,4 @@
-"""The test kubelet (tests/fakes/test_kubelet.py) learns DRA: what the kubelet's DRA manager does with a
+"""The test kubelet (tests/fakes/kubelet_double.py) learns DRA: what the kubelet's DRA manager does with a
 registered DRA plugin (kubernetes/kubernetes pkg/kubelet/cm/dra; the APIs: kubernetes/kubelet
 pkg/apis/dra/v1, v1beta1, dra-health/v1alpha1, pluginregistration/v1).
 
@@ -21,7 +21,7 @@ import grpc
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import (
     dra_health_v1alpha1_pb2 as health_pb, dra_health_v1alpha1_pb2_grpc as health_grpc,
     dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)
-from ansible_collections.accelops.vgpu.tests.fakes.test_kubelet import TestKubelet
+from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double import TestKubelet
 
 VERSIONS = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
