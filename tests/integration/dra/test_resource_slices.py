@@ -11,7 +11,7 @@ import kubernetes_validate
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
-    NODE, NODE_UID, client, program, published_devices, stored_slices, sysfs_devices)
+    NODE, NODE_UID, SLICES, client, dra_state, program, published_devices, stored_slices, sysfs_devices)
 
 L40S_1B, L40S_24Q = 1145, 1155
 
@@ -78,11 +78,10 @@ def test_stale_slices_of_this_node_go_and_other_nodes_keep_theirs(gpusim_node, d
 def test_a_write_that_loses_a_race_starts_over(gpusim_node, dra_api, tmp_path):
     gpu_node = gpusim_node("l40s:1")
     program(gpu_node, [L40S_24Q], per_pf=2)
-    publisher = SlicePublisher(client(dra_api, tmp_path), NODE, NODE_UID)
-    publisher.publish(sysfs_devices(gpu_node, tmp_path))
+    dra_api.reset(dra_state([(SLICES, None, slices.desired_slices(NODE, sysfs_devices(gpu_node, tmp_path), 1)[0])]))
     gpu_node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % gpu_node.vfs(gpu_node.pfs()[0])[1], 0)
     dra_api.conflict(count=1, patch={"metadata": {"labels": {"touched": "by-someone-else"}}})
-    publisher.publish(sysfs_devices(gpu_node, tmp_path))
+    SlicePublisher(client(dra_api, tmp_path), NODE, NODE_UID).publish(sysfs_devices(gpu_node, tmp_path))
     assert sorted(published_devices(dra_api)) == sorted(device.name for device in sysfs_devices(gpu_node, tmp_path))
     puts = [r for r in dra_api.log() if r["method"] == "PUT"]
     assert len(puts) == 2          # the first lost (409), the second, after a fresh list, won
