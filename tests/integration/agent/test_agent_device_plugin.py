@@ -1,0 +1,157 @@
+"""The agent serving its vGPUs to the kubelet: the agent as a real process (the zipapp on the node's Python with
+Debian's grpcio), the test kubelet double over the device plugin API, the API server double's Node status."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+
+import grpc
+import pytest
+
+from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double import TestKubelet
+from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, wait_for
+
+R24, R12 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/NVIDIA_L40S-12Q"
+ENV24 = "PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-24Q"
+
+
+@pytest.fixture
+def kubelet(cluster):
+    root = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+    double = TestKubelet(root, api_url=cluster.api.url, node=NODE, grace=1.0).start()
+    yield double
+    double.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def start_plugin_agent(start_agent, gpu_node, cluster, kubelet, **env):
+    return start_agent(gpu_node, cluster.api, DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root, RESYNC_INTERVAL="1",
+                       **env)
+
+
+def ids(kubelet, resource, health="Healthy"):
+    return sorted(i for i, h, dummy in kubelet.devices(resource) if h == health)
+
+
+def typed_vfs(node):
+    """{VF: current_vgpu_type} of every VF with a type, read from the simulated sysfs."""
+    types = {}
+    for pf in node.pfs():
+        for vf in node.vfs(pf):
+            type_id = node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf)
+            if type_id != "0":
+                types[vf] = type_id
+    return types
+
+
+def node_status(cluster):
+    status = cluster.node().get("status") or {}
+    return status.get("capacity") or {}, status.get("allocatable") or {}
+
+
+def test_the_kubelet_gets_one_resource_per_profile_with_the_vfs_sysfs_shows(gpusim_node, cluster, start_agent,
+                                                                             kubelet):
+    node = gpusim_node("l40s:2")
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet)
+    agent.wait("success", "default")
+    kubelet.wait("4 healthy 24Q vGPUs", lambda k: len(ids(k, R24)) == 4)
+    typed = sorted(typed_vfs(node))
+    assert ids(kubelet, R24) == typed and list(kubelet.devices()) == [R24]
+    numa = dict((i, n) for i, h, n in kubelet.devices(R24))
+    assert numa == dict((vf, [int(node.read("bus/pci/devices/%s/numa_node" % vf))]) for vf in typed)
+    wait_for("node status from the kubelet", lambda: node_status(cluster) == ({R24: "4"}, {R24: "4"}))
+
+    response = kubelet.allocate(R24, typed[:2])
+    assert dict(response.envs) == {ENV24: ",".join(typed[:2])}
+    paths = [d.host_path for d in response.devices]
+    assert paths[0] == "/dev/vfio/vfio" and all(d.permissions == "mrw" for d in response.devices)
+    for vf in typed[:2]:
+        group = os.path.basename(os.readlink(node.path("bus/pci/devices", vf, "iommu_group")))
+        assert "/dev/vfio/" + group in paths
+    with pytest.raises(grpc.RpcError) as refused:
+        kubelet.allocate(R24, ["0000:99:00.1"])
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "0000:99:00.1" in refused.value.details()
+    assert dict(kubelet.allocate(R24, typed[2:3]).envs) == {ENV24: typed[2]}   # still serving
+
+
+def test_after_a_relabel_the_resources_follow_and_the_old_one_goes(gpusim_node, cluster, start_agent, kubelet):
+    node = gpusim_node("l40s:2")
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet, MIXED_SIZE="true")
+    agent.wait("success", "default")
+    kubelet.wait("24Q", lambda k: len(ids(k, R24)) == 4)
+    agent.forget_status()
+    cluster.select("L40S-12Q")
+    agent.wait("success", "L40S-12Q")
+    kubelet.wait("8 x 12Q, 24Q gone", lambda k: len(ids(k, R12)) == 8 and R24 not in k.devices())
+    wait_for("node status follows", lambda: node_status(cluster) == ({R12: "8"}, {R12: "8"}))
+    agent.forget_status()
+    cluster.select("first-gpu-mixed")
+    agent.wait("success", "first-gpu-mixed")
+    # the layout names GPU 0 only: its vGPUs are served (GPU 1 keeps its types, unmanaged, as VDM leaves it)
+    types = dict((vf, t) for vf, t in typed_vfs(node).items() if vf in node.vfs(node.pfs()[0]))
+    kubelet.wait("one GPU mixed, one model, two profiles: the devices sysfs shows",
+                 lambda k: sorted(ids(k, R24) + ids(k, R12)) == sorted(types) and len(ids(k, R24)) == 1)
+    assert len(set(types[vf] for vf in ids(kubelet, R12))) == 1 and types[ids(kubelet, R24)[0]] not in [
+        types[vf] for vf in ids(kubelet, R12)]
+
+
+def test_a_manager_restart_shows_unhealthy_then_healthy_once_reapplied(gpusim_node, cluster, start_agent, kubelet):
+    node = gpusim_node("l40s:1")
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet)
+    agent.wait("success", "default")
+    kubelet.wait("healthy", lambda k: len(ids(k, R24)) == 2)
+    served = ids(kubelet, R24)
+    seen = len(kubelet.updates)
+    node.ctl("reboot")                          # the vGPU manager restarts: VFs and types reset
+    kubelet.wait("unhealthy, then healthy again", lambda k: any(
+        u == (R24, [(i, "Unhealthy") for i in served]) for u in k.updates[seen:]) and ids(k, R24) == served)
+    assert "is Unhealthy" in agent.output()
+
+
+def test_a_kubelet_restart_gets_the_resources_registered_again(gpusim_node, cluster, start_agent, kubelet):
+    node = gpusim_node("l40s:1")
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet)
+    agent.wait("success", "default")
+    kubelet.wait("registered", lambda k: len(ids(k, R24)) == 2)
+    calls = len(kubelet.register_calls)
+    kubelet.restart()
+    kubelet.wait("registered again", lambda k: len(k.register_calls) > calls and len(ids(k, R24)) == 2)
+    assert dict(kubelet.allocate(R24, ids(kubelet, R24)[:1]).envs) == {ENV24: ids(kubelet, R24)[0]}
+
+
+def test_a_vgpu_a_vm_holds_stays_listed_and_healthy(gpusim_node, cluster, start_agent, kubelet):
+    node = gpusim_node("l40s:1")
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet)
+    agent.wait("success", "default")
+    kubelet.wait("registered", lambda k: len(ids(k, R24)) == 2)
+    held = ids(kubelet, R24)[0]
+    node.hold(held)
+    agent.forget_status()
+    cluster.select("L40S-12Q")                  # refused: a VM holds a VF of this GPU
+    agent.wait("failed", "L40S-12Q")
+    assert ids(kubelet, R24) == sorted(i for i, h, n in kubelet.devices(R24)) and held in ids(kubelet, R24)
+    assert node_status(cluster)[1] == {R24: "2"}
+
+
+def test_sigterm_removes_the_sockets_and_the_kubelet_drops_the_vgpus(gpusim_node, cluster, start_agent, kubelet):
+    node = gpusim_node("l40s:1")
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet)
+    agent.wait("success", "default")
+    kubelet.wait("registered", lambda k: len(ids(k, R24)) == 2)
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(timeout=30) == 0
+    assert os.listdir(os.path.join(kubelet.root, "device-plugins")) == ["kubelet.sock"]
+    kubelet.wait("unhealthy, then gone", lambda k: not k.devices())
+    wait_for("node status emptied", lambda: node_status(cluster) == ({}, {}))
+
+
+def test_a_kubelet_dir_without_device_plugins_is_one_line_and_exit_2(gpusim_node, cluster, start_agent, tmp_path):
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api, DEVICE_PLUGIN="true", KUBELET_DIR=str(tmp_path))
+    assert agent.proc.wait(timeout=30) == 2
+    assert agent.output().strip().splitlines()[-1].endswith(
+        "kubelet directory %s: no device-plugins/ directory (KUBELET_DIR or --kubelet-dir names the kubelet's root "
+        "directory, e.g. /var/lib/k0s/kubelet on k0s)" % tmp_path)
