@@ -60,8 +60,9 @@ def boot_command(root, verb="apply"):
     unit = (root / "etc/systemd/system/accelops-vgpu.service").read_text()
     argv = [line.split("=", 1)[1].split() for line in unit.splitlines() if line.startswith("ExecStart=")][0]
     assert argv[:4] == ["/usr/local/bin/accelops-vgpu", "apply", "--config", "/etc/accelops-vgpu/layout.json"]
+    rest = [str(root / arg[1:]) if arg.startswith("/etc/accelops-vgpu/") else arg for arg in argv[4:]]
     return [str(root / "usr/local/bin/accelops-vgpu"), verb, "--config", str(root / "etc/accelops-vgpu/layout.json")] \
-        + argv[4:]
+        + rest
 
 
 def run_cli(argv, node):
@@ -318,3 +319,31 @@ def test_the_module_keeps_the_boot_unit_enabled_and_started(gpusim_node, run_pla
     assert actions(absent) == ["stop accelops-vgpu.service", "disable accelops-vgpu.service", "daemon-reload"]
     assert not (root / "etc/systemd/system/accelops-vgpu.service").exists()
     assert not (root / "etc/accelops-vgpu").exists() and not (root / "usr/local/bin/accelops-vgpu").exists()
+
+
+def test_the_agents_layout_survives_a_reboot_until_the_role_reclaims_the_node(gpusim_node, run_playbook, tmp_path):
+    """Both paths installed: the agent applied `large` (its file next to the layout); the unit's command
+    re-applies that after a reboot, not the inventory's `fleet`. vgpu_profiles_reclaim_from_agent hands
+    the node back: the file goes and the unit applies `fleet` again."""
+    node = gpusim_node("l40s:1")
+    root = tmp_path / "root"
+    assert run_playbook(ROLE_TASKS, node, extra_vars=role_vars(node, root)).rc == 0
+    unit = (root / "etc/systemd/system/accelops-vgpu.service").read_text().splitlines()
+    assert "Environment=ACCELOPS_VGPU_RETRY_FOR=300 ACCELOPS_VGPU_STATE_FILE=/run/accelops-vgpu/boot-state.json" \
+        in unit and "TimeoutStartSec=600" in unit and "--agent-applied" in boot_command(root)
+    agent_file = root / "etc/accelops-vgpu/agent-applied.json"
+    agent_file.write_text('{"version": "v1", "vgpu-configs": {"large": [{"devices": "all", '
+                          '"device-filter": "0x26B910DE", "vgpu-devices": {"L40S-48Q": 1}}]}}\n')
+    node.ctl("reboot")
+    assert run_cli(boot_command(root) + ["--state-file", str(root / "run/accelops-vgpu/boot-state.json")], node) == 0
+    vfs = node.vfs(node.pfs("l40s")[0])
+    assert int(node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vfs[0])) == TYPE_IDS["L40S-48Q"]
+    state = (root / "run/accelops-vgpu/boot-state.json").read_text()
+    assert '"state": "applied"' in state and "agent-applied.json" in state
+
+    run = run_playbook(ROLE_TASKS, node, extra_vars=role_vars(node, root, vgpu_profiles_reclaim_from_agent=True))
+    assert run.rc == 0, run
+    assert not agent_file.exists()
+    node.ctl("reboot")
+    assert run_cli(boot_command(root), node) == 0
+    assert int(node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vfs[0])) == TYPE_IDS["L40S-24Q"]

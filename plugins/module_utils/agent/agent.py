@@ -38,7 +38,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent.config_source 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError, KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.node_watch import Backoff, NodeWatcher
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
@@ -181,6 +181,7 @@ class Agent:
             if self.device_plugin is not None:
                 self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])
+            self.hand_over_to_boot(name)
             self._finish(node, vdm.SUCCESS, profiles, None, applied=bool(changing), config=name)
             return vdm.SUCCESS, profiles, None, bool(changing)
         self._finish(node, vdm.FAILED, None, reason, applied=bool(changing), config=name)
@@ -190,6 +191,23 @@ class Agent:
         """The served vGPUs' health as the node says now, before the reconcile may change them."""
         if self.device_plugin is not None:
             self.device_plugin.check(engine.sysfs)
+
+    def hand_over_to_boot(self, name):
+        """The boot unit and the vGPU manager image re-apply what this agent last applied (node/handover.py):
+        the config goes to the hand-over file after each success. A failure to write is logged, never fatal."""
+        path = self.settings.handover_file
+        if not path:
+            return
+        try:
+            document = vgpu_layout.load_document(self.config.text or "", self.settings.config_file)
+            configs = document.get("vgpu-configs") if isinstance(document, dict) else None
+            if isinstance(configs, dict) and name in configs:
+                handover.write(path, name, configs[name])  # False: no boot unit on this node, nothing to hand over
+            else:
+                log("config %s: not handed over to the boot unit: %s is no vgpu-configs document"
+                    % (name, self.settings.config_file))
+        except (EngineError, OSError) as exc:
+            log("config %s: cannot hand it over to the boot unit in %s: %s" % (name, path, exc))
 
     def _patch(self, node, patch):
         """Merge-patch our Node; returns the updated object (or `node` when there is nothing to do)."""

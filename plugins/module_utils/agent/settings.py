@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover
 
 # (flag, environment variable, default, kind, help); kind: str, seconds, bool
 OPTIONS = (
@@ -64,6 +65,10 @@ OPTIONS = (
      "(default /var/lib/kubelet)"),
     ("--status-file", "STATUS_FILE", None, "str",
      "file the agent rewrites with its last state as JSON (for a readiness/liveness probe)"),
+    ("--handover-file", "HANDOVER_FILE", None, "str",
+     "where the agent writes each config it applied, for the boot unit and the vGPU manager image to re-apply "
+     "(default $HOST_ROOT_MOUNT/etc/accelops-vgpu/agent-applied.json, written only where that directory exists; "
+     "'none': never)"),
 )
 REQUIRED = ("node_name", "config_file", "default_vgpu_config")
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -107,6 +112,13 @@ def _bool(name, text):
     raise SettingsError("%s=%r is neither true nor false" % (name, text))
 
 
+def _handover_file(given, host):
+    """The hand-over file (node/handover.py): given, or below the host's /etc; None for 'none'."""
+    if given and given.lower() == "none":
+        return None
+    return given or os.path.join(host, handover.NODE_DIR.lstrip("/"), handover.FILE_NAME)
+
+
 def resolve(args, environ=None):
     """A plain object with every setting; SettingsError names the first bad one."""
     environ = os.environ if environ is None else environ
@@ -130,6 +142,7 @@ def resolve(args, environ=None):
     values["sysfs_root"] = values["sysfs_root"] or os.path.join(host, "sys")
     values["dev_root"] = values["dev_root"] or os.path.join(host, "dev")
     values["proc_root"] = values["proc_root"] or os.path.join(host, "proc")
+    values["handover_file"] = _handover_file(values["handover_file"], host)
     if not values["lock_key"]:
         values["lock_key"] = "/sys" if derived_sysfs else None
     if not os.path.isdir(values["sysfs_root"]):

@@ -3,10 +3,12 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """`accelops-vgpu`: the node CLI (boot-time unit, vGPU manager image entrypoint), stdlib only.
 
-    accelops-vgpu apply  --config FILE [--selected NAME] [--mixed-size] [--check] [--json]
+    accelops-vgpu apply  --config FILE [--selected NAME] [--agent-applied FILE] [--mixed-size] [--check] [--json]
                          [--lock-timeout S] [--wait-timeout S] [--sriov-manage PATH]
-    accelops-vgpu assert --config FILE [--selected NAME]
+                         [--retry-for S] [--state-file FILE]
+    accelops-vgpu assert --config FILE [--selected NAME] [--agent-applied FILE]
     accelops-vgpu export [--format layout|vdm]
+    accelops-vgpu idle                          (exit 0: nothing uses the vGPU stack; 1: something does)
     accelops-vgpu agent  [--node-name ... ]     (in-cluster node agent; `agent --help` lists its settings)
 
 FILE (`-` = stdin) is a vgpu-device-manager config (`version: v1`, `vgpu-configs`) or a layout
@@ -16,10 +18,18 @@ have none (sriov-manage when present), then programs the profiles; --wait-timeou
 bounds the wait for those VFs, separately from --lock-timeout (the wait for another apply's node
 lock). --sriov-manage names the tool when it is not /usr/lib/nvidia/sriov-manage or on PATH (GPU
 Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage). `assert` exits 0 when the node
-matches, 1 (printing each difference) when not. Errors exit 2 with one line on stderr.
+matches, 1 (printing each difference) when not. `idle` exits 0 when no process holds a VF or mdev of
+an NVIDIA GPU and nvidia_vgpu_vfio has no users, 1 (printing each holder) when something does: what
+the vGPU manager image asks before it disables VFs or unloads the driver (vgpu_busy.users, the same
+answer vgpu_driver uses). Errors exit 2 with one line on stderr (for `idle`: cannot tell, treat as held).
 Roots: --sysfs-root/--dev-root/--proc-root (defaults /sys, /dev, /proc); a missing root, or a sysfs root
 without bus/pci/devices, is an error (exit 2), never an empty node.
-Environment defaults: ACCELOPS_VGPU_CONFIG, ACCELOPS_VGPU_SELECTED.
+--agent-applied names the file the node agent writes after each apply (handover.py): while it exists
+it is the layout and --config/--selected are not read (the agent owns the node). --retry-for S retries
+a failing apply with backoff for up to S seconds (not a broken layout), --state-file records each
+outcome as JSON (boot_retry.py): what the boot unit runs.
+Environment defaults: ACCELOPS_VGPU_CONFIG, ACCELOPS_VGPU_SELECTED, ACCELOPS_VGPU_AGENT_APPLIED,
+ACCELOPS_VGPU_RETRY_FOR, ACCELOPS_VGPU_STATE_FILE (the boot unit sets the last two).
 """
 
 from __future__ import annotations
@@ -30,7 +40,8 @@ import os
 import sys
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent, settings as agent_settings
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import mig, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
+    boot_retry, handover, mig, vgpu_apply, vgpu_busy, vgpu_layout)
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -66,8 +77,11 @@ def _parser():
                         help="vgpu-device-manager config or layout file, - for stdin (env ACCELOPS_VGPU_CONFIG)")
     layout.add_argument("--selected", "-c", default=os.environ.get("ACCELOPS_VGPU_SELECTED"),
                         help="config name in a vgpu-device-manager file (env ACCELOPS_VGPU_SELECTED)")
+    layout.add_argument("--agent-applied", metavar="FILE", default=os.environ.get("ACCELOPS_VGPU_AGENT_APPLIED"),
+                        help="the node agent's last applied config; when the file exists it wins over --config "
+                             "and --selected (env ACCELOPS_VGPU_AGENT_APPLIED)")
     parser = argparse.ArgumentParser(prog=PROG, description="Program NVIDIA vGPU profiles on this node.")
-    verbs = parser.add_subparsers(dest="verb", metavar="{apply,assert,export,agent}")
+    verbs = parser.add_subparsers(dest="verb", metavar="{apply,assert,export,idle,agent}")
     verbs.required = True
     apply_p = verbs.add_parser("apply", parents=[roots, layout], help="enable VFs and program the layout")
     apply_p.add_argument("--mixed-size", action="store_true", help="allow different framebuffer sizes per GPU")
@@ -83,11 +97,20 @@ def _parser():
                               "GPU Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage)")
     apply_p.add_argument("--no-enable-vfs", dest="enable_vfs", action="store_false",
                          help="fail instead of enabling VFs on GPUs that have none")
+    apply_p.add_argument("--retry-for", type=float, default=os.environ.get("ACCELOPS_VGPU_RETRY_FOR") or "0",
+                         metavar="S", help="retry a failing apply with backoff (2 s doubling, at most 60 s) for up to "
+                                           "S seconds; a broken layout is not retried (default 0: once; env "
+                                           "ACCELOPS_VGPU_RETRY_FOR)")
+    apply_p.add_argument("--state-file", metavar="FILE", default=os.environ.get("ACCELOPS_VGPU_STATE_FILE"),
+                         help="write each outcome (applied/retrying/failed, attempts, error) as JSON to FILE "
+                              "(env ACCELOPS_VGPU_STATE_FILE)")
     _mig_options(apply_p)
     _mig_options(verbs.add_parser("assert", parents=[roots, layout], help="exit 0 when the node matches the layout"))
     export_p = verbs.add_parser("export", parents=[roots], help="print the current layout")
     export_p.add_argument("--format", choices=("layout", "vdm"), default="layout",
                           help="a layout list (default) or a vgpu-device-manager config")
+    verbs.add_parser("idle", parents=[roots],
+                     help="exit 0 when no VM holds an NVIDIA VF/mdev and nvidia_vgpu_vfio has no users, else 1")
     agent_p = verbs.add_parser("agent", help="in-cluster node agent (vgpu-device-manager's label protocol)",
                                description=agent.DESCRIPTION)
     agent_settings.add_arguments(agent_p)
@@ -113,6 +136,10 @@ def _node(args):
 
 
 def _entries(args):
+    if handover.applied_by_agent(args.agent_applied):
+        _say("%s: applying the node agent's last applied config from %s (the agent owns this node)"
+             % (PROG, args.agent_applied), sys.stderr)
+        return vgpu_layout.from_file(args.agent_applied)
     if not args.config:
         raise vgpu_layout.LayoutError("--config FILE is required (or ACCELOPS_VGPU_CONFIG)")
     return vgpu_layout.from_file(args.config, args.selected)
@@ -141,9 +168,17 @@ def _print_apply(result, check):
 
 
 def cmd_apply(args):
-    result = vgpu_apply.apply(_node(args), _entries(args), state=args.state, mixed_size=args.mixed_size,
-                              check_mode=args.check, lock_timeout=args.lock_timeout, enable_vfs=args.enable_vfs,
-                              wait_timeout=args.wait_timeout)
+    def once():
+        return vgpu_apply.apply(_node(args), _entries(args), state=args.state, mixed_size=args.mixed_size,
+                                check_mode=args.check, lock_timeout=args.lock_timeout, enable_vfs=args.enable_vfs,
+                                wait_timeout=args.wait_timeout)
+
+    if args.retry_for > 0 or args.state_file:
+        source = args.agent_applied if handover.applied_by_agent(args.agent_applied) else args.config
+        result = boot_retry.run(once, args.retry_for, lambda line: _say("%s apply: %s" % (PROG, line), sys.stderr),
+                                args.state_file, source)
+    else:
+        result = once()
     if args.json:
         _say(json.dumps(result, indent=2))
     else:
@@ -177,7 +212,20 @@ def cmd_export(args):
     return EXIT_OK
 
 
-VERBS = {"apply": cmd_apply, "assert": cmd_assert, "export": cmd_export, "agent": agent.main}
+def cmd_idle(args):
+    check_roots(args.sysfs_root, args.dev_root, args.proc_root)
+    found = vgpu_busy.users(Sysfs(args.sysfs_root), args.dev_root, args.proc_root)
+    if args.json:
+        _say(json.dumps({"idle": not found, "in_use": found}, indent=2))
+    else:
+        for line in found:
+            _say("in use: %s" % line)
+        if not found:
+            _say("nothing uses the vGPU stack")
+    return EXIT_DIFFERS if found else EXIT_OK
+
+
+VERBS = {"apply": cmd_apply, "assert": cmd_assert, "export": cmd_export, "idle": cmd_idle, "agent": agent.main}
 
 
 def main(argv=None):

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_busy
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.atomic_file import write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import InUseError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 
@@ -374,19 +374,3 @@ class DriverManager:
         if params["load_modules"] and now.version != runfile.version:
             raise DriverError("driver %s: installed from %s but the kernel runs %s (a reboot may be needed)"
                               % (runfile.version, runfile.path, now.version or "no nvidia module"))
-
-
-def write_file(path, content, mode):
-    """Atomic write (temp file + rename in the same directory) with an exact mode."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".accelops-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(content)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
-    CONFIG_LABEL, NODES, PROFILE, STATE_LABEL, Cluster, agent_state, wait_for)
+    CONFIG_LABEL, CONFIGS, NODE_PYTHON, NODES, PROFILE, STATE_LABEL, Cluster, agent_state, wait_for)
 from ansible_collections.accelops.vgpu.tests.integration.agent.test_agent import node_matches
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import node as node_object
@@ -195,3 +196,35 @@ def test_bad_settings_exit_2_with_one_line(gpusim_node, cluster, start_agent):
     assert agent.proc.wait(timeout=60) == 2
     assert agent.output().strip() == "accelops-vgpu agent: NODE_NAME is required (or --node-name)"
     assert cluster.api.log() == []
+
+
+def test_relabel_then_reboot_with_the_boot_unit_installed_keeps_the_agents_layout(gpusim_node, cluster, start_agent,
+                                                                                     pyz, tmp_path):
+    """Both paths on one node: the boot unit pins the inventory's `default`, the agent was relabelled to
+    L40S-12Q. After a reboot the unit's command (as vgpu_profiles installs it) re-applies L40S-12Q."""
+    node = gpusim_node("l40s:2")
+    etc = tmp_path / "etc" / "accelops-vgpu"
+    etc.mkdir(parents=True)
+    handover = etc / "agent-applied.json"
+    agent = start_agent(node, cluster.api, HANDOVER_FILE=handover)
+    agent.wait("success", "default")
+    agent.forget_status()
+    cluster.select("L40S-12Q")
+    agent.wait("success", "L40S-12Q")
+    assert agent.stop() == 0
+    node.ctl("reboot")
+    boot = subprocess.run([NODE_PYTHON, pyz, "apply", "--config", str(CONFIGS), "--selected", "default",
+                           "--agent-applied", str(handover), "--sysfs-root", node.root, "--dev-root", node.dev_root,
+                           "--retry-for", "30", "--state-file", str(tmp_path / "boot.json")],
+                          capture_output=True, text=True, env=node.env, timeout=120, check=False)
+    assert boot.returncode == 0, boot.stderr
+    assert "the agent owns this node" in boot.stderr
+    assert node_matches(pyz, node, "L40S-12Q") and not node_matches(pyz, node, "default")
+    # without the agent's file (the node handed back to Ansible) the pinned selection applies again
+    handover.unlink()
+    node.ctl("reboot")
+    boot = subprocess.run([NODE_PYTHON, pyz, "apply", "--config", str(CONFIGS), "--selected", "default",
+                           "--agent-applied", str(handover), "--sysfs-root", node.root, "--dev-root", node.dev_root],
+                          capture_output=True, text=True, env=node.env, timeout=120, check=False)
+    assert boot.returncode == 0, boot.stderr
+    assert node_matches(pyz, node, "default")

@@ -170,3 +170,56 @@ def test_the_agent_refuses_to_start_on_a_missing_root(node, capsys, tmp_path, mo
                      "--proc-root", str(fake.proc)])
     out, err = capsys.readouterr()
     assert code == 2 and err == "accelops-vgpu agent: dev_root %s: no such directory\n" % (tmp_path / "typo")
+
+
+def test_idle_exits_0_then_1_naming_the_holder_then_2_when_it_cannot_tell(node, capsys, tmp_path):
+    fake, dummy = node
+    code, out, dummy_err = run(capsys, fake, "idle")
+    assert code == 0 and out == "nothing uses the vGPU stack\n"
+    pid = fake.hold(fake.group_of("0000:41:00.5"))
+    code, out, dummy_err = run(capsys, fake, "idle")
+    assert code == 1 and out == "in use: 0000:41:00.5 held by pid %d\n" % pid
+    code, out, dummy_err = run(capsys, fake, "idle", "--json")
+    assert code == 1 and json.loads(out) == {"idle": False, "in_use": ["0000:41:00.5 held by pid %d" % pid]}
+    code = cli.main(["idle", "--sysfs-root", str(fake.sys), "--dev-root", str(fake.dev),
+                     "--proc-root", str(tmp_path / "no-proc")])
+    assert code == 2 and "accelops-vgpu idle: proc_root" in capsys.readouterr()[1]
+
+
+def test_the_agents_last_applied_config_wins_over_the_pinned_selection(node, capsys, tmp_path):
+    fake, dummy = node
+    both = tmp_path / "layout-all.json"   # what vgpu_profiles installs: every config, the unit pins one
+    both.write_text(json.dumps({"version": "v1", "vgpu-configs": {
+        "l40s-24q": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}],
+        "l40s-12q": [{"devices": "all", "vgpu-devices": {"L40S-12Q": 4}}]}}))
+    agent_file = tmp_path / "agent-applied.json"
+    argv = ["apply", "--config", str(both), "--selected", "l40s-24q", "--agent-applied", str(agent_file), "--json"]
+    code, out, err = run(capsys, fake, *argv)       # no agent file: the pinned selection
+    assert code == 0 and err == ""
+    assert [v["after"] for v in json.loads(out)["gpus"][0]["vgpus"]][:2] == ["L40S-24Q"] * 2
+    agent_file.write_text(json.dumps({"version": "v1", "vgpu-configs": {
+        "l40s-12q": [{"devices": "all", "vgpu-devices": {"L40S-12Q": 4}}]}}))
+    code, out, err = run(capsys, fake, *argv)
+    assert code == 0 and "the agent owns this node" in err
+    assert [v["after"] for v in json.loads(out)["gpus"][0]["vgpus"]] == ["L40S-12Q"] * 4
+    code, out, dummy_err = run(capsys, fake, "assert", "--config", str(both), "--selected", "l40s-24q",
+                               "--agent-applied", str(agent_file))
+    assert code == 0, out
+
+
+def test_retry_for_and_state_file_record_the_boot_outcome(node, capsys, tmp_path, monkeypatch):
+    fake, layout = node
+    state = tmp_path / "run" / "boot.json"
+    slept = []
+    monkeypatch.setattr(cli.boot_retry.time, "sleep", slept.append)
+    code, dummy, err = run(capsys, fake, "apply", "--config", str(tmp_path / "gone.json"), "--retry-for", "30",
+                           "--state-file", str(state))
+    assert code == 2 and slept == [] and json.loads(state.read_text())["state"] == "failed"
+    code = cli.main(["apply", "--config", layout, "--retry-for", "0.5", "--state-file", str(state),
+                     "--sysfs-root", str(fake.sys), "--dev-root", str(fake.dev), "--proc-root", str(tmp_path / "no")])
+    err = capsys.readouterr()[1]
+    assert code == 2 and "accelops-vgpu apply: attempt 1 failed (proc_root" in err
+    assert "accelops-vgpu apply: giving up after" in err and slept
+    assert json.loads(state.read_text())["state"] == "failed"
+    code, dummy, err = run(capsys, fake, "apply", "--config", layout, "--retry-for", "30", "--state-file", str(state))
+    assert code == 0 and json.loads(state.read_text())["state"] == "applied"
