@@ -39,11 +39,6 @@ def module_use_count(proc_root, name):
     return None
 
 
-def _shown_holders(holders):
-    # a holder is a pid (int) or a description the in-use scan could not pin on a process (str)
-    return ", ".join("pid %d" % holder if isinstance(holder, int) else str(holder) for holder in holders)
-
-
 def users(sysfs, dev_root="/dev", proc_root="/proc"):
     """One line per NVIDIA VF/mdev a process holds, plus one when nvidia_vgpu_vfio has users."""
     found = []
@@ -54,7 +49,7 @@ def users(sysfs, dev_root="/dev", proc_root="/proc"):
         if sysfs.read_optional("%s/%s/vendor" % (PCI_DEVICES, function)) != NVIDIA_VENDOR:
             continue
         kind = "mdev %s on %s" % (name, function) if name in parents else name
-        found.append("%s held by %s" % (kind, _shown_holders(held[name])))
+        found.append("%s held by %s" % (kind, inuse.describe(held[name])))
     count = module_use_count(proc_root, VFIO_MODULE)
     if count:
         found.append("module %s has %d user(s)" % (VFIO_MODULE, count))
