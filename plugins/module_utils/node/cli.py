@@ -71,6 +71,10 @@ def _parser():
     roots.add_argument("--sysfs-root", default="/sys", help="node sysfs (default /sys)")
     roots.add_argument("--dev-root", default="/dev", help="node /dev, for VFIO device nodes (default /dev)")
     roots.add_argument("--proc-root", default="/proc", help="node /proc, to find open VFIO handles (default /proc)")
+    roots.add_argument("--kubelet-dir", default=os.environ.get("KUBELET_DIR") or "/var/lib/kubelet",
+                       help="the kubelet's root directory: vGPUs of DRA claims prepared there "
+                            "(plugins/vgpu.accelops.io/checkpoint.json) count as held (env KUBELET_DIR, "
+                            "default /var/lib/kubelet)")
     roots.add_argument("--json", action="store_true", help="print the result as JSON")
     layout = argparse.ArgumentParser(add_help=False)
     layout.add_argument("--config", "-f", default=os.environ.get("ACCELOPS_VGPU_CONFIG"),
@@ -132,7 +136,8 @@ def _node(args):
     options = mig.MigOptions(args.mig_mode_order, args.mig_compute_instances, args.mig_gi_cleanup) \
         if hasattr(args, "mig_mode_order") else None
     return vgpu_apply.Node(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
-                           sriov_manage_path=getattr(args, "sriov_manage", None), mig_options=options)
+                           sriov_manage_path=getattr(args, "sriov_manage", None), mig_options=options,
+                           kubelet_dir=args.kubelet_dir)
 
 
 def _entries(args):

@@ -27,8 +27,11 @@ import os
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.cdi import write_atomic
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import DEFAULT_KUBELET_DIR, KubeletPaths
 
 FILE_NAME = "checkpoint.json"
+HOLDER = "DRA claim %s/%s"      # how a prepared claim reads in the safety checks' messages
 VERSION = 1
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
 
@@ -96,12 +99,12 @@ class Checkpoint:
         return self.claims.pop(uid, None)
 
     def holders(self):
-        """{device key (VF address or mdev UUID): ["claim ns/name", ...]} of every recorded claim,
+        """{device key (VF address or mdev UUID): ["DRA claim ns/name", ...]} of every recorded claim,
         prepared or half-way (a half-way claim may be completed by the kubelet's retry)."""
         held = {}
         for entry in self.claims.values():
             for device in entry.get("devices") or ():
-                held.setdefault(device["key"], []).append("claim %s/%s" % (entry["namespace"], entry["name"]))
+                held.setdefault(device["key"], []).append(HOLDER % (entry["namespace"], entry["name"]))
         return {key: sorted(set(names)) for key, names in held.items()}
 
 
@@ -109,3 +112,10 @@ def holders_of(plugin_dir):
     """Checkpoint(plugin_dir).holders() for any process (the CLI, the boot unit, another agent);
     no checkpoint: {}."""
     return Checkpoint(plugin_dir).holders()
+
+
+def holders_source(kubelet_dir=DEFAULT_KUBELET_DIR, driver=DRIVER):
+    """An inuse.held_devices() source: the vGPUs of the claims prepared under `kubelet_dir`, read at
+    every call (the driver may run in another process). A damaged checkpoint raises: unknown is held."""
+    plugin_dir = KubeletPaths(kubelet_dir).plugin_dir(driver)
+    return lambda: holders_of(plugin_dir)

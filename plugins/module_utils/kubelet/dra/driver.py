@@ -6,7 +6,7 @@
     driver = DraDriver(node_name, get_claim, read_devices, plugin_dir, cdi_dir, node_lock=..., boot_id=...)
     driver.prepare([ClaimRef(namespace, name, uid)]) -> {uid: Prepared(devices, error)}
     driver.unprepare([ClaimRef(...)]) -> {uid: error or ""}
-    driver.holders() -> {VF address or mdev UUID: ["claim ns/name"]}   (prepared vGPUs are held)
+    driver.holders() -> {VF address or mdev UUID: ["DRA claim ns/name"]}   (prepared vGPUs are held)
 
 Prepare, per claim (an error is that claim's, the others go on; every claim gets an answer):
 1. recorded as completed in this boot with its files in place -> the recorded answer (idempotent);
@@ -33,7 +33,7 @@ from collections import namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, claims, metadata
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, STARTED, Checkpoint
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, HOLDER, STARTED, Checkpoint
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
 
@@ -107,7 +107,7 @@ class DraDriver:
                 if device is None:
                     raise ClaimError("%s: device %s (request %s) is not on node %s: its vGPU was retyped or removed "
                                      "after it was allocated" % (ref, item.device, item.request, self.node_name))
-                others = [name for name in held.get(device.key, ()) if name != "claim %s/%s" % (ref.namespace, ref.name)]
+                others = [name for name in held.get(device.key, ()) if name != HOLDER % (ref.namespace, ref.name)]
                 if others:
                     raise ClaimError("%s: device %s is prepared for %s" % (ref, item.device, ", ".join(others)))
                 entries.append((item.request, item.pool, device))

@@ -124,7 +124,7 @@ def test_each_claim_gets_its_own_error_and_the_others_are_prepared(tmp_path):
     assert result["44444444-0000-4000-8000-000000000004"].error == (
         "claim vms/recreated: its UID is 99999999-0000-4000-8000-000000000009, the kubelet asked for "
         "44444444-0000-4000-8000-000000000004 (the claim was deleted and re-created)")
-    assert env.driver.holders() == {"0000:41:00.4": ["claim vms/good"]}
+    assert env.driver.holders() == {"0000:41:00.4": ["DRA claim vms/good"]}
     assert not any(UID2 in name or UID3 in name for name in env.files())
 
 
@@ -135,7 +135,7 @@ def test_a_device_of_another_pool_or_another_prepared_claim_is_refused(tmp_path)
     env = Env(tmp_path, first, second, foreign)
     env.driver.prepare([ref(first)])
     result = env.driver.prepare([ref(second), ref(foreign)])
-    assert result[UID2].error == "claim vms/second: device %s is prepared for claim vms/first" % VF4
+    assert result[UID2].error == "claim vms/second: device %s is prepared for DRA claim vms/first" % VF4
     assert result[UID3].error == "claim vms/foreign: device other-node/%s is not in this node's pool (gpu-node-1)" % VF5
 
 
@@ -151,9 +151,9 @@ def test_unprepare_removes_every_file_and_the_hold_and_is_idempotent(tmp_path):
     env.driver.prepare([ref(one), ref(two)])
     assert env.driver.unprepare([ref(one)]) == {UID1: ""}
     assert not any(UID1 in name or "vm-a-gpu" in name for name in env.files())
-    assert env.driver.holders() == {"0000:41:00.5": ["claim vms/vm-b-gpu"]}
+    assert env.driver.holders() == {"0000:41:00.5": ["DRA claim vms/vm-b-gpu"]}
     assert env.driver.unprepare([ref(one)]) == {UID1: ""} and env.start().unprepare([ref(one)]) == {UID1: ""}
-    assert checkpoint.holders_of(env.plugin_dir) == {"0000:41:00.5": ["claim vms/vm-b-gpu"]}
+    assert checkpoint.holders_of(env.plugin_dir) == {"0000:41:00.5": ["DRA claim vms/vm-b-gpu"]}
 
 
 def test_a_reboot_prepares_again_from_the_api(tmp_path):
@@ -214,7 +214,7 @@ def test_kill_9_then_restart_prepares_and_unprepares(tmp_path, midway):
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     state = checkpoint.Checkpoint(env.plugin_dir).get(UID1)["state"]
     assert state == (checkpoint.STARTED if midway else checkpoint.COMPLETED)
-    assert env.start().holders() == {"0000:41:00.4": ["claim vms/vm-a-gpu"]}   # held across the crash
+    assert env.start().holders() == {"0000:41:00.4": ["DRA claim vms/vm-a-gpu"]}   # held across the crash
     assert env.start().unprepare([ref(one)]) == {UID1: ""}
     assert env.files() == [] and env.start().holders() == {}
     result = env.start().prepare([ref(one)])[UID1]

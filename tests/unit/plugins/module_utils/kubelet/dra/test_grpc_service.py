@@ -48,7 +48,7 @@ def test_prepare_and_unprepare_through_either_api_version(plugin, version):
     answer = kubelet.prepare(DRIVER, [one], version=version)
     assert answer == {UID1: {"error": "", "devices": [{"requests": ["gpu"], "pool": NODE, "device": VF4, "cdi": [
         "vgpu.accelops.io/claim=%s-%s" % (UID1, VF4), "vgpu.accelops.io/metadata=%s_gpu" % UID1]}]}}
-    assert service.driver.holders() == {"0000:41:00.4": ["claim vms/vm-a-gpu"]}
+    assert service.driver.holders() == {"0000:41:00.4": ["DRA claim vms/vm-a-gpu"]}
     assert kubelet.unprepare(DRIVER, [one], version=version) == {UID1: ""}
     assert service.driver.holders() == {}
 

@@ -1,0 +1,68 @@
+"""A vGPU a prepared DRA claim uses is held: a layout change that would retype it fails before any write,
+naming the claim (the node CLI's apply, on the engine the agent and the modules share)."""
+
+import json
+import os
+
+from claim_data import ClaimStore, claim, ref
+from dra_node import build, inventory
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli
+
+NODE, VF4 = "gpu-node-1", "l40s-24q-0000-41-00-4"
+UID = "11111111-aaaa-4bbb-8ccc-000000000001"
+
+
+def prepared(tmp_path):
+    node = build(tmp_path / "node")
+    kubelet_dir = str(tmp_path / "kubelet")
+    one = claim("vm-a-gpu", UID, [VF4], NODE)
+    driver = DraDriver(NODE, ClaimStore(one).get, lambda: inventory(node),
+                       KubeletPaths(kubelet_dir).plugin_dir("vgpu.accelops.io"), str(tmp_path / "cdi"))
+    assert driver.prepare([ref(one)])[UID].error == ""
+    return node, kubelet_dir, driver, one
+
+
+def apply(capsys, tmp_path, node, kubelet_dir, profiles):
+    layout = tmp_path / "layout.json"
+    layout.write_text(json.dumps({"layout": [{"device_filter": "0x26B910DE", "profiles": profiles}]}))
+    code = cli.main(["apply", "--config", str(layout), "--no-enable-vfs", "--sysfs-root", str(node.sys),
+                     "--dev-root", str(node.dev), "--proc-root", str(node.proc), "--kubelet-dir", kubelet_dir])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def types(node):
+    return {vf: (node.dir(vf) / "nvidia/current_vgpu_type").read_text().strip() for vf in ("0000:41:00.4", "0000:41:00.5")}
+
+
+def test_a_relayout_that_retypes_a_prepared_vgpu_fails_naming_the_claim(tmp_path, capsys):
+    node, kubelet_dir, dummy, dummy2 = prepared(tmp_path)
+    before = types(node)
+    code, dummy3, err = apply(capsys, tmp_path, node, kubelet_dir, {"L40S-48Q": 1})
+    assert code == 2
+    assert err.count("\n") == 1 and "0000:41:00.4" in err and "DRA claim vms/vm-a-gpu" in err, err
+    assert types(node) == before                      # nothing written
+
+
+def test_a_layout_that_keeps_the_prepared_vgpu_applies(tmp_path, capsys):
+    node, kubelet_dir, dummy, dummy2 = prepared(tmp_path)
+    code, dummy3, err = apply(capsys, tmp_path, node, kubelet_dir, {"L40S-24Q": 2})
+    assert code == 0, err
+
+
+def test_after_unprepare_the_vgpu_is_free_again(tmp_path, capsys):
+    node, kubelet_dir, driver, one = prepared(tmp_path)
+    driver.unprepare([ref(one)])
+    code, dummy, err = apply(capsys, tmp_path, node, kubelet_dir, {"L40S-48Q": 1})
+    assert code == 0, err
+    assert types(node)["0000:41:00.4"] == "1156"          # retyped once the claim is gone
+
+
+def test_another_kubelet_dir_knows_no_claim(tmp_path, capsys):
+    node, dummy, dummy2, dummy3 = prepared(tmp_path)
+    os.makedirs(str(tmp_path / "other"))
+    code, dummy4, err = apply(capsys, tmp_path, node, str(tmp_path / "other"), {"L40S-48Q": 1})
+    assert code == 0, err
