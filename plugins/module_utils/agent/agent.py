@@ -39,7 +39,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import Ku
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.node_watch import Backoff, NodeWatcher
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -71,9 +71,10 @@ def _meta(node, key):
 
 
 class Agent:
-    def __init__(self, settings, api, namespace, clock=time.monotonic, device_plugin=None):
+    def __init__(self, settings, api, namespace, clock=time.monotonic, device_plugin=None, dra_plugin=None):
         self.settings, self.api, self.namespace, self.clock = settings, api, namespace, clock
         self.device_plugin = device_plugin  # kubelet.vgpu_device_plugin.VgpuDevicePlugin, or None
+        self.dra_plugin = dra_plugin        # kubelet.dra.agent_plugin.VgpuDraPlugin, or None
         self.config = ConfigSource(settings.config_file)
         self.stop, self.wake, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self.latest = None          # the node as last listed/watched
@@ -108,6 +109,8 @@ class Agent:
             self.wake.clear()
         if self.device_plugin is not None:
             self.device_plugin.close()  # sockets removed: the kubelet marks the vGPUs unhealthy
+        if self.dra_plugin is not None:
+            self.dra_plugin.close()
         self.write_status("stopped", None, None)
         return 0
 
@@ -146,6 +149,8 @@ class Agent:
             return
         self.api_backoff.reset()
         self.reconciled, self.next_resync = wanted, self.clock() + self.settings.resync_interval
+        if self.dra_plugin is not None:     # the node as it is now, applied or not, reaches the slices
+            self.dra_plugin.reconciled(self.engine(), ((node or {}).get("metadata") or {}).get("uid"))
         if state == vdm.FAILED:
             log("config %s: failed: %s" % (name, reason))
         elif changed:
@@ -319,8 +324,17 @@ def main(args):
             raise agent_settings.SettingsError("DEVICE_PLUGIN=true needs the Python packages grpcio and protobuf "
                                                "(the agent image has them): %s" % exc) from None
         device_plugin = vgpu_device_plugin.VgpuDevicePlugin(settings.kubelet_dir, log).start()
-    agent = Agent(settings, kube.KubeClient(credentials), settings.namespace or credentials.namespace or "default",
+    api = kube.KubeClient(credentials)
+    agent = Agent(settings, api, settings.namespace or credentials.namespace or "default",
                   device_plugin=device_plugin)
+    if settings.dra_driver:
+        try:
+            from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin
+        except ImportError as exc:
+            raise agent_settings.SettingsError("DRA_DRIVER=true needs the Python packages grpcio and protobuf "
+                                               "(the agent image has them): %s" % exc) from None
+        agent.dra_plugin = agent_plugin.VgpuDraPlugin(
+            settings, api, agent.engine, lambda: node_lock(settings.sysfs_root, settings.lock_timeout), log).start()
     signal.signal(signal.SIGTERM, agent.shutdown)
     signal.signal(signal.SIGINT, agent.shutdown)
     return agent.run()

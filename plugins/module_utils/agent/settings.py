@@ -63,6 +63,13 @@ OPTIONS = (
      "the kubelet's root directory as this container sees it (device-plugins/ holds kubelet.sock and the "
      "plugin's sockets); k0s: /var/lib/k0s/kubelet, MicroK8s: /var/snap/microk8s/common/var/lib/kubelet "
      "(default /var/lib/kubelet)"),
+    ("--dra-driver", "DRA_DRIVER", "false", "bool",
+     "true: also be the DRA driver vgpu.accelops.io: publish this node's vGPUs as ResourceSlices (resource.k8s.io/v1) "
+     "and prepare ResourceClaims for the kubelet (registration in $KUBELET_DIR/plugins_registry/, service in "
+     "$KUBELET_DIR/plugins/vgpu.accelops.io/); needs grpcio and protobuf (the agent image has them)"),
+    ("--cdi-dir", "CDI_DIR", "/var/run/cdi", "str",
+     "where the DRA driver writes CDI specs for prepared claims, as this container sees the host's CDI directory "
+     "(default /var/run/cdi)"),
     ("--status-file", "STATUS_FILE", None, "str",
      "file the agent rewrites with its last state as JSON (for a readiness/liveness probe)"),
     ("--handover-file", "HANDOVER_FILE", None, "str",

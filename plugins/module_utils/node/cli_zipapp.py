@@ -31,12 +31,13 @@ import zipfile
 if typing.TYPE_CHECKING:
     from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli  # noqa: F401  pylint: disable=unused-import
     from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import vgpu_device_plugin  # noqa: F401  pylint: disable=unused-import
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin  # noqa: F401  pylint: disable=unused-import
 
 PACKAGE = "ansible_collections.accelops.vgpu.plugins.module_utils"
 ENTRY = "node.cli"
 # Modules the CLI imports only when a setting asks for them (inside a function, so the closure cannot see
 # them): the agent's kubelet device plugin, which needs grpcio/protobuf (the agent image has them, nodes need not).
-LAZY = ("kubelet.vgpu_device_plugin",)
+LAZY = ("kubelet.vgpu_device_plugin", "kubelet.dra.agent_plugin")
 IMPORT = re.compile(r"^from ansible_collections\.accelops\.vgpu\.plugins\.module_utils((?:\.\w+)*) import "
                     r"(\([^)]*\)|[\w, ]+)", re.MULTILINE)
 MAIN = """import sys

@@ -1,0 +1,84 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node agent's DRA driver: ResourceSlices published after every reconcile, claims prepared for the
+kubelet over gRPC, device health. The agent imports this module only with DRA_DRIVER=true.
+
+The agent calls, from its reconcile thread:
+- `reconciled(engine, node_uid)` after every reconcile (applied, re-asserted or failed): one read of the
+  node's vGPUs (node/facts, the engine's type names) is published as this node's pool (a layout change
+  reaches the API in the same reconcile) and fed to the health stream; an API error is logged and the
+  next reconcile tries again;
+- `close()` at SIGTERM: the sockets go (the kubelet stops calling); the slices stay for the next pod
+  (a rolling update republishes them; the Node's deletion removes them through their owner reference).
+A thread serves the sockets again when one was deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError, KubeUnavailable
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import read_boot_id
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts
+
+
+def read_devices(engine):
+    """The node's DRA devices now (engine: vgpu_apply.Node); who holds them does not matter here."""
+    return dra_devices.inventory(engine.sysfs, facts.gather(engine.sysfs, {}, engine.names))
+
+
+class VgpuDraPlugin:
+    def __init__(self, settings, api, make_engine, node_lock, log, watch_interval=1.0):
+        self.settings, self.api, self.make_engine, self.log = settings, api, make_engine, log
+        self.paths = KubeletPaths(settings.kubelet_dir)
+        self.publisher = SlicePublisher(api, settings.node_name)
+        self.driver = DraDriver(settings.node_name, api.get_resource_claim, lambda: read_devices(make_engine()),
+                                self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
+                                boot_id=read_boot_id(settings.proc_root))
+        self.service = DraService(self.driver, self.paths)
+        self.watch_interval = watch_interval
+        self._stop = threading.Event()
+
+    def start(self):
+        if not os.path.isdir(self.paths.plugins_registry):
+            raise KubeletDirError("kubelet directory %s: no plugins_registry/ directory (KUBELET_DIR or --kubelet-dir "
+                                  "names the kubelet's root directory)" % self.paths.root)
+        self.service.start()
+        threading.Thread(target=self._watch, name="dra-watch", daemon=True).start()
+        self.log("DRA driver %s: serving the kubelet at %s" % (dra_devices.DRIVER, self.service.socket))
+        return self
+
+    def _watch(self):
+        while not self._stop.wait(self.watch_interval):
+            if not self.service.alive():
+                try:
+                    self.service.restart()
+                    self.log("DRA driver: a socket was gone; serving and registering again")
+                except Exception as exc:  # pylint: disable=broad-exception-caught
+                    self.log("DRA driver: cannot serve the kubelet: %s" % exc)
+
+    def reconciled(self, engine, node_uid=None):
+        current = read_devices(engine)
+        self.service.update_health(current)
+        if node_uid and not self.publisher.node_uid:
+            self.publisher.node_uid = node_uid
+        try:
+            plan = self.publisher.publish(current, force=True)
+        except (KubeApiError, KubeUnavailable) as exc:
+            self.log("DRA driver: cannot publish the ResourceSlices of node %s: %s" % (self.settings.node_name, exc))
+            return
+        if not plan.empty:
+            self.log("DRA driver: published %d vGPU(s) in %d ResourceSlice(s)" % (
+                len(current), len(plan.updates) + len(plan.creates) or 1))
+
+    def close(self):
+        self._stop.set()
+        self.service.stop()

@@ -1,0 +1,98 @@
+"""The agent as the DRA driver vgpu.accelops.io (DRA_DRIVER=true), a real process: ResourceSlices in the API
+server double follow the node, the test kubelet prepares claims over gRPC, a prepared vGPU is held."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices
+from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import DraKubelet
+from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
+from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
+    CLAIMS, NODE_UID, RESOURCES as DRA_RESOURCES, dra_state, published_devices, stored_slices)
+
+DRIVER, UID = "vgpu.accelops.io", "5e1f7a00-1111-4222-8333-000000000001"
+L40S_24Q, L40S_12Q = 1155, 1153
+
+
+def device_name(profile, vf):
+    return "%s-%s" % (profile.lower(), vf.replace(":", "-").replace(".", "-"))
+
+
+def claim(device):
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "vm-a-gpu", "namespace": "vms", "uid": UID},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}}}
+
+
+@pytest.fixture
+def dra_env(tmp_path):
+    """(kubelet, kubelet_dir, cdi_dir): a DRA test kubelet in a short directory (socket paths <= 107 bytes)."""
+    kubelet_dir = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+    kubelet = DraKubelet(kubelet_dir, grace=0.5).start()
+    yield kubelet, kubelet_dir, str(tmp_path / "cdi")
+    kubelet.stop()
+    shutil.rmtree(kubelet_dir, ignore_errors=True)
+
+
+def test_slices_follow_the_node_claims_prepare_and_a_prepared_vgpu_is_held(gpusim_node, cluster, start_agent, dra_env):
+    kubelet, kubelet_dir, cdi_dir = dra_env
+    node = gpusim_node("l40s:1")
+    pf = node.pfs()[0]
+    first = "0000:%s:00.4" % pf.split(":")[1]
+    state = dra_state([(CLAIMS, "vms", claim(device_name("L40S-24Q", first)))])
+    state["resources"] = dict(copy.deepcopy(RESOURCES), **DRA_RESOURCES)
+    cluster.api.reset(state)
+    env = {"DRA_DRIVER": "true", "KUBELET_DIR": kubelet_dir, "CDI_DIR": cdi_dir}
+    agent = start_agent(node, cluster.api, **env)
+    agent.wait("success", "default")
+    vfs = node.vfs(pf)
+    devices = wait_for("2 x L40S-24Q published", lambda: published_devices(cluster.api) if len(
+        published_devices(cluster.api)) == 2 else None, timeout=10)
+    assert sorted(devices) == [device_name("L40S-24Q", vf) for vf in vfs[:2]]
+    [item] = stored_slices(cluster.api)
+    assert item["metadata"]["name"] == slices.slice_name(NODE, 0)
+    assert item["metadata"]["ownerReferences"][0]["uid"] == NODE_UID
+
+    kubelet.wait("the driver registered", lambda k: any(r["registered"] for r in k.registrations.values()))
+    answer = kubelet.prepare(DRIVER, [("vms", "vm-a-gpu", UID)])
+    assert answer[UID]["error"] == ""
+    assert answer[UID]["devices"][0]["cdi"][0] == "%s/claim=%s-%s" % (DRIVER, UID, device_name("L40S-24Q", first))
+    assert os.path.exists(os.path.join(cdi_dir, "%s-claim_%s.json" % (DRIVER, UID)))
+
+    # a relabel that would retype the prepared vGPU fails before any write, naming the claim
+    agent.forget_status()
+    before = node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % first)
+    cluster.select("L40S-12Q")
+    status = agent.wait("failed", "L40S-12Q")
+    assert "DRA claim vms/vm-a-gpu" in status["reason"] and first in status["reason"]
+    assert node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % first) == before
+
+    # kill -9, restart: the claim is still held and unprepare still cleans
+    agent.proc.kill()
+    agent.proc.wait()
+    agent.forget_status()
+    agent = start_agent(node, cluster.api, **env)
+    agent.wait("failed", "L40S-12Q")
+    assert kubelet.unprepare(DRIVER, [("vms", "vm-a-gpu", UID)]) == {UID: ""}
+    assert os.listdir(cdi_dir) == []
+
+    # now the relabel goes through and the slices follow within a second of the apply
+    agent.forget_status()
+    cluster.select("default")
+    agent.wait("success", "default")
+    agent.forget_status()
+    cluster.select("L40S-12Q")
+    agent.wait("success", "L40S-12Q")
+    done = time.monotonic()
+    wait_for("4 x L40S-12Q published", lambda: sorted(published_devices(cluster.api)) == [
+        device_name("L40S-12Q", vf) for vf in vfs[:4]], timeout=1.0, interval=0.02)
+    assert time.monotonic() - done <= 1.0
