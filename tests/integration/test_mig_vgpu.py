@@ -94,21 +94,84 @@ def test_change_to_3_40c_blocked_by_a_held_vf_then_converges(gpusim_node, run_pl
     assert run_playbook([apply_task({"H100-3-40C": 2}, name="resize")], node).task("resize")["changed"] is False
 
 
-def test_mixing_kinds_and_time_sliced_on_a_mig_gpu_fail_before_any_write(gpusim_node, run_playbook):
+def test_mixing_kinds_and_gis_that_do_not_fit_fail_before_any_write(gpusim_node, run_playbook):
     node = gpusim_node("h100-pcie:1")
-    pf = node.pfs()[0]
     assert run_playbook([ENABLE], node).rc == 0
     node.clear_log()
     mixed = run_playbook([apply_task({"H100-3-40C": 1, "H100-40C": 1})], node)
     assert "mixes MIG-backed H100-3-40C and time-sliced H100-40C" in mixed.task("profiles")["msg"]
     assert run_playbook([apply_task({"H100-7-80C": 1})], node).rc == 0
     node.clear_log()
-    sliced = run_playbook([apply_task({"H100-40C": 2})], node)
-    assert sliced.rc != 0
-    assert ("GPU %s is in MIG mode; time-sliced H100-40C needs it off" % pf) in sliced.task("profiles")["msg"]
     too_many = run_playbook([apply_task({"H100-3-40C": 2, "H100-2-20C": 2})], node)
     assert "do not fit" in too_many.task("profiles")["msg"]
     assert node.log() == [] and [gi["name"] for gi in gpu_state(node)["gis"]] == ["7g.80gb"]
+
+
+# ---- across MIG mode in one run (issue 24) ----------------------------------------------------------
+
+H100_20C, H100_40C = "1115", "1116"
+
+
+def test_mig_to_time_sliced_is_one_plan_in_check_mode_then_one_run_and_back(gpusim_node, run_playbook):
+    node = gpusim_node("h100-pcie:1")
+    pf = node.pfs()[0]
+    assert run_playbook([ENABLE, apply_task({"H100-1-20C": 4})], node).rc == 0
+    vfs_before = node.vfs(pf)
+    node.clear_log()
+    check = run_playbook([apply_task({"H100-20C": 4})], node, check=True, diff=True)
+    assert check.rc == 0, check
+    planned = check.task("profiles")
+    assert planned["changed"] and node.log() == [] and gpu_state(node)["mig_mode"]
+    assert planned["diff"]["before"][pf]["mig"] == {"mode": "enabled", "gpu_instances": ["1g.20gb"] * 4}
+    assert planned["diff"]["after"][pf]["mig"] == {"mode": "disabled", "gpu_instances": []}
+    assert [(planned["diff"]["before"][pf][vf], planned["diff"]["after"][pf][vf]) for vf in vfs_before[:4]] == [
+        ("H100-1-20C", "H100-20C")] * 4
+
+    run = run_playbook([apply_task({"H100-20C": 4})], node, diff=True)
+    assert run.rc == 0, run
+    result = run.task("profiles")
+    assert result["changed"] and result["vfs_enabled"] == [pf]
+    assert result["gpus"][0]["mig"] == {"mode": "disabled", "gpu_instances": []}
+    assert result["diff"]["before"][pf]["mig"]["mode"] == "enabled"
+    assert [result["diff"]["after"][pf][vf] for vf in vfs_before[:4]] == ["H100-20C"] * 4
+    state = gpu_state(node)
+    assert not state["mig_mode"] and state["gis"] == [] and node.vfs(pf) == vfs_before
+    assert types_of(node, pf, 5) == [H100_20C] * 4 + ["0"]
+    # the order the driver needs, each step once: clears, GIs gone, VFs off, MIG off (gpusim refuses
+    # -mig 0 while VFs or GIs exist), VFs on, the types
+    paths = [e["path"] for e in node.writes()]
+    numvfs = "bus/pci/devices/%s/sriov_numvfs" % pf
+    first_set = next(i for i, p in enumerate(paths) if p.endswith("current_vgpu_type") and i > paths.index(numvfs))
+    assert paths.index(numvfs) < first_set
+
+    node.clear_log()
+    again = run_playbook([apply_task({"H100-20C": 4})], node)
+    assert again.rc == 0 and not again.task("profiles")["changed"] and node.log() == []
+    back = run_playbook([apply_task({"H100-1-20C": 4})], node)
+    assert back.rc == 0, back
+    assert gpu_state(node)["mig_mode"] and types_of(node, pf, 5) == [H100_1_20C] * 4 + ["0"]
+
+
+def test_mig_to_time_sliced_with_a_held_vf_is_refused_naming_it_before_any_write(gpusim_node, run_playbook):
+    node = gpusim_node("h100-pcie:1")
+    pf = node.pfs()[0]
+    assert run_playbook([ENABLE, apply_task({"H100-1-20C": 2})], node).rc == 0
+    typed, free = node.vfs(pf)[1], node.vfs(pf)[3]
+    pid = node.hold(free)   # a VM holding even a VF without a vGPU keeps the VFs (and so MIG mode) in place
+    before = node.state()["pfs"]
+    node.clear_log()
+    for check in (True, False):
+        run = run_playbook([apply_task({"H100-40C": 2})], node, check=check)
+        assert run.rc != 0
+        assert run.task("profiles")["msg"] == (
+            "GPU %s is in MIG mode; time-sliced H100-40C needs it off, which needs its VFs disabled, but VF %s is "
+            "held by a VM (pid %s)" % (pf, free, pid))
+    node.release(free)
+    pid = node.hold(typed)
+    run = run_playbook([apply_task({"H100-40C": 2})], node)
+    assert run.task("profiles")["msg"] == ("VF %s of GPU %s is held by a VM (pid %s) and has H100-1-20C; the layout "
+                                           "needs it changed" % (typed, pf, pid))
+    assert node.log() == [] and node.state()["pfs"] == before
 
 
 def test_l40s_cannot_take_a_mig_backed_profile(gpusim_node, run_playbook):
@@ -147,6 +210,58 @@ def test_vgpu_facts_report_mig_mode_and_gpu_instances(gpusim_node, run_playbook)
 
 
 # ---- the node CLI, as accelops-vgpu.service runs it --------------------------------------------------
+
+def write_layout(tmp_path, profiles, name="layout.json"):
+    path = str(tmp_path / name)
+    with open(path, "w") as handle:
+        json.dump(vdm(profiles), handle)
+    return path
+
+
+@pytest.mark.parametrize("spec,mig_profiles,sliced,gi_names", [
+    ("h100-pcie:1", {"H100-1-20C": 4}, {"H100-20C": 4}, ["1g.20gb"] * 4),
+    ("h200:1", {"H200X-1-18C": 7}, {"H200X-35C": 4}, ["1g.18gb"] * 7),
+])
+def test_the_node_cli_goes_from_mig_to_time_sliced_and_back_in_one_apply_each(
+        gpusim_node, pyz, tmp_path, spec, mig_profiles, sliced, gi_names):
+    node = gpusim_node(spec)
+    pf = node.pfs()[0]
+    mig_layout, sliced_layout = write_layout(tmp_path, mig_profiles, "mig.json"), write_layout(tmp_path, sliced)
+    assert cli(pyz, node, mig_layout, "apply").returncode == 0
+    assert sorted(gi["name"] for gi in gpu_state(node)["gis"]) == sorted(gi_names)
+    node.clear_log()
+    planned = cli(pyz, node, sliced_layout, "apply", "--check", "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["diff"]["after"][pf]["mig"] == {"mode": "disabled", "gpu_instances": []}
+    assert node.log() == [] and gpu_state(node)["mig_mode"]
+    assert cli(pyz, node, sliced_layout, "assert").returncode == 1
+
+    done = cli(pyz, node, sliced_layout, "apply", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["vfs_enabled"] == [pf]
+    state = gpu_state(node)
+    assert not state["mig_mode"] and state["gis"] == []
+    assert cli(pyz, node, sliced_layout, "assert").returncode == 0
+
+    back = cli(pyz, node, mig_layout, "apply")
+    assert back.returncode == 0, back.stderr
+    assert sorted(gi["name"] for gi in gpu_state(node)["gis"]) == sorted(gi_names)
+    assert cli(pyz, node, mig_layout, "assert").returncode == 0
+
+
+def test_the_node_cli_refuses_to_leave_mig_mode_while_a_vm_holds_a_vf(gpusim_node, pyz, tmp_path):
+    node = gpusim_node("h200:1")
+    pf = node.pfs()[0]
+    assert cli(pyz, node, write_layout(tmp_path, {"H200X-1-18C": 2}, "mig.json"), "apply").returncode == 0
+    held = node.vfs(pf)[5]   # no vGPU on it, but a VM has it open: the VFs cannot be disabled
+    node.hold(held)
+    node.clear_log()
+    refused = cli(pyz, node, write_layout(tmp_path, {"H200X-35C": 2}), "apply")
+    assert refused.returncode != 0
+    assert ("GPU %s is in MIG mode; time-sliced H200X-35C needs it off, which needs its VFs disabled, but VF %s is "
+            "held by a VM" % (pf, held)) in refused.stderr
+    assert node.log() == [] and gpu_state(node)["mig_mode"] and len(gpu_state(node)["gis"]) == 2
+
 
 def cli(pyz, node, config, *args):
     argv = [NODE_PYTHON, pyz, args[0], "--config", config, "--selected", "mig", "--sysfs-root", node.root,

@@ -13,9 +13,14 @@ the GI itself; `gpu_instance_id` is read back as an output. Execution per GPU (v
 then this module's steps, then the type writes. What is confirmed and what is not: docs/design.md,
 section "MIG-backed vGPU (Hopper)"; every unconfirmed step is an option of MigOptions.
 
+A time-sliced layout on a GPU in MIG mode is one plan too (`leave`): the driver turns MIG mode off
+only without VFs and GIs, so the plan clears every vGPU, destroys every GI, disables the VFs, turns
+MIG mode off (`nvidia-smi -i <PF> -mig 0`, read back), enables the VFs again and sets the
+time-sliced types on them (vgpu_apply runs it, each step verified).
+
 Refused before any write, naming the object: mixing MIG-backed and time-sliced types on one GPU,
-a MIG-backed type on a GPU without MIG, MIG mode to switch while a VM holds a VF, a time-sliced
-layout on a GPU in MIG mode (the driver turns MIG off only without VFs), GIs that do not fit.
+a MIG-backed type on a GPU without MIG, MIG mode to switch (either way) while a VM holds a VF,
+GIs that do not fit.
 """
 
 from __future__ import annotations
@@ -216,14 +221,18 @@ class MigPlan:
         self.destroy, self.create = [], []   # GpuInstance, profile IDs
         self.names = {}                      # profile ID -> GI profile name
         self.vf_gi = {}                      # VF -> GI ID its vGPU occupies now
+        self.leave = False                   # MIG mode off: VFs disabled and enabled again around it
 
     @property
     def changed(self):
         return bool(self.destroy or self.create or self.mode_after != self.mode_before)
 
     def steps(self):
-        return ([("mig-gi-destroy", self.address, gi.gi_id) for gi in self.destroy]
-                + ([("mig-mode", self.address, 1)] if self.mode_after and not self.mode_before else [])
+        destroys = [("mig-gi-destroy", self.address, gi.gi_id) for gi in self.destroy]
+        if self.leave:
+            return destroys + [("disable-vfs", self.address), ("mig-mode", self.address, 0),
+                               ("enable-vfs", self.address)]
+        return (destroys + ([("mig-mode", self.address, 1)] if self.mode_after and not self.mode_before else [])
                 + [("mig-gi-create", self.address, profile_id) for profile_id in self.create])
 
     def gis_after(self):
@@ -271,9 +280,7 @@ def plan(state, gpu_plan, view, smi):
     after = [c.after for c in gpu_plan.vgpus if c.after is not None]
     mig_after = [t for t in after if t.type_id in state.types]
     if state.mode_before and len(mig_after) != len(after):
-        timesliced = next(t for t in after if t.type_id not in state.types).short
-        raise LayoutError("GPU %s is in MIG mode; time-sliced %s needs it off, which the driver allows only without "
-                          "VFs: disable them (accelops.vgpu.sriov_vfs state=absent), then apply again" % (address, timesliced))
+        return _leave(state, gpu_plan, view, next(t for t in after if t.type_id not in state.types).short)
     if mig_after and not state.mode_before:
         if view.held:
             vf, pids = sorted(view.held.items())[0]
@@ -305,6 +312,21 @@ def plan(state, gpu_plan, view, smi):
     _check_fit(state, geometry)
     gpu_plan.mig = state
     gpu_plan.steps.extend(state.steps())
+    return state
+
+
+def _leave(state, gpu_plan, view, timesliced):
+    """A time-sliced layout on a GPU in MIG mode: the whole way out of MIG mode as one plan (module
+    docstring); the time-sliced `set` steps stay in the plan for the diff and are planned again once
+    the VFs are back. Refused before any write when a VM holds a VF of the GPU."""
+    if view.held:
+        vf, pids = sorted(view.held.items())[0]
+        raise LayoutError("GPU %s is in MIG mode; time-sliced %s needs it off, which needs its VFs disabled, but VF "
+                          "%s is held by a VM (%s)" % (state.address, timesliced, vf, describe(pids)))
+    state.leave, state.mode_after, state.destroy = True, False, sorted(state.gis_before, key=lambda g: g.gi_id)
+    clears = [s for s in gpu_plan.steps if s[0] == "clear"]
+    gpu_plan.mig = state
+    gpu_plan.steps[:] = clears + state.steps() + [s for s in gpu_plan.steps if s[0] != "clear"]
     return state
 
 
@@ -354,6 +376,14 @@ def execute(smi, state):
         if have != state.gis_after():
             raise LayoutError("GPU %s: after the MIG changes it has GPU instances %s, expected %s"
                               % (address, ", ".join(have) or "none", ", ".join(state.gis_after()) or "none"))
+
+
+def mode_off(smi, address):
+    """`nvidia-smi -i <PF> -mig 0` on a GPU without VFs and GIs, read back."""
+    smi.run(address, ["-i", address, "-mig", "0"], "-mig 0")
+    if smi.mode(address) is not False:
+        raise LayoutError("GPU %s: MIG mode is still on after nvidia-smi -mig 0 (a pending mode needs a GPU reset)"
+                          % address)
 
 
 def check_pending(smi, address, profiles):

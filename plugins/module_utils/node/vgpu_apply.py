@@ -197,9 +197,7 @@ class Node:
     def enable_vfs(self, addresses, wait_timeout=WAIT_TIMEOUT):
         """Enable the maximum VF count on GPUs that have none (sriov engine, method auto); the VFs must
         be ready within `wait_timeout` s (a PF that loses its driver fails at once)."""
-        plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs="max", held=self.held,
-                              sriov_manage_path=self.sriov_manage_path)
-        return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
+        return self.set_vfs(addresses, "max", wait_timeout)
 
     def plan(self, entries, state="present", mixed_size=False, enable_vfs=False, check_mode=False):
         """[(gpu, framework, view, GpuPlan)] for every GPU the layout selects; raises before writes.
@@ -231,15 +229,20 @@ class Node:
                 mig.plan(mig_state, plan, view, self.smi)
             if plan.model is None:
                 plan.model = model_name(gpu.vendor, gpu.device)
-            if plan.mig is None and _needs_mixed_mode(plan) and not heterogeneous_mode(self.runner, gpu.address):
-                if not mixed_mode_supported(self.runner, gpu.address):
-                    raise LayoutError("GPU %s (%s) does not support mixed-size mode (nvidia-smi -q: Heterogeneous "
-                                      "Time-Slice Sizes: Not Supported); give it one framebuffer size"
-                                      % (gpu.address, plan.model))
+            if leaves_mig(plan):  # VFs enabled again reset the mode: only whether the GPU has it counts now
+                if _needs_mixed_mode(plan):
+                    self._check_mixed_supported(plan)
+            elif plan.mig is None and _needs_mixed_mode(plan) and not heterogeneous_mode(self.runner, gpu.address):
+                self._check_mixed_supported(plan)
                 plan.switch_mode = True
                 BACKENDS[framework].rebuild(view, plan)
             plans.append((gpu, framework, view, plan))
         return plans
+
+    def _check_mixed_supported(self, plan):
+        if not mixed_mode_supported(self.runner, plan.address):
+            raise LayoutError("GPU %s (%s) does not support mixed-size mode (nvidia-smi -q: Heterogeneous "
+                              "Time-Slice Sizes: Not Supported); give it one framebuffer size" % (plan.address, plan.model))
 
     def _pending_plan(self, gpu, entries, state, by_apply=True, mixed_size=False):
         """A GPU whose VFs are enabled first (by apply, or by sriov_vfs before a check-mode run): the
@@ -265,6 +268,32 @@ class Node:
                                  "driver's creatable lists)" % (gpu.address, creates, offer.source))
         return plan
 
+    def leave_mig(self, plans, wait_timeout=WAIT_TIMEOUT):
+        """The way out of MIG mode of the plans that take it (mig.py `leave`), each step verified: clear
+        the vGPUs, destroy the GPU instances, disable the VFs, MIG mode off, enable as many VFs again.
+        Returns the addresses of the GPUs whose VFs it enabled; their types are set by a new plan."""
+        done = []
+        for dummy, framework, view, plan in plans:
+            if not leaves_mig(plan):
+                continue
+            BACKENDS[framework].execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] == "clear"])
+            mig.execute(self.smi, plan.mig)
+            count, total = len(view.vfs), pci.PciDevice(self.sysfs, plan.address).sriov_totalvfs
+            self.set_vfs([plan.address], 0, wait_timeout)
+            mig.mode_off(self.smi, plan.address)
+            self.set_vfs([plan.address], "max" if count == total else count, wait_timeout)
+            done.append(plan.address)
+        return done
+
+    def set_vfs(self, addresses, num_vfs, wait_timeout=WAIT_TIMEOUT):
+        """sriov engine: `num_vfs` VFs on the PFs (0 disables them), verified ready within `wait_timeout` s;
+        sriov-manage where it can (all or no VFs), sysfs for another count."""
+        method = "auto" if num_vfs in (0, "max") else "sysfs"
+        plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs=num_vfs, method=method,
+                              state="present" if num_vfs else "absent", held=self.held,
+                              sriov_manage_path=self.sriov_manage_path)
+        return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
+
     def execute(self, plans):
         """Writes, GPU by GPU: clears/removals, mixed-size mode when the plan needs it, creations."""
         for dummy, framework, view, plan in plans:
@@ -272,7 +301,7 @@ class Node:
                 continue
             backend = BACKENDS[framework]
             backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("clear", "remove")])
-            if plan.mig is not None:
+            if plan.mig is not None and not plan.mig.leave:
                 mig.execute(self.smi, plan.mig)
             if plan.switch_mode:
                 self.runner.run([_smi(self.runner), "vgpu", "-i", plan.address, "-shm", "1"])
@@ -342,20 +371,58 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
         plans = node.plan(entries, state, mixed_size, enable_vfs, check_mode)
         if before_changes is not None and not check_mode and any(p.changed for dummy, dummy2, dummy3, p in plans):
             before_changes()
-        pending = [gpu.address for gpu, framework, dummy, dummy2 in plans if framework == NEEDS_VFS]
-        if pending and not check_mode and state == "present":
-            node.mig_before_vfs(plans)
-            node.enable_vfs(pending, wait_timeout)
-            plans = node.plan(entries, state, mixed_size, enable_vfs=False)
+        first = list(plans)
+        enabled = [] if check_mode else _prepare_vfs(node, plans, entries, state, mixed_size, wait_timeout)
+        _carry_mig_exit(first, plans)
         if not check_mode:
             node.names.save()
             node.execute(plans)
             node.verify(plans)
     result = summarize([p for dummy, dummy2, dummy3, p in plans])
-    result["vfs_enabled"] = pending if not check_mode and state == "present" else []
+    result["vfs_enabled"] = enabled
     if not plans:
         result["warnings"].append("the layout selects no NVIDIA GPU on this node; nothing to do")
     return result
+
+
+def leaves_mig(plan):
+    """Whether the plan takes its GPU out of MIG mode (mig.py `leave`)."""
+    return plan.mig is not None and plan.mig.leave
+
+
+def _prepare_vfs(node, plans, entries, state, mixed_size, wait_timeout):
+    """Before the vGPU writes: the ways out of MIG mode, then VFs on GPUs without (in MIG mode first when
+    the order says so). A GPU left in MIG mode without VFs (an earlier run stopped half-way) comes out of
+    it on the next round. Returns the addresses of the GPUs whose VFs were enabled."""
+    enabled = []
+    for round_ in range(4):
+        leaving = [p.address for dummy, dummy2, dummy3, p in plans if leaves_mig(p)]
+        pending = [gpu.address for gpu, framework, dummy, dummy2 in plans if framework == NEEDS_VFS]
+        if not leaving and not (pending and state == "present"):
+            return enabled
+        if round_ == 3:
+            raise LayoutError("GPU %s: still needs its VFs or MIG mode changed after three rounds of doing so"
+                              % ", ".join(leaving + pending))
+        enabled += node.leave_mig(plans, wait_timeout)
+        if pending and state == "present":
+            node.mig_before_vfs(plans)
+            enabled += node.enable_vfs(pending, wait_timeout)
+        plans[:] = node.plan(entries, state, mixed_size, enable_vfs=False)
+    return enabled
+
+
+def _carry_mig_exit(first, plans):
+    """A GPU taken out of MIG mode keeps, in the new plan of its VFs, what the first plan said it had
+    (VF types, MIG state): the result and diff describe the whole change, as check mode showed it."""
+    exits = dict((p.address, p) for dummy, dummy2, dummy3, p in first if leaves_mig(p))
+    for dummy, dummy2, dummy3, plan in plans:
+        old = exits.get(plan.address)
+        if old is None or plan is old:
+            continue
+        had = dict((v.address, v.before) for v in old.vgpus)
+        for change in plan.vgpus:
+            change.before = had.get(change.address, change.before)
+        plan.mig = old.mig
 
 
 def summarize(plans):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 import urllib.request
+
+import pytest
 
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
     CONFIG_LABEL, CONFIGS, NODE_PYTHON, PLUGIN_LABEL, PROFILE, REASON, STATE_LABEL, VALIDATOR_LABEL, agent_state,
@@ -166,3 +169,28 @@ def test_operand_pods_that_do_not_go_fail_the_change_and_the_operands_come_back(
                                 "validator in gpu-operator) on node gpu-a to terminate")
     assert node.writes() == []
     assert (cluster.labels()[PLUGIN_LABEL], cluster.labels()[VALIDATOR_LABEL]) == ("true", "true")
+
+
+@pytest.mark.parametrize("spec,mig_profiles,sliced", [
+    ("h100-pcie:1", {"H100-1-20C": 4}, {"H100-20C": 4}),
+    ("h200:1", {"H200X-1-18C": 7}, {"H200X-35C": 4}),
+])
+def test_relabelling_across_mig_mode_converges_both_ways_without_a_human(
+        gpusim_node, cluster, start_agent, tmp_path, spec, mig_profiles, sliced):
+    """Issue 24: MIG-backed -> time-sliced needs the VFs off around `-mig 0`; the agent does it itself."""
+    node = gpusim_node(spec)
+    config = tmp_path / "vgpu.yaml"
+    config.write_text(json.dumps({"version": "v1", "vgpu-configs": {
+        "default": [{"devices": "all", "vgpu-devices": mig_profiles}],
+        "sliced": [{"devices": "all", "vgpu-devices": sliced}]}}))
+    agent = start_agent(node, cluster.api, CONFIG_FILE=config, RESYNC_INTERVAL=600)
+    agent.wait("success", "default", timeout=120)
+    assert node.state()["pfs"][0]["mig_mode"]
+
+    for name, profiles, mig_mode in (("sliced", sliced, False), ("default", mig_profiles, True)):
+        agent.forget_status()
+        cluster.select(name)
+        agent.wait("success", name, timeout=120)
+        assert cluster.profile_labels() == dict((PROFILE + p, str(n)) for p, n in profiles.items())
+        assert node.state()["pfs"][0]["mig_mode"] is mig_mode
+        assert REASON not in cluster.annotations()

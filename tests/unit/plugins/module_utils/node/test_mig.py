@@ -144,12 +144,40 @@ def test_kept_vgpus_keep_their_gi_free_ones_are_reused_the_rest_destroyed():
     assert kept.steps() == [] and not kept.changed
 
 
-def test_gis_that_do_not_fit_fail_and_time_sliced_on_mig_fails():
+def test_gis_that_do_not_fit_fail():
     plan = gpu_plan([(VFS[0], None, T_7_80C), (VFS[1], None, T_1_10C)])
     with pytest.raises(LayoutError, match="^GPU 0000:41:00.0: GPU instances 1g.10gb, 7g.80gb do not fit \\(empty GPU\\)$"):
         mig.plan(state(False), plan, View(Gpu(PF), {}), mig.Smi(FakeRunner({})))
-    with pytest.raises(LayoutError, match="is in MIG mode; time-sliced H100-40C needs it off"):
-        mig.plan(state(True), gpu_plan([(VFS[0], None, T_40C)]), View(Gpu(PF), {}), mig.Smi(FakeRunner({})))
+
+
+def test_time_sliced_on_a_mig_gpu_is_one_plan_out_of_mig_mode():
+    gis = [mig.GpuInstance(2, 15, "1g.20gb", 2, 2), mig.GpuInstance(1, 15, "1g.20gb", 0, 2)]
+    plan = gpu_plan([(VFS[0], T_1_20C, T_40C), (VFS[1], T_1_20C, None)])
+    plan.steps = [("clear", VFS[0], 0), ("clear", VFS[1], 0), ("set", VFS[0], T_40C.type_id)]
+    smi = mig.Smi(FakeRunner({}))
+    result = mig.plan(state(True, gis, {VFS[0]: 1, VFS[1]: 2}, mig.MigOptions(gi_cleanup="keep")), plan,
+                      View(Gpu(PF), {}), smi)
+    assert result.leave and plan.mig is result and smi.runner.calls == []
+    assert plan.steps == [("clear", VFS[0], 0), ("clear", VFS[1], 0), ("mig-gi-destroy", PF, 1),
+                          ("mig-gi-destroy", PF, 2), ("disable-vfs", PF), ("mig-mode", PF, 0), ("enable-vfs", PF),
+                          ("set", VFS[0], T_40C.type_id)]   # every GI goes, also with gi_cleanup keep
+    assert result.state(False) == {"mode": "enabled", "gpu_instances": ["1g.20gb", "1g.20gb"]}
+    assert result.state(True) == {"mode": "disabled", "gpu_instances": []}
+
+
+def test_a_held_vf_refuses_the_way_out_of_mig_mode_naming_it():
+    with pytest.raises(LayoutError, match="^GPU 0000:41:00.0 is in MIG mode; time-sliced H100-40C needs it off, which "
+                                          "needs its VFs disabled, but VF 0000:41:00.5 is held by a VM \\(pid 7\\)$"):
+        mig.plan(state(True), gpu_plan([(VFS[0], None, T_40C)]), View(Gpu(PF), {VFS[1]: [7]}), mig.Smi(FakeRunner({})))
+
+
+def test_mode_off_is_read_back():
+    query = ("-i", PF, "--query-gpu=mig.mode.current", "--format=csv,noheader")
+    runner = FakeRunner({query: (0, "Disabled\n", "")})
+    mig.mode_off(mig.Smi(runner), PF)
+    assert runner.calls == [["-i", PF, "-mig", "0"], list(query)]
+    with pytest.raises(LayoutError, match="^GPU 0000:41:00.0: MIG mode is still on after nvidia-smi -mig 0"):
+        mig.mode_off(mig.Smi(FakeRunner({query: (0, "Enabled\n", "")})), PF)
 
 
 def test_execute_order_and_read_back():
