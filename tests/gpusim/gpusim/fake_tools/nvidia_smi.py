@@ -1,6 +1,6 @@
 """Fake nvidia-smi for a gpusim tree (standard library only, Python >= 3.6): the vGPU subset.
 
-  nvidia-smi -q                          per GPU, includes "vGPU Heterogeneous Mode : Enabled|Disabled"
+  nvidia-smi -q                          per GPU: "MIG Mode" (Current, Pending), "vGPU Heterogeneous Mode"
   nvidia-smi vgpu [-i ID] -shm 0|1       set mixed-size (heterogeneous) mode
   nvidia-smi vgpu [-i ID] -ghm           get it
   nvidia-smi vgpu [-i ID] -s [-v]        supported vGPU types (names; with -v ID, FB, max instances,
@@ -51,8 +51,14 @@ def query(snapshot, gpus):
              "Driver Version                            : %s" % snapshot["nvidia"]["version"], "",
              "Attached GPUs                             : %d" % len(gpus)]
     for gpu in gpus:
+        mig = ("Enabled" if gpu["mig_mode"] else "Disabled") if gpu["mig_supported"] else "N/A"
         lines += ["GPU %s" % bus_id(gpu["address"]),
                   "    Product Name                          : %s" % gpu["product"],
+                  # MIG Mode: Current / Pending (nvidia-smi(1), GPU ATTRIBUTES; MIG user guide). No
+                  # GPU reset is simulated, so Pending is always Current.
+                  "    MIG Mode",
+                  "        Current                           : %s" % mig,
+                  "        Pending                           : %s" % mig,
                   "    vGPU Device Capability",
                   "        Heterogeneous Time-Slice Sizes    : %s"
                   % ("Supported" if gpu["mixed_size_supported"] else "Not Supported"),
