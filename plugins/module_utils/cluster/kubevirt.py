@@ -35,6 +35,13 @@ HOST_DEVICES_GATE = "HostDevices"
 # kubevirt/kubevirt PR #16890 (nvidia-bound VFs) and PR #18112 (display) shipped together in
 # v1.9.0; the backports to 1.6-1.8 are disputed (domain brief section 7.3).
 VENDOR_VFIO_MIN_VERSION = "1.9.0"
+# An externalResourceProvider pciHostDevices entry (the node agent's device plugin) needs only what
+# virt-launcher has had for long: the GPU PCI address pool read from PCI_RESOURCE_<NAME> and a host
+# device with managed='no' (pkg/virt-launcher/virtwrap/device/hostdevice/gpu/{addresspool,hostdev}.go,
+# checked at v1.0.0, v1.6.0 and v1.9.0); KubeVirt's own discovery, which 1.9.0 taught nvidia-bound VFs,
+# is skipped for such entries (pkg/virt-handler/device-manager/device_controller.go:263-270 at v1.9.0).
+EXTERNAL_PCI_MIN_VERSION = "1.0.0"
+PROVIDERS = ("kubevirt", "agent")
 VIRT_HANDLER_ENV = "VIRT_HANDLER_IMAGE"
 
 PCI, MDEV = "pciHostDevices", "mediatedDevices"
@@ -114,6 +121,8 @@ def validate_entries(kind, entries, state):
         if kind == PCI and not _PCI_SELECTOR_RE.match(selector):
             raise KubeVirtError("%s %s: pciVendorSelector %r is not VVVV:DDDD (e.g. 10DE:26B9)"
                                 % (kind, shown(name), selector))
+        if entry.get("externalResourceProvider"):
+            continue  # KubeVirt runs no plugin and no discovery for it: one selector may carry several names
         other = selectors.setdefault(selector_key(kind, entry), name)
         if other != name:
             raise KubeVirtError("%s: %s %s is listed for both %s and %s; one device can have one resourceName"
@@ -133,6 +142,8 @@ def _conflicts(kind, current, desired, exclusive, take_over, where):
         mine = ours.get(selector_key(kind, entry))
         if name in names or mine is None or (exclusive and _is_exclusive(kind, entry, exclusive)):
             continue
+        if _both_external(entry, mine):
+            continue  # neither makes KubeVirt advertise the devices
         if name not in take_over:
             raise KubeVirtError(
                 "%s %s: %s %s is permitted as %s and would also be as %s (two device plugins advertising the same "
@@ -141,6 +152,10 @@ def _conflicts(kind, current, desired, exclusive, take_over, where):
                    shown(mine["resourceName"]), shown(name)))
         taken.append((entry, mine))
     return taken
+
+
+def _both_external(entry, mine):
+    return bool(entry.get("externalResourceProvider")) and bool(mine.get("externalResourceProvider"))
 
 
 def _vendor(entry):
@@ -303,6 +318,21 @@ def _desired_from_params(params):
     return pci, mdev, vendor_vfio
 
 
+def _external_pci(params):
+    """Whether present entries hand PCI devices to an external device plugin (the agent provider)."""
+    return params.get("state", "present") == "present" and any(
+        e.get("external_resource_provider") for e in params.get("pci_host_devices") or [])
+
+
+def check_external_pci_version(cr, minimum=EXTERNAL_PCI_MIN_VERSION):
+    """Fail unless the deployed KubeVirt reads externally provided PCI GPUs (>= minimum)."""
+    have, text = parse_version(deployed_version(cr)), deployed_version(cr)
+    if have is None or have < parse_version(minimum):
+        raise KubeVirtError("%s: KubeVirt %s: externalResourceProvider pciHostDevices for vGPUs need KubeVirt >= %s "
+                            "(set skip_version_check to proceed)" % (cr_ref(cr), text or "of unknown version", minimum))
+    return text
+
+
 def read_kubevirt(api, name=None, namespace=None):
     """The KubeVirt CR: GET when pinned by name and namespace, else LIST in all namespaces."""
     if name and namespace:
@@ -362,11 +392,13 @@ def run_hostdevices(api, params, check_mode):
     warnings = []
 
     def plan(cr):
-        if vendor_vfio:
+        if vendor_vfio or _external_pci(params):
             if params.get("skip_version_check"):
                 warnings.append("%s: KubeVirt version check skipped (deployed: %s)" % (cr_ref(cr), deployed_version(cr)))
-            else:
+            elif vendor_vfio:
                 check_vendor_vfio_version(cr, params.get("minimum_version") or VENDOR_VFIO_MIN_VERSION)
+            else:
+                check_external_pci_version(cr)
         return plan_host_devices(cr, pci, mdev, params.get("state", "present"),
                                  params.get("exclusive_pci_vendors") or (),
                                  params.get("exclusive_mdev_prefixes") or (),
@@ -404,7 +436,8 @@ def model_resource_name(type_name):
     return "nvidia.com/" + re.sub(r"[\s/.]", "_", model)
 
 
-def plan_cluster_resources(nodes, naming="profile", mdev_external_provider=True):
+def plan_cluster_resources(nodes, naming="profile", mdev_external_provider=True, provider="kubevirt",
+                           extra_profiles=()):
     """Cluster entries and node profiles from the nodes' `vgpu_profiles_resources`.
 
     nodes: [{"name": node, "resources": [vgpu_profile resource dicts] or None}].
@@ -412,14 +445,24 @@ def plan_cluster_resources(nodes, naming="profile", mdev_external_provider=True)
     resourceName: a node may carry one profile per PCI ID, and with naming=profile the whole
     cluster may (with naming=model the resource is per model and VMs pick the profile by node
     label). mdev types are told apart by mdevNameSelector, so they have no such limit.
+    provider=agent: the node agent's device plugin serves every vGPU (one resource per profile, told apart by
+    profile, not PCI ID), so each profile gets an `externalResourceProvider: true` entry and the one-profile-per-
+    model rules do not apply; `extra_profiles` (resource dicts as vgpu_profile returns them: profile, type_name,
+    resource_name, pci_vendor_selector, framework, mdev_name_selector) add the profiles the layouts name that no
+    node carries yet, so a VM asking for one is admitted before a relabel converges its node.
     Returns {"errors", "pci_host_devices", "mediated_devices", "nodes", "vendor_vfio"}.
     """
+    if provider == "agent":
+        return _plan_agent_resources(nodes, naming, extra_profiles)
+    if provider != "kubevirt":
+        return {"errors": ["provider must be one of %s, not %r" % (", ".join(PROVIDERS), provider)],
+                "pci_host_devices": [], "mediated_devices": [], "nodes": [], "vendor_vfio": False}
     errors, pci, mdev, out_nodes = [], {}, {}, []
     by_pci_id = {}  # pci id -> {profile: [nodes]}
     for node in nodes:
         name, resources = node["name"], node.get("resources")
         if resources is None:
-            errors.append("node %s: no vgpu_profiles_resources (run the vgpu_profiles role on it first)" % name)
+            errors.append(_no_results(name))
             continue
         vfio = [r for r in resources if r.get("framework") != "mdev"]
         per_id = {}
@@ -441,11 +484,7 @@ def plan_cluster_resources(nodes, naming="profile", mdev_external_provider=True)
                 mdev.setdefault(res["resource_name"], {"mdev_name_selector": res["mdev_name_selector"],
                                                        "resource_name": res["resource_name"],
                                                        "external_resource_provider": bool(mdev_external_provider)})
-        profiles = {}
-        for res in resources:
-            profiles[res["profile"]] = profiles.get(res["profile"], 0) + int(res.get("count") or 0)
-        out_nodes.append({"name": name, "profiles": profiles,
-                          "vendor_vfio": bool(vfio) and len(vfio) == len(resources)})
+        out_nodes.append(_node_summary(name, resources))
     if naming == "profile":
         for pci_id, profiles in sorted(by_pci_id.items()):
             if len(profiles) > 1:
@@ -453,5 +492,43 @@ def plan_cluster_resources(nodes, naming="profile", mdev_external_provider=True)
                 errors.append("GPU model %s has several profiles across nodes (%s); KubeVirt permits one resource "
                               "per PCI ID: use one profile per model cluster-wide or resource naming 'model'"
                               % (pci_id, where))
+    return {"errors": errors, "pci_host_devices": list(pci.values()), "mediated_devices": list(mdev.values()),
+            "nodes": out_nodes, "vendor_vfio": bool(pci)}
+
+
+def _no_results(name):
+    return "node %s: no vgpu_profiles_resources (run the vgpu_profiles role on it first)" % name
+
+
+def _node_summary(name, resources):
+    """{"name", "profiles" {profile: count}, "vendor_vfio"} of one node's vgpu_profile resources."""
+    profiles = {}
+    for res in resources:
+        profiles[res["profile"]] = profiles.get(res["profile"], 0) + int(res.get("count") or 0)
+    vfio = [r for r in resources if r.get("framework") != "mdev"]
+    return {"name": name, "profiles": profiles, "vendor_vfio": bool(vfio) and len(vfio) == len(resources)}
+
+
+def _plan_agent_resources(nodes, naming, extra_profiles):
+    """plan_cluster_resources for provider=agent: external entries, one per profile, no PCI-ID rules."""
+    errors, out_nodes = [], []
+    if naming != "profile":
+        errors.append("provider agent serves one resource per profile: resource naming must be profile, not %r"
+                      % naming)
+    for node in nodes:
+        if node.get("resources") is None:
+            errors.append(_no_results(node["name"]))
+        else:
+            out_nodes.append(_node_summary(node["name"], node["resources"]))
+    pci, mdev = {}, {}
+    for res in [r for node in nodes for r in node.get("resources") or []] + list(extra_profiles):
+        if res.get("framework") == "mdev":
+            mdev.setdefault(res["resource_name"], {"mdev_name_selector": res["mdev_name_selector"],
+                                                   "resource_name": res["resource_name"],
+                                                   "external_resource_provider": True})
+        else:
+            pci.setdefault(res["resource_name"], {"pci_vendor_selector": res["pci_vendor_selector"].upper(),
+                                                  "resource_name": res["resource_name"], "vendor_vfio": True,
+                                                  "external_resource_provider": True})
     return {"errors": errors, "pci_host_devices": list(pci.values()), "mediated_devices": list(mdev.values()),
             "nodes": out_nodes, "vendor_vfio": bool(pci)}
