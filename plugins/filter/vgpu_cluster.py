@@ -37,6 +37,22 @@ options:
     description: Mark mediated devices as served by an external device plugin (the NVIDIA sandbox device plugin).
     type: bool
     default: true
+  provider:
+    description:
+      - V(kubevirt) has KubeVirt's own device plugins serve the vGPUs (permitted by PCI ID; one profile per GPU
+        model).
+      - V(agent) has the node agent's device plugin serve them, one resource per profile: every entry gets
+        C(externalResourceProvider=true) and a GPU model may carry any profiles on any node.
+    type: str
+    default: kubevirt
+    choices: [kubevirt, agent]
+  extra_profiles:
+    description:
+      - With O(provider=agent), profiles the layouts name that no node carries yet (a relabel may converge a
+        node to them), each C({type_name, pci_vendor_selector}) (C(framework=mdev) for an mdev type).
+    type: list
+    elements: dict
+    default: []
 """
 
 EXAMPLES = r"""
@@ -54,9 +70,22 @@ _value:
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.kubevirt import plan_cluster_resources
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import resource_name, short_name
 
 
-def vgpu_cluster_plan(hosts, hostvars, naming="profile", mdev_external_provider=True):
+def profile_resource(profile):
+    """A resource dict like vgpu_profile's from {type_name, pci_vendor_selector[, framework]}."""
+    type_name = str(profile["type_name"]).strip()
+    out = {"profile": short_name(type_name), "type_name": type_name, "resource_name": resource_name(type_name),
+           "pci_vendor_selector": str(profile["pci_vendor_selector"]).upper(),
+           "framework": profile.get("framework") or "vendor-vfio", "count": 0}
+    if out["framework"] == "mdev":
+        out["mdev_name_selector"] = type_name
+    return out
+
+
+def vgpu_cluster_plan(hosts, hostvars, naming="profile", mdev_external_provider=True, provider="kubevirt",
+                      extra_profiles=()):
     if naming not in ("profile", "model"):
         raise AnsibleFilterError("vgpu_cluster_plan: naming must be profile or model, not %r" % naming)
     nodes = []
@@ -66,7 +95,12 @@ def vgpu_cluster_plan(hosts, hostvars, naming="profile", mdev_external_provider=
         resources = facts.get("vgpu_profiles_resources", (facts.get("ansible_facts") or {}).get("vgpu_profiles_resources"))
         nodes.append({"name": facts.get("kubevirt_vgpu_node_name") or host, "resources": resources})
     try:
-        return plan_cluster_resources(nodes, naming, mdev_external_provider)
+        extra = [profile_resource(p) for p in extra_profiles or ()]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise AnsibleFilterError("vgpu_cluster_plan: extra_profiles entries need type_name and pci_vendor_selector: "
+                                 "%s" % exc) from None
+    try:
+        return plan_cluster_resources(nodes, naming, mdev_external_provider, provider, extra)
     except (KeyError, TypeError, AttributeError) as exc:
         raise AnsibleFilterError("vgpu_cluster_plan: malformed vgpu_profiles_resources: %s" % exc) from None
 

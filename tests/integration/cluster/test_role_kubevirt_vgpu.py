@@ -88,3 +88,44 @@ def test_role_migrates_from_a_hand_written_entry_only_when_told(cluster, kubecon
     cluster.clear_log()
     again = run_role(tmp_path, kubeconfig, nodes, role_vars)
     assert again.returncode == 0 and "changed=0" in again.stdout and cluster.writes() == [], again.stdout
+
+
+def permitted(cluster):
+    return cluster.get(KUBEVIRT, "kubevirt", "kubevirt")["spec"]["configuration"]["permittedHostDevices"]
+
+
+def test_provider_agent_permits_a_mixed_profile_fleet_and_switching_shows_in_check_mode(cluster, kubeconfig, tmp_path):
+    nodes = {"gpu-a": [resource("L40S-24Q", count=1), resource("L40S-12Q", count=2)], "gpu-b": [resource("L40S-48Q")]}
+    assert run_role(tmp_path, kubeconfig, nodes).returncode != 0   # provider kubevirt refuses this fleet
+    assert cluster.writes() == []
+    before = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
+    agent = {"kubevirt_vgpu_provider": "agent",
+             "kubevirt_vgpu_agent_profiles": [{"type_name": "NVIDIA L40S-8Q", "pci_vendor_selector": "10de:26b9"}]}
+    check = run_role(tmp_path, kubeconfig, nodes, agent, check=True)
+    assert check.returncode == 0 and "changed=" in check.stdout, check.stdout
+    assert cluster.get(KUBEVIRT, "kubevirt", "kubevirt") == before and all(w["dryRun"] == "All" for w in cluster.writes())
+    proc = run_role(tmp_path, kubeconfig, nodes, agent)
+    assert proc.returncode == 0, proc.stdout
+    ours = [e for e in permitted(cluster)["pciHostDevices"] if e["resourceName"].startswith("nvidia.com/NVIDIA_L40S")]
+    assert ours == [{"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-" + p,
+                     "externalResourceProvider": True} for p in ("24Q", "12Q", "48Q", "8Q")]
+    assert FOREIGN_NIC in permitted(cluster)["pciHostDevices"]
+    labels = cluster.get(NODES, "gpu-a")["metadata"]["labels"]
+    assert labels["accelops.io/vgpu.profile.L40S-24Q"] == "1" and labels["accelops.io/vgpu.profile.L40S-12Q"] == "2"
+
+
+def test_switching_from_kubevirt_to_agent_turns_our_entry_external_in_place(cluster, kubeconfig, tmp_path):
+    nodes = {"gpu-a": [resource("L40S-24Q")]}
+    assert run_role(tmp_path, kubeconfig, nodes).returncode == 0
+    assert {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q"} in \
+        permitted(cluster)["pciHostDevices"]
+    order = [e["resourceName"] for e in permitted(cluster)["pciHostDevices"]]
+    proc = run_role(tmp_path, kubeconfig, nodes, {"kubevirt_vgpu_provider": "agent"})
+    assert proc.returncode == 0, proc.stdout
+    after = permitted(cluster)["pciHostDevices"]
+    assert [e["resourceName"] for e in after] == order
+    assert {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q",
+            "externalResourceProvider": True} in after
+    back = run_role(tmp_path, kubeconfig, nodes)
+    assert back.returncode == 0 and {"pciVendorSelector": "10DE:26B9",
+                                     "resourceName": "nvidia.com/NVIDIA_L40S-24Q"} in permitted(cluster)["pciHostDevices"]

@@ -189,3 +189,25 @@ def test_cluster_playbook_without_the_agent_path_deploys_no_agent(cluster, kubec
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert agent_objects(cluster) == {}
     assert "nvidia.com/vgpu.config" not in cluster.get(NODES, "gpu-a")["metadata"]["labels"]
+
+
+def test_cluster_playbook_with_the_agents_device_plugin_permits_every_profile_of_one_model(cluster, kubeconfig,
+                                                                                         tmp_path):
+    """The agent serves the kubelet (its DaemonSet mounts device-plugins/), KubeVirt only permits: one external
+    entry per profile, 24Q on gpu-a and 8Q on gpu-b though both are L40S."""
+    proc = run_role(tmp_path, kubeconfig, {"vgpu_cluster_node_agent": True, "kubevirt_vgpu_kubeconfig": kubeconfig,
+                                           "vgpu_node_agent_device_plugin": True,
+                                           "vgpu_node_agent_kubelet_dir": "/var/lib/k0s/kubelet",
+                                           "kubevirt_vgpu_provider": "agent"},
+                    playbook=ROOT / "playbooks" / "cluster.yml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pod = agent_objects(cluster)["DaemonSet"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["DEVICE_PLUGIN"] == "true" and env["KUBELET_DIR"] == "/var/lib/kubelet"
+    assert {"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "device-plugins", "hostPath": {"path": "/var/lib/k0s/kubelet/device-plugins", "type": "Directory"}} \
+        in pod["volumes"]
+    pci = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    for profile in ("L40S-24Q", "L40S-8Q"):
+        assert {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_" + profile,
+                "externalResourceProvider": True} in pci
