@@ -150,7 +150,7 @@ class Agent:
         self.api_backoff.reset()
         self.reconciled, self.next_resync = wanted, self.clock() + self.settings.resync_interval
         if self.dra_plugin is not None:     # the node as it is now, applied or not, reaches the slices
-            self.dra_plugin.reconciled(self.engine(), ((node or {}).get("metadata") or {}).get("uid"))
+            self.dra_plugin.reconciled(((node or {}).get("metadata") or {}).get("uid"))
         if state == vdm.FAILED:
             log("config %s: failed: %s" % (name, reason))
         elif changed:

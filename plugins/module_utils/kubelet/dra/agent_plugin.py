@@ -5,7 +5,7 @@
 kubelet over gRPC, device health. The agent imports this module only with DRA_DRIVER=true.
 
 The agent calls, from its reconcile thread:
-- `reconciled(engine, node_uid)` after every reconcile (applied, re-asserted or failed): one read of the
+- `reconciled(node_uid)` after every reconcile (applied, re-asserted or failed): one read of the
   node's vGPUs (node/facts, the engine's type names) is published as this node's pool (a layout change
   reaches the API in the same reconcile) and fed to the health stream; an API error is logged and the
   next reconcile tries again;
@@ -30,9 +30,11 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts
 
 
-def read_devices(engine):
-    """The node's DRA devices now (engine: vgpu_apply.Node); who holds them does not matter here."""
-    return dra_devices.inventory(engine.sysfs, facts.gather(engine.sysfs, {}, engine.names))
+def node_view(make_engine):
+    """The driver's NodeView: facts through a fresh engine (its type-name cache, as the reconcile left it);
+    who holds a device does not matter here (no /proc scan)."""
+    engine = make_engine()
+    return dra_devices.NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {}, make_engine().names))
 
 
 class VgpuDraPlugin:
@@ -40,7 +42,8 @@ class VgpuDraPlugin:
         self.settings, self.api, self.make_engine, self.log = settings, api, make_engine, log
         self.paths = KubeletPaths(settings.kubelet_dir)
         self.publisher = SlicePublisher(api, settings.node_name)
-        self.driver = DraDriver(settings.node_name, api.get_resource_claim, lambda: read_devices(make_engine()),
+        self.view = node_view(make_engine)
+        self.driver = DraDriver(settings.node_name, api.get_resource_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
                                 boot_id=read_boot_id(settings.proc_root))
         self.service = DraService(self.driver, self.paths)
@@ -65,8 +68,8 @@ class VgpuDraPlugin:
                 except Exception as exc:  # pylint: disable=broad-exception-caught
                     self.log("DRA driver: cannot serve the kubelet: %s" % exc)
 
-    def reconciled(self, engine, node_uid=None):
-        current = read_devices(engine)
+    def reconciled(self, node_uid=None):
+        current = self.view.devices()
         self.service.update_health(current)
         if node_uid and not self.publisher.node_uid:
             self.publisher.node_uid = node_uid

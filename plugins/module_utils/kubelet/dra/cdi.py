@@ -66,17 +66,18 @@ def device_id(driver, claim_uid, device_name):
     return "%s/%s=%s-%s" % (driver, CLASS, claim_uid, device_name)
 
 
-def device_nodes(device, dev_dir="/dev"):
-    """CDI deviceNodes of a vGPU: the VFIO container node first, then its group and cdev."""
-    paths = [os.path.join(dev_dir, "vfio", "vfio")] + [os.path.join(dev_dir, "vfio", node) for node in device.nodes]
+def device_nodes(nodes, dev_dir="/dev"):
+    """CDI deviceNodes of a vGPU whose VFIO nodes (relative to /dev/vfio/) are `nodes`: the VFIO
+    container node first, then its group and cdev. Host paths: the runtime reads the spec on the host."""
+    paths = [os.path.join(dev_dir, "vfio", "vfio")] + [os.path.join(dev_dir, "vfio", node) for node in nodes]
     return [{"path": path, "permissions": "rw"} for path in paths]
 
 
 def claim_spec(driver, claim_uid, devices):
-    """The spec (a dict) for one claim's vGPUs."""
+    """The spec (a dict) for one claim's vGPUs, `devices` = [(VgpuDevice, its VFIO nodes)]."""
     return {"cdiVersion": CDI_VERSION, "kind": "%s/%s" % (driver, CLASS),
             "devices": [{"name": "%s-%s" % (claim_uid, device.name),
-                         "containerEdits": {"deviceNodes": device_nodes(device)}} for device in devices]}
+                         "containerEdits": {"deviceNodes": device_nodes(nodes)}} for device, nodes in devices]}
 
 
 def write_claim_spec(cdi_dir, driver, claim_uid, devices):

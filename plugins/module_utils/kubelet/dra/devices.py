@@ -4,6 +4,7 @@
 """The DRA devices of a node: one per programmed vGPU, as plain data computed from the engine's facts.
 
     inventory(sysfs, facts) -> [VgpuDevice]   (facts = node.facts.gather(...))
+    NodeView(sysfs, read_facts): the driver's reads: every device (publish), or a few by name (prepare)
 
 A vendor-specific VFIO VF with a type set is one device, and so is every mdev. What a device
 publishes (docs/design.md "DRA driver"; sources there):
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PCI_DEVICES
@@ -42,7 +43,7 @@ _MDEV_TYPE = re.compile(r"^nvidia-(\d+)$")
 
 @dataclass(frozen=True)
 class VgpuDevice:
-    """One allocatable vGPU. `nodes` are its VFIO device nodes relative to `<dev>/vfio/`."""
+    """One allocatable vGPU."""
 
     name: str
     framework: str                  # vendor-vfio | mdev
@@ -57,7 +58,6 @@ class VgpuDevice:
     product: str | None = None
     mig_backed: bool = False
     framebuffer_mib: int | None = None
-    nodes: tuple = field(default=(), compare=False)
 
     @property
     def key(self):
@@ -133,17 +133,41 @@ def _mig_backed(profile):
         return False
 
 
-def _nodes(sysfs, base):
+def vfio_nodes(sysfs, device):
+    """The device's VFIO nodes relative to `<dev>/vfio/`: its IOMMU group, and the iommufd cdev of a VF."""
+    base = "%s/%s" % (inuse.MDEV_DEVICES, device.mdev_uuid) if device.mdev_uuid else "%s/%s" % (PCI_DEVICES,
+                                                                                               device.address)
+    return tuple(inuse.device_nodes(sysfs, base))
+
+
+def still_there(sysfs, device):
+    """Whether the vGPU is still what was published (a few reads of this one device)."""
     try:
-        return tuple(inuse.device_nodes(sysfs, base))
-    except SysfsError:
-        return ()
+        if device.mdev_uuid:
+            base = "%s/%s" % (inuse.MDEV_DEVICES, device.mdev_uuid)
+            return sysfs.isdir(base) and sysfs.link_name(base + "/mdev_type") == "nvidia-%s" % device.type_id
+        return device.type_id is not None and vgpu_types.read_current(sysfs, device.address) == device.type_id
+    except (SysfsError, OSError, ValueError):
+        return False
 
 
-def _common(sysfs, gpu, profile, type_name):
-    return {"parent_gpu": gpu["address"], "profile": profile, "type_name": type_name,
-            "pcie_root": pcie_root(sysfs, gpu["address"]), "numa_node": numa_node(sysfs, gpu["address"]),
-            "product": gpu.get("model"), "mig_backed": _mig_backed(profile), "framebuffer_mib": _framebuffer_mib(profile)}
+class _GpuPlace:
+    """pcieRoot and NUMA node of each GPU, read once per inventory."""
+
+    def __init__(self, sysfs):
+        self.sysfs, self.cache = sysfs, {}
+
+    def __call__(self, address):
+        if address not in self.cache:
+            self.cache[address] = (pcie_root(self.sysfs, address), numa_node(self.sysfs, address))
+        return self.cache[address]
+
+
+def _common(place, gpu, profile, type_name):
+    root, numa = place(gpu["address"])
+    return {"parent_gpu": gpu["address"], "profile": profile, "type_name": type_name, "pcie_root": root,
+            "numa_node": numa, "product": gpu.get("model"), "mig_backed": _mig_backed(profile),
+            "framebuffer_mib": _framebuffer_mib(profile)}
 
 
 def inventory(sysfs, facts):
@@ -152,6 +176,7 @@ def inventory(sysfs, facts):
     A VF whose type has no known name (no creatable list or nvidia-smi names it) is left out: a
     device nobody can select by profile is not offered."""
     gpus = {gpu["address"]: gpu for gpu in facts.get("gpus") or ()}
+    place = _GpuPlace(sysfs)
     found = []
     for vf in facts.get("vfs") or ():
         gpu = gpus.get(vf["pf"])
@@ -160,8 +185,7 @@ def inventory(sysfs, facts):
         profile = vgpu_types.short_name(vf["vgpu_type"])
         found.append(VgpuDevice(name=device_name(profile, vf["address"]), framework="vendor-vfio",
                                 address=vf["address"], type_id=vf["vgpu_type_id"],
-                                nodes=_nodes(sysfs, "%s/%s" % (PCI_DEVICES, vf["address"])),
-                                **_common(sysfs, gpu, profile, vf["vgpu_type"])))
+                                **_common(place, gpu, profile, vf["vgpu_type"])))
     parent_gpu = {vf["address"]: vf["pf"] for vf in facts.get("vfs") or ()}
     for mdev in facts.get("mdevs") or ():
         gpu = gpus.get(parent_gpu.get(mdev["parent"], mdev["parent"]))
@@ -171,6 +195,30 @@ def inventory(sysfs, facts):
         number = _MDEV_TYPE.match(mdev.get("type") or "")
         found.append(VgpuDevice(name=device_name(profile, mdev["uuid"]), framework="mdev", address=mdev["parent"],
                                 type_id=int(number.group(1)) if number else None, mdev_uuid=mdev["uuid"],
-                                nodes=_nodes(sysfs, "%s/%s" % (inuse.MDEV_DEVICES, mdev["uuid"])),
-                                **_common(sysfs, gpu, profile, mdev["type_name"])))
+                                **_common(place, gpu, profile, mdev["type_name"])))
     return sorted(found, key=lambda device: device.name)
+
+
+class NodeView:
+    """The DRA driver's reads of the node. `devices()` reads everything (facts -> inventory) and
+    remembers it; `current(names)` answers for a few devices with a few reads each (prepare's check:
+    still there with the type they were read with), doing one full read only for a name it has not
+    seen; `nodes(device)` are its VFIO nodes for the CDI spec."""
+
+    def __init__(self, sysfs, read_facts):
+        self.sysfs, self.read_facts = sysfs, read_facts
+        self.known = {}
+
+    def devices(self):
+        found = inventory(self.sysfs, self.read_facts())
+        self.known = {device.name: device for device in found}
+        return found
+
+    def current(self, names):
+        if any(name not in self.known for name in names):
+            self.devices()
+        known = self.known
+        return {name: known[name] for name in names if name in known and still_there(self.sysfs, known[name])}
+
+    def nodes(self, device):
+        return vfio_nodes(self.sysfs, device)

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Prepare and unprepare ResourceClaims on this node: the DRA driver's logic, without gRPC.
 
-    driver = DraDriver(node_name, get_claim, read_devices, plugin_dir, cdi_dir, node_lock=..., boot_id=...)
+    driver = DraDriver(node_name, get_claim, node_view, plugin_dir, cdi_dir, node_lock=..., boot_id=...)
     driver.prepare([ClaimRef(namespace, name, uid)]) -> {uid: Prepared(devices, error)}
     driver.unprepare([ClaimRef(...)]) -> {uid: error or ""}
     driver.holders() -> {VF address or mdev UUID: ["DRA claim ns/name"]}   (prepared vGPUs are held)
@@ -41,9 +41,9 @@ Prepared = namedtuple("Prepared", "devices error")   # devices: [{"requests", "p
 
 
 class DraDriver:
-    def __init__(self, node_name, get_claim, read_devices, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
+    def __init__(self, node_name, get_claim, node_view, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
                  boot_id=None):
-        self.node_name, self.get_claim, self.read_devices = node_name, get_claim, read_devices
+        self.node_name, self.get_claim, self.node_view = node_name, get_claim, node_view   # devices.NodeView
         self.plugin_dir, self.cdi_dir, self.driver = plugin_dir, cdi_dir, driver
         self.node_lock = node_lock or contextlib.nullcontext
         self.checkpoint = Checkpoint(plugin_dir, boot_id)
@@ -96,7 +96,7 @@ class DraDriver:
     def _reserve(self, ref, allocated):
         """Check every allocated device against the node now and record the claim as started."""
         with self.node_lock():
-            current = {device.name: device for device in self.read_devices()}
+            current = self.node_view.current(sorted({item.device for item in allocated}))
             held = self.checkpoint.holders()
             entries = []
             for item in allocated:
@@ -117,7 +117,8 @@ class DraDriver:
 
     def _write(self, ref, claim, entries):
         """The CDI spec and the metadata files; the record's devices with their CDI IDs."""
-        cdi.write_claim_spec(self.cdi_dir, self.driver, ref.uid, [device for dummy, dummy2, device in entries])
+        cdi.write_claim_spec(self.cdi_dir, self.driver, ref.uid,
+                             [(device, self.node_view.nodes(device)) for dummy, dummy2, device in entries])
         by_request = {}
         for entry in entries:
             by_request.setdefault(claims.base_request(entry[0]), []).append(entry)

@@ -35,3 +35,8 @@ def node_facts(node):
 
 def inventory(node):
     return devices.inventory(Sysfs(str(node.sys)), node_facts(node))
+
+
+def view(node):
+    """The driver's NodeView of the node."""
+    return devices.NodeView(Sysfs(str(node.sys)), lambda: node_facts(node))

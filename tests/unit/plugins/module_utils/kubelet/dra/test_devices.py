@@ -1,7 +1,7 @@
 import os
 import re
 
-from dra_node import A16, A16_UUID, L40S, T4, T4_UUID, build, inventory
+from dra_node import A16, A16_UUID, L40S, T4, T4_UUID, build, inventory, node_facts
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
@@ -25,7 +25,7 @@ def test_one_device_per_typed_vf_and_per_mdev_with_sysfs_truth(tmp_path):
         "framework": {"string": "vendor-vfio"}, "parentGPU": {"string": L40S}, "productName": {"string": "L40S"},
         "numaNode": {"int": 1}, "migBacked": {"bool": False}},
         "capacity": {"framebuffer": {"value": "24576Mi"}}}
-    assert vf.nodes == (node.group_of("0000:41:00.4"), "devices/vfio1")
+    assert devices.vfio_nodes(Sysfs(str(node.sys)), vf) == (node.group_of("0000:41:00.4"), "devices/vfio1")
 
 
 def test_mdevs_carry_the_unqualified_uuid_and_their_parent_function(tmp_path):
@@ -37,7 +37,7 @@ def test_mdevs_carry_the_unqualified_uuid_and_their_parent_function(tmp_path):
     assert a16.attributes()["resource.kubernetes.io/pciBusID"] == {"string": "0000:51:00.4"}
     assert (t4.address, t4.parent_gpu, t4.type_id, t4.profile) == (T4, T4, 222, "T4-1B")
     assert "numaNode" not in t4.attributes()      # the kernel says -1: no NUMA node
-    assert t4.nodes == (node.group_of(T4_UUID, "bus/mdev/devices"),)
+    assert devices.vfio_nodes(Sysfs(str(node.sys)), t4) == (node.group_of(T4_UUID, "bus/mdev/devices"),)
 
 
 def test_an_untyped_vf_is_no_device(tmp_path):
@@ -78,3 +78,15 @@ def test_pcie_root_follows_the_sysfs_link(tmp_path):
     os.symlink("../../../elsewhere/" + L40S, node.sys / "bus/pci/devices" / L40S)
     assert devices.pcie_root(sysfs, L40S) is None        # not below devices/pci*: unknown, not guessed
 
+
+
+def test_the_driver_view_checks_a_few_devices_without_reading_the_node_again(tmp_path):
+    node = build(tmp_path)
+    reads = []
+    view = devices.NodeView(Sysfs(str(node.sys)), lambda: reads.append(1) or node_facts(node))
+    first = view.devices()
+    names = [first[0].name, first[2].name]
+    assert view.current(names) == {name: d for d in first for name in names if d.name == name} and len(reads) == 1
+    node.set_type("0000:41:00.4", 1156)                               # retyped behind the view's back
+    assert "l40s-24q-0000-41-00-4" not in view.current(["l40s-24q-0000-41-00-4"]) and len(reads) == 1
+    assert view.current(["l40s-48q-0000-41-00-4"]) and len(reads) == 2   # a name never seen: one full read

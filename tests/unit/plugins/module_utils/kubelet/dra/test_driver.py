@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from claim_data import ClaimStore, claim, ref
-from dra_node import A16_UUID, build, inventory
+from dra_node import A16_UUID, build, view
 from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, metadata
@@ -29,7 +29,7 @@ class Env:
 
     def start(self, boot_id=None):
         """A (re)started driver on the same node, directories and API."""
-        return DraDriver(NODE, self.store.get, lambda: inventory(self.node), self.plugin_dir, self.cdi_dir,
+        return DraDriver(NODE, self.store.get, view(self.node), self.plugin_dir, self.cdi_dir,
                          boot_id=boot_id or self.boot_id)
 
     def files(self):

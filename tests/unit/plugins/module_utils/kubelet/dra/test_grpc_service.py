@@ -6,7 +6,7 @@ import os
 
 import pytest
 from claim_data import ClaimStore, claim, ref
-from dra_node import build, inventory
+from dra_node import build, inventory, view
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
@@ -22,7 +22,7 @@ def plugin(tmp_path, paths, kubelet_dir):
     """(service, kubelet, node, claims): the DRA service on a FakeNode, registered with a DRA test kubelet."""
     node = build(tmp_path / "node")
     store = ClaimStore(claim("vm-a-gpu", UID1, [VF4], NODE), claim("vm-b-gpu", UID2, [VF5], NODE))
-    driver = DraDriver(NODE, store.get, lambda: inventory(node), paths.plugin_dir(DRIVER), str(tmp_path / "cdi"))
+    driver = DraDriver(NODE, store.get, view(node), paths.plugin_dir(DRIVER), str(tmp_path / "cdi"))
     kubelet = DraKubelet(kubelet_dir, grace=0.5).start()
     service = DraService(driver, paths).start()
     kubelet.wait("the DRA plugin's registration", lambda k: any(r["registered"] for r in k.registrations.values()))

@@ -5,7 +5,7 @@ import json
 import os
 
 from claim_data import ClaimStore, claim, ref
-from dra_node import build, inventory
+from dra_node import build, inventory, view
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
@@ -19,7 +19,7 @@ def prepared(tmp_path):
     node = build(tmp_path / "node")
     kubelet_dir = str(tmp_path / "kubelet")
     one = claim("vm-a-gpu", UID, [VF4], NODE)
-    driver = DraDriver(NODE, ClaimStore(one).get, lambda: inventory(node),
+    driver = DraDriver(NODE, ClaimStore(one).get, view(node),
                        KubeletPaths(kubelet_dir).plugin_dir("vgpu.accelops.io"), str(tmp_path / "cdi"))
     assert driver.prepare([ref(one)])[UID].error == ""
     return node, kubelet_dir, driver, one
