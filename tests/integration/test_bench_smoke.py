@@ -71,3 +71,17 @@ def test_quick_agent_bench_measures_a_label_change_and_an_idle_agent(tmp_path):
     assert 10 < p5["rss_mb"] <= 200
     assert p5["met"] == (p5["ratio"]["median"] <= 1.2 and p5["rss_mb"] <= 60)
     assert "| P5 node agent, label change |" in (out / "bench.md").read_text()
+
+
+def test_quick_manager_restart_bench_puts_the_layout_back_and_counts_the_idle_reads(tmp_path):
+    """P8 in --quick mode on one GPU: gpusim's manager-restart, the agent's probe, the layout back."""
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "tests.bench", "--quick", "--parts", "p8", "--gpus", "1",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    p8 = json.loads((out / "bench.json").read_text())["results"]["p8"]
+    assert p8["restart_to_layout_s"]["n"] == 1 and 0 < p8["restart_to_layout_s"]["median"] < 120
+    idle = p8["idle"]
+    assert idle["sysfs_writes"] == 0 and 1 <= idle["sysfs_reads"] <= 2 and idle["files_read"] == 1
+    assert p8["met"] == (p8["restart_to_layout_s"]["max"] <= 10 and idle["reads_per_gpu_per_10s"] <= 2)
+    assert "| P8 vGPU-manager restart, agent |" in (out / "bench.md").read_text()

@@ -17,6 +17,9 @@ One reconcile (VDM's flow, domain brief 12, through the engine `accelops-vgpu ap
    paused (only deploy labels at "true"); the engine writes (enabling VFs as needed) and verifies;
    operands restored also when the apply fails, state `success` with the profile labels, or
    `failed` with the reason (annotation + Event).
+Between reconciles a cheap probe (agent/manager_probe.py: one sysfs read per GPU with vGPUs every
+MANAGER_PROBE_INTERVAL, 5 s) notices a vGPU-manager restart that took the vGPUs away: a Warning Event
+VGPUManagerRestarted, then the re-apply at once (retried with backoff while it fails).
 Any error becomes state `failed` with its reason; API errors are retried with backoff. The agent
 exits only on SIGTERM/SIGINT (0).
 """
@@ -36,6 +39,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent import kube, p
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import settings as agent_settings
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.config_source import ConfigSource
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError, KubeUnavailable
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.manager_probe import ManagerProbe
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.node_watch import Backoff, NodeWatcher
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, vgpu_apply, vgpu_layout
@@ -47,6 +51,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import p
 
 COMPONENT = "accelops-vgpu-agent"
 EVENT_FAILED, EVENT_APPLIED = "VGPUConfigFailed", "VGPUConfigApplied"
+EVENT_MANAGER_RESTART = "VGPUManagerRestarted"
 CONFLICT_RETRIES = 5
 DESCRIPTION = ("Reconcile this node's vGPU layout with its nvidia.com/vgpu.config label (vgpu-device-manager's "
                "protocol: nvidia.com/vgpu.config.state pending/success/failed, sandbox operands paused and "
@@ -84,6 +89,11 @@ class Agent:
         self.last_event = None
         self.serial = time.time_ns()
         self.checks = 0             # reconciles run: each reads the node's sysfs once (a check-mode plan)
+        # a vGPU-manager restart between reconciles (agent/manager_probe.py): noticed, re-applied, reported
+        self.probe = ManagerProbe(Sysfs(settings.sysfs_root), settings.manager_probe_interval, clock)
+        self.restart_backoff = Backoff(base=settings.manager_probe_interval, cap=settings.resync_interval)
+        self.manager_restarts = 0   # restarts noticed (status file `manager_restarts`)
+        self.restart_pending = False  # a re-apply after a restart has not succeeded yet
 
     # --- threads ---------------------------------------------------------------------------------
     def on_node(self, node):
@@ -104,7 +114,8 @@ class Agent:
                 # never crash-loop the pod: log, and try again after a backoff
                 log(traceback.format_exc().rstrip())
                 self.reconciled, self.next_resync = None, self.clock() + self.api_backoff.next()
-            timeout = min(self.settings.config_poll_interval, max(0.05, self.next_resync - self.clock()))
+            timeout = min(self.settings.config_poll_interval, max(0.05, self.next_resync - self.clock()),
+                          *[t for t in (self.probe.seconds_left(),) if t is not None])
             self.wake.wait(timeout)
             self.wake.clear()
         if self.device_plugin is not None:
@@ -126,9 +137,21 @@ class Agent:
         if node is None:
             return
         wanted = (vdm.selected_config(node, self.settings.default_vgpu_config), self.config.digest)
-        if wanted == self.reconciled and self.clock() < self.next_resync:
+        lost = self.probe.check()
+        if lost and wanted == self.reconciled:
+            self._manager_restarted(node, wanted[0], lost)
+        elif wanted == self.reconciled and self.clock() < self.next_resync:
             return
         self.reconcile(node, wanted)
+
+    def _manager_restarted(self, node, name, gpus):
+        """The probe found GPUs without the vGPUs the last apply left: report it; the caller re-applies."""
+        self.manager_restarts += 1
+        self.restart_pending = True
+        message = ("vGPUs of config %s gone on GPU(s) %s (vGPU manager restarted?); re-applying"
+                   % (name, ", ".join(gpus)))
+        log(message)
+        self._event(node, EVENT_MANAGER_RESTART, message, warning=True)
 
     # --- one reconcile ---------------------------------------------------------------------------
     def engine(self):
@@ -151,6 +174,12 @@ class Agent:
         self.reconciled, self.next_resync = wanted, self.clock() + self.settings.resync_interval
         if self.dra_plugin is not None:     # the node as it is now, applied or not, reaches the slices
             self.dra_plugin.reconciled(((node or {}).get("metadata") or {}).get("uid"))
+        if state == vdm.FAILED and self.restart_pending:
+            # the manager may still be coming back: retry sooner than the resync, backing off
+            self.next_resync = self.clock() + self.restart_backoff.next()
+        elif state != vdm.FAILED:
+            self.restart_pending = False
+            self.restart_backoff.reset()
         if state == vdm.FAILED:
             log("config %s: failed: %s" % (name, reason))
         elif changed:
@@ -178,11 +207,14 @@ class Agent:
         except (KubeApiError, KubeUnavailable):
             raise  # retried with backoff; the retry's finish restores operands this one paused
         except EngineError as exc:
+            self.probe.disarm()
             reason = vdm.reason_text(exc)
         except Exception as exc:  # a bug must not crash-loop the pod: report it like any failure
             log(traceback.format_exc().rstrip())
+            self.probe.disarm()
             reason = vdm.reason_text("internal error: %s: %s" % (type(exc).__name__, exc))
         else:
+            self.probe.arm(result)
             if self.device_plugin is not None:
                 self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])
@@ -294,7 +326,8 @@ class Agent:
         try:
             with open(tmp, "w") as handle:
                 json.dump({"state": state, "config": config, "reason": reason, "time": _now(),
-                           "pid": os.getpid(), "checks": self.checks}, handle)
+                           "pid": os.getpid(), "checks": self.checks,
+                           "manager_restarts": self.manager_restarts}, handle)
             os.replace(tmp, path)
         except OSError as exc:
             log("cannot write the status file %s: %s" % (path, exc.strerror))

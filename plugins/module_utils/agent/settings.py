@@ -42,6 +42,9 @@ OPTIONS = (
      "default /usr/lib/nvidia/sriov-manage, then PATH)"),
     ("--resync-interval", "RESYNC_INTERVAL", "300", "seconds",
      "seconds after which a failed layout is retried and an idle node re-asserted (default 300)"),
+    ("--manager-probe-interval", "MANAGER_PROBE_INTERVAL", "5", "seconds",
+     "seconds between checks that the vGPUs of the last apply are still there (one sysfs read per GPU with "
+     "vGPUs); a vGPU-manager restart that removed them is re-applied at once (default 5)"),
     ("--config-poll-interval", "CONFIG_POLL_INTERVAL", "5", "seconds",
      "seconds between checks of CONFIG_FILE for a new content (default 5; a stat and a readlink, no sysfs)"),
     ("--watch-timeout", "WATCH_TIMEOUT", "300", "seconds",

@@ -35,6 +35,7 @@ def _parser():
     for name in ("hold", "release"):
         ctl.add_parser(name, help="a VM opens/closes the VFIO device").add_argument("device")
     ctl.add_parser("reboot", help="VFs, types, mdevs vanish (driver stays loaded)")
+    ctl.add_parser("manager-restart", help="the vGPU manager restarts: GPUs stay bound, all VFs again, no types")
     p_fail = ctl.add_parser("fail-next", help="the next write to RELPATH fails with ERRNO")
     p_fail.add_argument("relpath")
     p_fail.add_argument("errno")
@@ -93,6 +94,8 @@ def _ctl(args):
     elif args.action == "reboot":
         daemon.kill_holders(root)        # VMs do not survive a reboot
         daemon.control(root, "reboot")
+    elif args.action == "manager-restart":
+        daemon.control(root, "manager-restart")
     elif args.action == "fail-next":
         daemon.control(root, "fail-next %s %s" % (args.relpath, args.errno))
     elif args.action == "driver":

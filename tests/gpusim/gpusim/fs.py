@@ -78,6 +78,8 @@ class SimFS(mfusepy.Operations):
             raise SimError(errno.EACCES)
         if node.holds is not None:
             self.state.open_handle(node.holds, node.exclusive)   # EBUSY for a busy VFIO group
+        if mode != os.O_WRONLY and not canon.startswith(GPUSIM_DIR + "/"):
+            self.state.count_read(canon)        # one open for reading = one sysfs read of the tools
         fh = next(self._next_fh)
         with self._handles_lock:
             self._handles[fh] = (node, canon)
@@ -171,11 +173,14 @@ class SimFS(mfusepy.Operations):
         command = " ".join(args[:2]) if args[:1] == ["driver"] else (args[0] if args else "")
         if command == "reboot" and len(args) == 1:
             state.reboot()
+        elif command == "manager-restart" and len(args) == 1:
+            state.restart_manager()
         elif command == "reset" and len(args) == 1:
             state.reset()
         elif command == "clear-log" and len(args) == 1:
             with state.lock:
                 state.log.clear()
+                state.reads.clear()
         elif command == "fail-next" and len(args) == 3:
             code = getattr(errno, args[2].upper(), None) if args[2].upper().startswith("E") else None
             if not isinstance(code, int):

@@ -32,6 +32,7 @@ class State:
         self.open_counts = {}
         self.fail_next = {}
         self.log = []
+        self.reads = {}          # canonical path -> opens for reading (`.gpusim/reads`; cleared with the log)
         self.seq = 0
         self.pfs = []
         self.devices = {}
@@ -456,6 +457,28 @@ class State:
                 self._probe(pf)
             self._changed()
 
+    def restart_manager(self):
+        """The vGPU manager restarts (its pod, brief §6: stop = `sriov-manage -d ALL` and the modules
+        unloaded; start = modules loaded, `sriov-manage -e ALL`). Net effect: the driver stays and every
+        GPU stays bound to nvidia; SR-IOV GPUs have all their VFs again (new ones), none with a vGPU type;
+        mdevs, GPU instances and mixed-size mode are gone; MIG mode stays (no GPU reset: ASSUMPTION).
+        EBUSY while a VM holds a device (the modules would not unload)."""
+        with self.lock:
+            if not self.nvidia_loaded:
+                raise SimError(errno.ENODEV, "the nvidia module is not loaded")
+            gpus = [pf for pf in self.pfs if pf.model.is_gpu and pf.driver == NVIDIA]
+            if any(self._busy_below(pf) for pf in gpus):
+                raise SimError(errno.EBUSY, "Module nvidia is in use")
+            for pf in gpus:
+                for mdev in list(pf.mdevs):
+                    self._remove_mdev(mdev)
+                self._disable_vfs(pf)
+                pf.gis = {}
+                pf.mixed = False
+                if pf.model.sriov:
+                    self._enable_vfs(pf, pf.model.total_vfs)
+            self._changed()
+
     def reset(self):
         """Back to the state right after `gpusim up` (log, injected failures, driver version too);
         lets a test harness reuse one mount for many tests."""
@@ -507,6 +530,14 @@ class State:
                 entry["result"] = "error"
                 entry["errno"] = errno.errorcode.get(error, str(error))
             self.log.append(entry)
+
+    def read_counts(self):
+        with self.lock:
+            return dict(self.reads)
+
+    def count_read(self, path):
+        with self.lock:
+            self.reads[path] = self.reads.get(path, 0) + 1
 
     def take_failure(self, path):
         with self.lock:

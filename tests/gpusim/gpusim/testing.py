@@ -99,6 +99,11 @@ class GpuSimNode:
     def writes(self):
         return [entry for entry in self.log() if entry["result"] == "ok"]
 
+    def reads(self):
+        """{canonical path: opens for reading} since the last clear_log (sysfs reads, .gpusim/ not counted)."""
+        with open(self.path(".gpusim", "reads")) as handle:
+            return json.load(handle)
+
     def clear_log(self):
         self.ctl("clear-log")
 

@@ -157,6 +157,7 @@ class Tree:
         ops = self.fs_ops
         return {"ctl": file(write=ops.control, mode=WO),
                 "log": file(read=ops.log_text),
+                "reads": file(read=lambda: json.dumps(self.state.read_counts(), sort_keys=True) + "\n"),
                 "state.json": file(read=lambda: json.dumps(self.state.snapshot(), indent=1) + "\n"),
                 "dev": static_dir(path + "/dev", {"vfio": directory(path + "/dev/vfio", self._vfio_nodes)})}
 
