@@ -21,6 +21,12 @@ description:
     name is listed in O(take_over), which replaces the other entry (shown in C(changes) and the diff, also in
     check mode). The whole list is written guarded by the C(resourceVersion) that was read, and
     read, merged and written again when another writer got in between (HTTP 409).
+  - What this collection wrote is its own. The annotation C(accelops.io/vgpu.owned-host-devices) on the CR
+    lists the resource names it added (JSON, updated in the same write; an entry of ours that already
+    matches is claimed in a metadata-only write). Such an entry that carries the selector of one of ours
+    under another resource name (a fleet profile change, V(nvidia.com/NVIDIA_L40S-24Q) to
+    V(nvidia.com/NVIDIA_L40S-12Q)) is replaced without O(take_over); with O(prune_owned) every listed
+    entry no longer wanted goes. Entries the annotation does not list keep the rules above.
   - Adds the C(HostDevices) feature gate to C(spec.configuration.developerConfiguration.featureGates)
     when entries are present (other gates are kept; the gate is never removed).
   - Vendor-specific VFIO vGPU (C(nvidia)-bound virtual functions in O(pci_host_devices)) needs
@@ -113,6 +119,14 @@ options:
     type: list
     elements: str
     default: []
+  prune_owned:
+    description:
+      - Remove the entries this collection wrote in earlier runs (listed in the annotation
+        C(accelops.io/vgpu.owned-host-devices)) that O(pci_host_devices) and O(mediated_devices) no longer list,
+        for example the mdev type of an earlier profile. Set it where the task lists everything the collection
+        permits (the C(kubevirt_vgpu) role does); leave it off where several tasks each list a part.
+    type: bool
+    default: false
   feature_gate:
     description: Add the C(HostDevices) feature gate when entries are present.
     type: bool
@@ -218,6 +232,7 @@ def argspec():
         exclusive_pci_vendors={"type": "list", "elements": "str", "default": []},
         exclusive_mdev_prefixes={"type": "list", "elements": "str", "default": []},
         take_over={"type": "list", "elements": "str", "default": []},
+        prune_owned={"type": "bool", "default": False},
         feature_gate={"type": "bool", "default": True},
         skip_version_check={"type": "bool", "default": False},
         minimum_version={"type": "str", "default": "1.9.0"},

@@ -60,6 +60,17 @@ options:
         without a C(nvidia.com/vgpu.config) label it applies its default config, deleting and re-creating every
         vGPU, so the node would have two owners.
     type: bool
+  release_deploy_switches:
+    description:
+      - Deploy switches (V(sandbox_validator), V(vgpu_device_manager)) no longer wanted on the node. Each is removed
+        while it still holds the value this collection set, as recorded in the Node annotation
+        C(accelops.io/vgpu.deploy-switches) (written whenever the module sets a switch); one set by someone
+        else, or changed since, stays (so does one set before the annotation existed: remove it by hand once).
+      - A switch also given as O(sandbox_validator) or O(vgpu_device_manager) is not released.
+    type: list
+    elements: str
+    choices: [sandbox_validator, vgpu_device_manager]
+    default: []
   labels:
     description: Further labels this task owns on the node.
     type: dict
@@ -112,6 +123,8 @@ def argspec():
         profile_label_prefix={"type": "str", "default": "accelops.io/vgpu.profile."},
         sandbox_validator={"type": "bool"},
         vgpu_device_manager={"type": "bool"},
+        release_deploy_switches={"type": "list", "elements": "str", "default": [],
+                                 "choices": ["sandbox_validator", "vgpu_device_manager"]},
         labels={"type": "dict", "default": {}},
     )
 

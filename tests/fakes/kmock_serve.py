@@ -7,6 +7,9 @@ real API servers do and the tests rely on:
 - every PATCH/PUT that changes the object bumps metadata.resourceVersion (a no-op write changes
   nothing and sends no watch event); a write carrying a stale resourceVersion -> 409;
 - `?dryRun=All` computes and returns the result without storing it (PATCH, PUT and POST);
+- PATCH with `application/json-patch+json` applies an RFC 6902 JSON patch (the `jsonpatch` package);
+  a failed `test` op or a path that is not there -> 422, as the real API server answers
+  (apiserver endpoints/handlers/patch.go: JSON patch errors are StatusUnprocessableEntity);
 - a request log (method, path, dryRun, content type, auth scheme, impersonation headers, and for
   lists/watches the watch flag, resourceVersion and fieldSelector, with a time) so tests can prove
   check mode mutates nothing, how the client authenticated, and how often it asked;
@@ -54,6 +57,8 @@ import time
 
 import aiohttp.test_utils
 import aiohttp.web
+import jsonpatch
+import jsonpointer
 from kmock import KubernetesEmulator, ResourceInfo, Server
 from kmock._internal.dicts import patch_dict
 from kmock._internal import parsing
@@ -336,6 +341,12 @@ class StrictEmulator(KubernetesEmulator):
                                           % (request.resource.plural, request.name))
         if method == "PUT":
             result = copy.deepcopy(data)
+        elif (request.headers.get("Content-Type") or "").startswith("application/json-patch+json"):
+            try:
+                result = jsonpatch.apply_patch(copy.deepcopy(stored.raw), data)
+            except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+                raise KubernetesError(status=422, reason="Invalid", message="the server rejected our request due to "
+                                      "an error in our request: %s" % exc) from None
         else:
             result = patch_dict(copy.deepcopy(stored.raw), copy.deepcopy(data))
         if request.params.get("dryRun") == "All":

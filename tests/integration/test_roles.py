@@ -89,9 +89,10 @@ def test_check_mode_predicts_a_layout_change_and_writes_nothing(gpusim_node, run
     assert real.rc == 0, real
     assert changed_tasks(real) == changed_tasks(check)
     applied = next(r for r in real.results if "resources" in r)
-    # the layout file holds every label: only the unit (--selected) changes
+    # the layout file holds every label: only the selection (for the manager image) and the unit (--selected) change
     assert applied["changed"] and applied["boot_files_installed"] == [
-        str(tmp_path / "root/etc/systemd/system/accelops-vgpu.service")]
+        str(tmp_path / "root/etc/accelops-vgpu/selected"), str(tmp_path / "root/etc/systemd/system/accelops-vgpu.service")]
+    assert (tmp_path / "root/etc/accelops-vgpu/selected").read_text() == "large\n"
 
     writes = len(node.writes())
     again = run_playbook(ROLE_TASKS, node, extra_vars=variables)
@@ -114,7 +115,8 @@ def test_check_mode_on_a_fresh_node(gpusim_node, run_playbook, tmp_path):
     l40s = node.pfs("l40s")[0]
     assert layout["diff"]["after"][l40s] == {"vfs": "enabled", "profiles": {"L40S-24Q": 2}}
     assert sorted(layout["diff"]["after"]["boot_files"]) == sorted(
-        str(tmp_path / "root" / path) for path in ("etc/accelops-vgpu/layout.json", "usr/local/bin/accelops-vgpu",
+        str(tmp_path / "root" / path) for path in ("etc/accelops-vgpu/layout.json", "etc/accelops-vgpu/selected",
+                                                   "usr/local/bin/accelops-vgpu",
                                                    "etc/systemd/system/accelops-vgpu.service"))
 
     real = run_playbook(ROLE_TASKS, node, extra_vars=variables)

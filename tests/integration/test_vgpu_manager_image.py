@@ -5,14 +5,15 @@ pushed to a real registry (docker-registry with htpasswd) on 127.0.0.1, checked 
 import json
 import os
 import subprocess
+import sys
 import time
-import zipapp
 
 import pytest
 
-from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import make_fake_node, read_calls
+from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import hold, make_fake_node, read_calls
 from ansible_collections.accelops.vgpu.tests.fakes.registry import LocalRegistry
 from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile
+from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.node.fake_node import FakeNode
 
 BASE = "localhost/accelops-debian:bookworm"
 VERSION = "570.124.03"
@@ -21,6 +22,7 @@ REPO = "accelops/vgpu-manager"
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/docker-registry"), reason="needs docker-registry")
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONTAINERS_CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "containers.conf")
 
 
@@ -122,11 +124,6 @@ def test_wrong_runfile_name_fails_in_the_first_task(build, tmp_path):
                     "(NVIDIA-Linux-<arch>-<version>-vgpu-kvm[-aie].run)").get("failed")
 
 
-FAKE_CLI = """import os, sys
-with open(os.path.join(os.environ["FAKE_NODE"], "calls.log"), "a") as log:
-    log.write("accelops-vgpu %s\\n" % " ".join(sys.argv[1:]))
-"""
-
 FAKE_SRIOV_MANAGE = """#!/bin/sh
 # Like the real one on a bad day: the first `-e ALL` exits 0 without enabling anything.
 echo "sriov-manage $*" >> "$FAKE_NODE/calls.log"
@@ -137,6 +134,12 @@ case "$1" in
 esac
 exit 0
 """
+PF = "0000:41:00.0"
+# what vgpu_profiles installs: every config of the fleet in one file, the node's choice beside it
+LAYOUTS = {"version": "v1", "vgpu-configs": {
+    "l40s-24q": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}],
+    "l40s-48q": [{"devices": "all", "vgpu-devices": {"L40S-48Q": 1}}]}}
+TYPE_24Q = 1155   # fake_node.L40S_TYPES
 
 
 def wait_for(predicate, timeout=60):
@@ -148,50 +151,122 @@ def wait_for(predicate, timeout=60):
     return False
 
 
-def test_entrypoint_installs_loads_enables_vfs_applies_layout_and_stops_cleanly(build, tmp_path):
-    """Run the built image's entrypoint against a plain-directory node with the fake tools."""
-    cli_src = tmp_path / "cli"
-    cli_src.mkdir()
-    (cli_src / "__main__.py").write_text(FAKE_CLI)
-    zipapp.create_archive(str(cli_src), str(tmp_path / "accelops-vgpu.pyz"), interpreter="/usr/bin/env python3")
+@pytest.fixture
+def manager(build, tmp_path):
+    """The built image (with the real node CLI) and a node for it: FakeNode's sysfs (an L40S, 4 VFs not yet
+    enabled), /dev and /proc plus the fake tools, all mounted at /fake; the layout directory at
+    /etc/accelops-vgpu. `start()` runs (or restarts) the container until "ready", `stop()` sends SIGTERM."""
+    cli = tmp_path / "accelops-vgpu.pyz"
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "build-node-cli.py"), str(cli)], check=True,
+                   stdout=subprocess.DEVNULL)
     run = build(vgpu_manager_image_push=False, vgpu_manager_image_os_tag="entrypoint",
-                vgpu_manager_image_node_cli=str(tmp_path / "accelops-vgpu.pyz"))
+                vgpu_manager_image_node_cli=str(cli))
     assert run.rc == 0, run
     image = result_of(run)["image"]
-
     fake = tmp_path / "fake"
-    pf = fake / "sys/bus/pci/devices/0000:41:00.0"
-    pf.mkdir(parents=True)
-    (fake / "sys/module").mkdir()
-    for name, value in (("vendor", "0x10de"), ("sriov_totalvfs", "4"), ("sriov_numvfs", "0")):
-        (pf / name).write_text(value + "\n")
-    make_fake_node(fake / "node", "/fake/sys")
-    (fake / "node/bin/sriov-manage").write_text(FAKE_SRIOV_MANAGE)
-    (fake / "node/bin/sriov-manage").chmod(0o755)
-    (fake / "layout.json").write_text("{}\n")
+    node = FakeNode(fake)
+    node.pf(PF, total=4)
+    node.set_numvfs(PF, 4)
+    (node.dir(PF) / "sriov_numvfs").write_text("0\n")   # VFs enabled by sriov-manage (the fake) at start
+    make_fake_node(fake, "/fake/sys")
+    (fake / "bin/sriov-manage").write_text(FAKE_SRIOV_MANAGE)
+    (fake / "bin/sriov-manage").chmod(0o755)
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "layout.json").write_text(json.dumps(LAYOUTS))
+    (etc / "selected").write_text("l40s-24q\n")
     name = "accelops-tests-entrypoint-%d" % os.getpid()
-    started = podman("run", "-d", "--name", name, "--label", "owner=" + OWNER, "--pull=never",
-                     "-v", "%s:/fake" % fake, "-v", "%s:/etc/accelops-vgpu/layout.json:ro" % (fake / "layout.json"),
-                     "-e", "FAKE_NODE=/fake/node", "-e", "GPUSIM_ROOT=/fake/sys", "-e", "SYSFS_ROOT=/fake/sys",
-                     "-e", "SRIOV_MANAGE=/fake/node/bin/sriov-manage", "-e", "SRIOV_RETRY_DELAY=0",
-                     "-e", "INSTALL_KERNEL_HEADERS=false",
-                     "-e", "PATH=/fake/node/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", image)
-    try:
-        assert started.returncode == 0, started.stderr
-        ready = wait_for(lambda: "vgpu-manager: ready" in podman("logs", name).stderr)
-        assert ready, podman("logs", name).stderr
-        assert (fake / "sys/module/nvidia/version").read_text().strip() == VERSION
-        assert (pf / "sriov_numvfs").read_text().strip() == "4"
-        stopped = podman("stop", "-t", "20", name)
-        assert stopped.returncode == 0, stopped.stderr
-        assert podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip() == "0"
-    finally:
-        podman("rm", "-f", "-t", "0", name)
-    calls = [" ".join(call) for call in read_calls(fake / "node")]
+
+    class Manager:
+        sim, dir = node, fake
+
+        def start(self):
+            if podman("container", "exists", name).returncode == 0:
+                started = podman("start", name)
+            else:
+                started = podman("run", "-d", "--name", name, "--label", "owner=" + OWNER, "--pull=never",
+                                 "-v", "%s:/fake" % fake, "-v", "%s:/etc/accelops-vgpu:ro" % etc,
+                                 "-e", "FAKE_NODE=/fake", "-e", "GPUSIM_ROOT=/fake/sys", "-e", "SYSFS_ROOT=/fake/sys",
+                                 "-e", "DEV_ROOT=/fake/dev", "-e", "PROC_ROOT=/fake/proc",
+                                 "-e", "SRIOV_MANAGE=/fake/bin/sriov-manage", "-e", "SRIOV_RETRY_DELAY=0",
+                                 "-e", "INSTALL_KERNEL_HEADERS=false",
+                                 "-e", "PATH=/fake/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                 image)
+            assert started.returncode == 0, started.stderr
+            runs = self.log().count("vgpu-manager: ready")
+            assert wait_for(lambda: self.log().count("vgpu-manager: ready") > runs or self.exited()), self.log()
+            assert not self.exited(), self.log()
+
+        def stop(self):
+            stopped = podman("stop", "-t", "20", name)
+            assert stopped.returncode == 0, stopped.stderr
+            assert podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip() == "0", self.log()
+
+        def exited(self):
+            return podman("inspect", "--format", "{{.State.Running}}", name).stdout.strip() != "true"
+
+        def log(self):
+            return podman("logs", name).stderr
+
+        def calls(self):
+            return [" ".join(call) for call in read_calls(fake)]
+
+        def clear_calls(self):
+            (fake / "calls.log").write_text("")
+
+        def numvfs(self):
+            return int((node.dir(PF) / "sriov_numvfs").read_text())
+
+        def types(self):
+            return [int((node.dir(vf) / "nvidia/current_vgpu_type").read_text()) for vf in vf_addresses()]
+
+        def hold(self, vf):
+            """A VM (QEMU) in the node's process table with the VF's VFIO group open, as the container sees it."""
+            group = node.group_of(vf)
+            (fake / "dev/vfio" / group).write_text("")
+            return hold(fake, "/fake/dev/vfio/" + group)
+
+    def vf_addresses():
+        return ["0000:41:00.%d" % function for function in range(4, 8)]
+
+    yield Manager()
+    podman("rm", "-f", "-t", "0", name)
+
+
+def test_entrypoint_installs_enables_vfs_applies_the_selected_config_and_stops_cleanly(manager):
+    manager.start()
+    assert (manager.dir / "sys/module/nvidia/version").read_text().strip() == VERSION
+    assert manager.numvfs() == 4
+    # the real CLI applied the node's config from the multi-config layout
+    assert manager.types() == [TYPE_24Q, TYPE_24Q, 0, 0]
+    assert "re-applying the vGPU layout from /etc/accelops-vgpu/layout.json (config l40s-24q)" in manager.log()
+    manager.stop()
     install = "runfile %s --ui=none --no-questions --silent --no-systemd --skip-module-load" % VERSION
-    expected = [install, "modprobe nvidia", "modprobe nvidia_vgpu_vfio", "nvidia-vgpud", "nvidia-vgpu-mgr",
-                "sriov-manage -e ALL", "sriov-manage -e ALL", "nvidia-vgpud",
-                "accelops-vgpu apply --config /etc/accelops-vgpu/layout.json",
-                "sriov-manage -d ALL", "modprobe -r nvidia_vgpu_vfio", "modprobe -r nvidia"]
-    assert [call.strip() for call in calls] == expected
-    assert (pf / "sriov_numvfs").read_text().strip() == "0" and not (fake / "sys/module/nvidia").exists()
+    assert manager.calls() == [install, "modprobe nvidia", "modprobe nvidia_vgpu_vfio", "nvidia-vgpud",
+                               "nvidia-vgpu-mgr", "sriov-manage -e ALL", "sriov-manage -e ALL", "nvidia-vgpud",
+                               "sriov-manage -d ALL", "modprobe -r nvidia_vgpu_vfio", "modprobe -r nvidia"]
+    assert "nothing uses the vGPU stack: disabling VFs and unloading the driver" in manager.log()
+    assert manager.numvfs() == 0 and not (manager.dir / "sys/module/nvidia").exists()
+
+
+def test_a_held_vf_survives_the_pod_stop_and_the_restart_keeps_the_driver(manager):
+    manager.start()
+    pid = manager.hold("0000:41:00.4")
+    manager.clear_calls()
+    manager.stop()
+    log = manager.log()
+    assert "in use: 0000:41:00.4 held by pid %d" % pid in log
+    assert "VMs use the vGPU stack (above): stopping only the daemons; the VFs and the nvidia modules stay" in log
+    assert manager.calls() == []   # no sriov-manage -d, no modprobe -r
+    assert manager.numvfs() == 4 and manager.types()[0] == TYPE_24Q
+    assert (manager.dir / "sys/module/nvidia/version").read_text().strip() == VERSION
+
+    manager.start()              # the restart keeps the loaded driver the VM uses: no unload, no reinstall
+    assert "driver %s is loaded and in use: keeping it (no reinstall)" % VERSION in manager.log()
+    assert [c for c in manager.calls() if c.startswith(("runfile", "modprobe", "sriov-manage"))] == []
+    assert manager.numvfs() == 4 and manager.types()[0] == TYPE_24Q
+
+    os.unlink(manager.dir / "proc" / str(pid) / "fd" / "3")   # the VM is gone
+    manager.stop()
+    assert manager.calls()[-3:] == ["sriov-manage -d ALL", "modprobe -r nvidia_vgpu_vfio", "modprobe -r nvidia"]
+    assert manager.numvfs() == 0

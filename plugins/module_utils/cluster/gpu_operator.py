@@ -18,6 +18,11 @@ Decisions (domain brief section 5):
   (domain brief 4), so on nodes whose layout this collection programs it is switched off with the
   operator's per-node deploy label `nvidia.com/gpu.deploy.vgpu-device-manager=false` (node_labels'
   vgpu_device_manager option; the ClusterPolicy switch stays for vendor-VFIO fleets).
+- A deploy switch this collection set is its own: the Node annotation SWITCHES_ANNOTATION records
+  each switch label with the value it set (same write). A switch the caller no longer wants
+  (node_labels' release_deploy_switches; the kubevirt_vgpu role on a node that is no longer all
+  vendor-VFIO) is removed while it still holds that recorded value; one set by someone else, or
+  changed since, stays.
 - Profile labels: one label per profile, `<prefix><profile>=<count>`, default prefix
   `accelops.io/vgpu.profile.` (we do not write into NVIDIA's `nvidia.com/` label namespace); a node
   with two GPU models carries two labels. Select VMs with `nodeAffinity` `Exists` on the key.
@@ -25,7 +30,9 @@ Decisions (domain brief section 5):
 
 from __future__ import annotations
 
+import json
 import re
+
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_write import WritePlan, read_modify_write
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import DEFAULT_PROFILE_PREFIX, profile_labels
@@ -35,6 +42,7 @@ WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
 SANDBOX_VALIDATOR_LABEL = "nvidia.com/gpu.deploy.sandbox-validator"
 VGPU_DEVICE_MANAGER_LABEL = "nvidia.com/gpu.deploy.vgpu-device-manager"
 DEPLOY_SWITCHES = {"sandbox_validator": SANDBOX_VALIDATOR_LABEL, "vgpu_device_manager": VGPU_DEVICE_MANAGER_LABEL}
+SWITCHES_ANNOTATION = "accelops.io/vgpu.deploy-switches"
 # OS tags the operator appends (gpu-driver-container dirs and the usual node OS ids).
 _OS_SUFFIX_RE = re.compile(r"-(ubuntu\d+(\.\d+)?|rhel\d+(\.\d+)?|rhcos\d+(\.\d+)*|centos\d+|sles\d+(\.\d+)?|"
                            r"debian\d+|rocky\d+(\.\d+)?)\Z", re.IGNORECASE)
@@ -142,9 +150,10 @@ def validate_label(key, value, node):
                                % (shown(node), key, value))
 
 
-def plan_node_labels(node_obj, desired, owned_prefix, state="present", only_if_ours=None):
+def plan_node_labels(node_obj, desired, owned_prefix, state="present", only_if_ours=None, release=()):
     """Plan a node's labels. `desired` = our labels; labels starting with `owned_prefix` are ours
-    (stale ones go); `only_if_ours` = {key: value} removed on absent only while they hold our value.
+    (stale ones go); `only_if_ours` = {key: value} removed on absent only while they hold our value;
+    `release` = deploy switch labels no longer wanted (removed while they hold the value we recorded).
     """
     meta = node_obj.get("metadata") or {}
     name = meta.get("name")
@@ -164,18 +173,56 @@ def plan_node_labels(node_obj, desired, owned_prefix, state="present", only_if_o
                 key in desired and key not in only_if_ours) or only_if_ours.get(key) == target[key]
             if ours:
                 del target[key]
+    recorded = recorded_switches(meta)
+    released = release_switches(current, recorded, release, desired) if state == "present" else []
+    for key in released:
+        del target[key]
     labels_patch, changes = {}, []
     for key in sorted(set(current) | set(target)):
         if current.get(key) != target.get(key):
             labels_patch[key] = target.get(key)
             changes.append("Node %s: %s %s" % (name, "remove" if key not in target else "set",
                                                key if key not in target else "%s=%s" % (key, target[key])))
+    switches = switches_after(recorded, desired, target, state)
     patch = None
-    if labels_patch:
-        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "labels": labels_patch}}
+    if labels_patch or switches is not None:
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
+        if labels_patch:
+            patch["metadata"]["labels"] = labels_patch
+        if switches is not None:
+            patch["metadata"]["annotations"] = {SWITCHES_ANNOTATION: switches}
+            if not labels_patch:
+                changes.append("Node %s: annotation %s: %s" % (name, SWITCHES_ANNOTATION, switches))
     touched = set(labels_patch) | set(desired)
     return WritePlan(patch, changes, {k: current[k] for k in sorted(touched) if k in current},
                      {k: target[k] for k in sorted(touched) if k in target})
+
+
+def recorded_switches(meta):
+    """{deploy switch label: value} this collection set on the node (SWITCHES_ANNOTATION); {} when none."""
+    text = (meta.get("annotations") or {}).get(SWITCHES_ANNOTATION)
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return dict((k, v) for k, v in value.items() if k in DEPLOY_SWITCHES.values()) if isinstance(value, dict) else {}
+
+
+def release_switches(current, recorded, release, desired):
+    """The switch labels in `release` to remove now: not desired, set by us and still holding our value."""
+    return sorted(key for key in release
+                  if key not in desired and key in recorded and current.get(key) == recorded[key])
+
+
+def switches_after(recorded, desired, target, state):
+    """The annotation's new text, or None when it stays as it is: the switches we set that the node still
+    carries with our value (present: the desired ones added)."""
+    after = dict((k, v) for k, v in recorded.items() if target.get(k) == v)
+    if state == "present":
+        after.update((k, v) for k, v in desired.items() if k in DEPLOY_SWITCHES.values() and target.get(k) == v)
+    if after == recorded:
+        return None
+    return json.dumps(after, sort_keys=True, separators=(",", ":"))
 
 
 def node_desired_labels(params):
@@ -193,6 +240,7 @@ def node_desired_labels(params):
 def run_node_labels(api, params, check_mode):
     desired = node_desired_labels(params)
     only_if_ours = {k: v for k, v in desired.items() if k == WORKLOAD_LABEL or k in DEPLOY_SWITCHES.values()}
+    release = [DEPLOY_SWITCHES[option] for option in params.get("release_deploy_switches") or ()]
     node = params["name"]
 
     def write(current, patch):
@@ -202,7 +250,7 @@ def run_node_labels(api, params, check_mode):
     plan, attempts = read_modify_write(
         lambda: api.get_node(node),
         lambda cur: plan_node_labels(cur, desired, params.get("profile_label_prefix") or DEFAULT_PROFILE_PREFIX,
-                                     params.get("state", "present"), only_if_ours),
+                                     params.get("state", "present"), only_if_ours, release),
         write, params.get("conflict_retries", 5))[1:]
     return {"changed": plan.changed, "changes": plan.changes, "attempts": attempts, "labels": plan.after,
             "diff": {"before": {"labels": plan.before}, "after": {"labels": plan.after}}}

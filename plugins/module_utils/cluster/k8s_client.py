@@ -40,6 +40,7 @@ _CLIENT_NAMES = {"validate_certs": "verify_ssl", "ca_cert": "ssl_ca_cert",
 _BOOL_OPTIONS = ("validate_certs", "persist_config")
 _SECRET_KEY_HINTS = ("token", "password", "key-data", "secret", "certificate-data")
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 REQUEST_TIMEOUT = 30
 
 
@@ -300,16 +301,33 @@ class KubeApi:
         return self._dict(self._call("Node %s" % name, self.core.patch_node, name, body,
                                      _content_type=MERGE_PATCH, **kwargs))
 
+    def _raw(self, what, fn, *args, **kwargs):
+        """The response as the server sent it (JSON, not the client's typed model): a field this client
+        version does not know is kept, so a read-modify-write cannot drop it."""
+        response = self._call(what, fn, *args, _preload_content=False, **kwargs)
+        try:
+            return json.loads(response.data)
+        except ValueError as exc:
+            raise K8sError("%s: the API server's answer is no JSON: %s" % (what, exc)) from None
+
     def get_deployment(self, name, namespace):
-        return self._dict(self._call("Deployment %s/%s" % (namespace, name),
-                                     self.apps.read_namespaced_deployment, name, namespace))
+        return self._raw("Deployment %s/%s" % (namespace, name), self.apps.read_namespaced_deployment, name, namespace)
 
     def patch_deployment(self, name, namespace, body, dry_run=False):
+        """`body`: a merge patch (dict) or a JSON patch (list of ops; a failed `test`, HTTP 422, means the
+        object changed since it was read: ConflictError, so read_modify_write reads again)."""
         what = "Deployment %s/%s" % (namespace, name)
         self.writes.append(("PATCH", what, dry_run))
         kwargs = {"dry_run": "All"} if dry_run else {}
-        return self._dict(self._call(what, self.apps.patch_namespaced_deployment, name, namespace, body,
-                                     _content_type=MERGE_PATCH, **kwargs))
+        json_patch = isinstance(body, list)
+        try:
+            return self._raw(what, self.apps.patch_namespaced_deployment, name, namespace, body,
+                             _content_type=JSON_PATCH if json_patch else MERGE_PATCH, **kwargs)
+        except K8sError as exc:
+            if json_patch and exc.status == 422:
+                raise ConflictError("%s (a JSON patch test failed: it changed since it was read)" % exc,
+                                    status=409) from None
+            raise
 
 
 def run_cluster_module(module, engine, missing_lib_message):

@@ -20,11 +20,19 @@ send it guarded by the resourceVersion we read):
   any write, naming both entries, unless the foreign resourceName is listed in `take_over`: then it
   is removed in the same write (shown in changes and diff, check mode included). Two of our own
   entries with one selector fail the same way.
+- what the collection wrote is its own: the annotation OWNED_ANNOTATION on the CR lists the
+  resourceNames it added (JSON {"pciHostDevices": [...], "mediatedDevices": [...]}), updated in the same
+  write. An entry listed there that carries the selector of a desired entry under another resourceName
+  (24Q -> 12Q: same PCI ID) is replaced without take_over; with `prune_owned` every listed entry that
+  is no longer desired goes (stale mdev types of earlier profiles included). Entries not listed keep
+  the rules above. A CR written before the annotation existed has none: its entries count as foreign
+  until take_over replaces them once.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
@@ -45,6 +53,7 @@ PROVIDERS = ("kubevirt", "agent")
 VIRT_HANDLER_ENV = "VIRT_HANDLER_IMAGE"
 
 PCI, MDEV = "pciHostDevices", "mediatedDevices"
+OWNED_ANNOTATION = "accelops.io/vgpu.owned-host-devices"
 SELECTOR = {PCI: "pciVendorSelector", MDEV: "mdevNameSelector"}
 # \Z, not $: `$` also matches before a final newline.
 _PCI_SELECTOR_RE = re.compile(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}\Z")
@@ -130,7 +139,7 @@ def validate_entries(kind, entries, state):
     return list(seen.values())
 
 
-def _conflicts(kind, current, desired, exclusive, take_over, where):
+def _conflicts(kind, current, desired, exclusive, take_over, where, owned=frozenset()):
     """Foreign entries that permit the devices of one of ours: [(foreign entry, our entry)] for those
     listed in take_over (to be removed); any other such entry is an error naming both. A take_over
     name whose entry permits none of our devices is not ours to remove: it stays."""
@@ -140,7 +149,7 @@ def _conflicts(kind, current, desired, exclusive, take_over, where):
     for entry in current or []:
         name = entry.get("resourceName")
         mine = ours.get(selector_key(kind, entry))
-        if name in names or mine is None or (exclusive and _is_exclusive(kind, entry, exclusive)):
+        if name in names or name in owned or mine is None or (exclusive and _is_exclusive(kind, entry, exclusive)):
             continue
         if _both_external(entry, mine):
             continue  # neither makes KubeVirt advertise the devices
@@ -178,18 +187,24 @@ def _same(existing, wanted):
     return norm(existing) == norm(wanted)
 
 
-def merge_entries(kind, current, desired, state="present", exclusive=(), take_over=(), where="KubeVirt"):
+def merge_entries(kind, current, desired, state="present", exclusive=(), take_over=(), where="KubeVirt",
+                  owned=(), prune_owned=False):
     """(new list, change lines) for one permittedHostDevices list. Pure; inputs are not modified.
 
-    `take_over`: foreign resourceNames that may be replaced by ours with the same selector.
+    `take_over`: foreign resourceNames that may be replaced by ours with the same selector. `owned`: names
+    the collection wrote earlier (OWNED_ANNOTATION), replaced without take_over (see _earlier_own).
     """
     ours = {e["resourceName"]: e for e in desired}
-    taken = _conflicts(kind, current, desired, exclusive, set(take_over), where) if state == "present" else []
+    owned = frozenset(owned) - set(ours)
+    taken = _conflicts(kind, current, desired, exclusive, set(take_over), where, owned) if state == "present" else []
     taken = dict((id(entry), mine["resourceName"]) for entry, mine in taken)
     result, changes, done = [], [], set()
     for entry in current or []:
         name = entry.get("resourceName")
-        if id(entry) in taken:
+        earlier = _earlier_own(kind, entry, owned, desired, state, prune_owned)
+        if earlier:
+            changes.append("%s: remove %s (%s)" % (kind, name, earlier))
+        elif id(entry) in taken:
             changes.append("%s: remove %s (taken over by %s)" % (kind, name, taken[id(entry)]))
         elif name in ours:
             if state == "absent" or name in done:
@@ -215,6 +230,44 @@ def merge_entries(kind, current, desired, state="present", exclusive=(), take_ov
     return result, changes
 
 
+def _earlier_own(kind, entry, owned, desired, state, prune_owned):
+    """Why an entry the collection wrote in an earlier run goes now (None: it stays): replaced by a desired
+    entry with its selector, or (prune_owned) no longer desired."""
+    name = entry.get("resourceName")
+    if name not in owned or state != "present":
+        return None
+    key = selector_key(kind, entry)
+    successor = next((e["resourceName"] for e in desired if key and selector_key(kind, e) == key), None)
+    if successor:
+        return "ours from an earlier run, replaced by %s" % successor
+    return "ours from an earlier run, no longer wanted" if prune_owned else None
+
+
+def owned_names(cr):
+    """{PCI: set, MDEV: set} of the resourceNames OWNED_ANNOTATION lists (empty when absent or unreadable)."""
+    text = ((cr.get("metadata") or {}).get("annotations") or {}).get(OWNED_ANNOTATION)
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        value = {}
+    value = value if isinstance(value, dict) else {}
+    return dict((kind, set(n for n in value.get(kind) or [] if isinstance(n, str))) for kind in (PCI, MDEV))
+
+
+def owned_after(owned, desired, new_lists, state):
+    """The annotation's value after the write: what we own and the new lists still hold (JSON text)."""
+    value = {}
+    for kind in (PCI, MDEV):
+        present = set(e.get("resourceName") for e in new_lists[kind])
+        names = set(owned[kind])
+        if state == "present":
+            names |= set(e["resourceName"] for e in desired[kind])
+        else:
+            names -= set(e["resourceName"] for e in desired[kind])
+        value[kind] = sorted(names & present)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def _exclusive_label(kind, entry):
     return "vendor " + _vendor(entry) if kind == PCI else "mdev name"
 
@@ -236,7 +289,7 @@ def managed_view(cr):
 
 
 def plan_host_devices(current_cr, pci=(), mdev=(), state="present", exclusive_pci_vendors=(),
-                      exclusive_mdev_prefixes=(), feature_gate=True, take_over=()):
+                      exclusive_mdev_prefixes=(), feature_gate=True, take_over=(), prune_owned=False):
     """Plan the KubeVirt CR change.
 
     current_cr: the CR as read (dict). pci / mdev: desired entries in KubeVirt spelling
@@ -244,6 +297,7 @@ def plan_host_devices(current_cr, pci=(), mdev=(), state="present", exclusive_pc
     patch carrying metadata.resourceVersion (so a concurrent writer makes the server answer 409)
     and the complete new lists, or None when the CR already matches. `take_over`: foreign
     resourceNames our entries replace (any other foreign entry with one of our selectors fails).
+    `prune_owned`: remove the entries of earlier runs (OWNED_ANNOTATION) that are no longer desired.
     """
     if state not in ("present", "absent"):
         raise KubeVirtError("%s: state must be present or absent, not %r" % (cr_ref(current_cr), state))
@@ -251,10 +305,11 @@ def plan_host_devices(current_cr, pci=(), mdev=(), state="present", exclusive_pc
     mdev = validate_entries(MDEV, list(mdev), state)
     before = managed_view(current_cr)
     where = cr_ref(current_cr)
+    owned = owned_names(current_cr)
     new_pci, pci_changes = merge_entries(PCI, before["permittedHostDevices"][PCI], pci, state,
-                                         exclusive_pci_vendors, take_over, where)
+                                         exclusive_pci_vendors, take_over, where, owned[PCI], prune_owned)
     new_mdev, mdev_changes = merge_entries(MDEV, before["permittedHostDevices"][MDEV], mdev, state,
-                                           exclusive_mdev_prefixes, take_over, where)
+                                           exclusive_mdev_prefixes, take_over, where, owned[MDEV], prune_owned)
     wants_gate = feature_gate and state == "present" and (pci or mdev)
     gates, gate_changes = merge_feature_gates(before["featureGates"], [HOST_DEVICES_GATE] if wants_gate else [])
     after = {"permittedHostDevices": {PCI: new_pci, MDEV: new_mdev}, "featureGates": gates}
@@ -269,11 +324,19 @@ def plan_host_devices(current_cr, pci=(), mdev=(), state="present", exclusive_pc
         configuration["permittedHostDevices"] = permitted
     if gates != before["featureGates"]:
         configuration["developerConfiguration"] = {"featureGates": gates}
+    meta = current_cr.get("metadata") or {}
+    owned_text = owned_after(owned, {PCI: pci, MDEV: mdev}, {PCI: new_pci, MDEV: new_mdev}, state)
+    annotate = owned_text != (meta.get("annotations") or {}).get(OWNED_ANNOTATION, owned_after(
+        {PCI: set(), MDEV: set()}, {PCI: [], MDEV: []}, {PCI: [], MDEV: []}, state))
     patch = None
-    if configuration:
-        meta = current_cr.get("metadata") or {}
-        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
-                 "spec": {"configuration": configuration}}
+    if configuration or annotate:
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
+        if configuration:
+            patch["spec"] = {"configuration": configuration}
+        if annotate:
+            patch["metadata"]["annotations"] = {OWNED_ANNOTATION: owned_text}
+            if not configuration:
+                changes.append("annotation %s: %s" % (OWNED_ANNOTATION, owned_text))
     return WritePlan(patch=patch, changes=changes, before=before, after=after)
 
 
@@ -352,24 +415,34 @@ def plan_virt_handler_image(deployment, image, container="virt-operator"):
 
     A per-component override: spec.imageRegistry/imageTag of the KubeVirt CR would switch every
     component, while virt-operator reads VIRT_HANDLER_IMAGE for virt-handler alone (brief 7.1).
+    The patch is a JSON patch (RFC 6902) on that one env entry, guarded by `test` ops on the
+    container's and the entry's names: nothing else of the Deployment is sent, so fields this
+    client's model does not know survive, and a Deployment reordered since the read fails the test
+    (HTTP 422), which the API layer reports as a conflict to read again.
     """
     meta = deployment.get("metadata") or {}
     what = "Deployment %s/%s" % (meta.get("namespace"), meta.get("name"))
-    containers = copy.deepcopy(((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [])
-    target = next((c for c in containers if c.get("name") == container), None)
-    if target is None:
+    containers = ((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
+    index = next((i for i, c in enumerate(containers) if c.get("name") == container), None)
+    if index is None:
         raise KubeVirtError("%s: no container %r to set VIRT_HANDLER_IMAGE on" % (what, container))
-    env = target.get("env") or []
-    old = next((e.get("value") for e in env if e.get("name") == VIRT_HANDLER_ENV), None)
+    env = containers[index].get("env")
+    at = next((i for i, e in enumerate(env or []) if e.get("name") == VIRT_HANDLER_ENV), None)
+    old = env[at].get("value") if at is not None else None
     new = image or None
     if old == new:
         return WritePlan(None, [], {"virtHandlerImage": old}, {"virtHandlerImage": new})
-    env = [e for e in env if e.get("name") != VIRT_HANDLER_ENV]
-    if new:
-        env.append({"name": VIRT_HANDLER_ENV, "value": new})
-    target["env"] = env
-    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
-             "spec": {"template": {"spec": {"containers": containers}}}}
+    base = "/spec/template/spec/containers/%d" % index
+    patch = [{"op": "test", "path": base + "/name", "value": container}]
+    entry = {"name": VIRT_HANDLER_ENV, "value": new}
+    if at is not None:
+        patch.append({"op": "test", "path": "%s/env/%d/name" % (base, at), "value": VIRT_HANDLER_ENV})
+        patch.append({"op": "replace", "path": "%s/env/%d/value" % (base, at), "value": new} if new
+                     else {"op": "remove", "path": "%s/env/%d" % (base, at)})
+    elif env is None:
+        patch.append({"op": "add", "path": base + "/env", "value": [entry]})
+    else:
+        patch.append({"op": "add", "path": base + "/env/-", "value": entry})
     change = "%s: %s %s" % (what, "set" if new else "remove", VIRT_HANDLER_ENV + ("=" + new if new else ""))
     return WritePlan(patch, [change], {"virtHandlerImage": old}, {"virtHandlerImage": new})
 
@@ -402,7 +475,8 @@ def run_hostdevices(api, params, check_mode):
         return plan_host_devices(cr, pci, mdev, params.get("state", "present"),
                                  params.get("exclusive_pci_vendors") or (),
                                  params.get("exclusive_mdev_prefixes") or (),
-                                 params.get("feature_gate", True), params.get("take_over") or ())
+                                 params.get("feature_gate", True), params.get("take_over") or (),
+                                 params.get("prune_owned", False))
 
     def write(cr, patch):
         if check_mode and params.get("dry_run") == "client":

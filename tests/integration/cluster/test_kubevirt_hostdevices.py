@@ -206,6 +206,13 @@ def test_unreachable_api_server_is_one_line(cluster):
 
 
 def test_virt_handler_image_override_on_the_virt_operator_deployment(cluster, kubeconfig):
+    # fields the installed kubernetes client's model does not know (a newer API server's) must survive
+    state = default_state()
+    deployment = next(o for o in state["objects"] if o["name"] == "virt-operator")["body"]
+    operator = deployment["spec"]["template"]["spec"]["containers"][0]
+    operator["futureContainerField"] = {"mode": "x"}
+    operator["env"][0]["futureEnvField"] = True
+    cluster.reset(state)
     image = "registry.example.com/kubevirt/virt-handler:v1.8.2-sriov-vgpu"
     args = {"kubeconfig": kubeconfig, "virt_handler_image": image}
     rc, checked = run_module("kubevirt_hostdevices", args, check=True, diff=True)
@@ -217,12 +224,14 @@ def test_virt_handler_image_override_on_the_virt_operator_deployment(cluster, ku
     containers = cluster.get(DEPLOYMENTS, "virt-operator", "kubevirt")["spec"]["template"]["spec"]["containers"]
     assert containers[0]["env"][-1] == {"name": "VIRT_HANDLER_IMAGE", "value": image}
     assert containers[0]["env"][0]["name"] == "OPERATOR_IMAGE" and containers[1]["name"] == "sidecar"
+    assert containers[0]["futureContainerField"] == {"mode": "x"} and containers[0]["env"][0]["futureEnvField"] is True
+    assert {w["contentType"] for w in cluster.writes()} == {"application/json-patch+json"}
     rc, again = run_module("kubevirt_hostdevices", args)
     assert rc == 0 and again["changed"] is False
     rc, removed = run_module("kubevirt_hostdevices", dict(args, virt_handler_image=""))
     assert rc == 0 and removed["changed"]
     env = cluster.get(DEPLOYMENTS, "virt-operator", "kubevirt")["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert [e["name"] for e in env] == ["OPERATOR_IMAGE"]
+    assert [e["name"] for e in env] == ["OPERATOR_IMAGE"] and env[0]["futureEnvField"] is True
 
 
 @pytest.mark.parametrize("auth, scheme", [({"api_key": TOKEN}, "Bearer"),

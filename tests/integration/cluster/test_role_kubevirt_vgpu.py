@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from cluster_helpers import CLUSTER_POLICY, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, default_state, run_playbook
+from cluster_helpers import (CLUSTER_POLICY, FOREIGN_MDEV, FOREIGN_NIC, FOREIGN_T4, KUBEVIRT, NODES, default_state,
+                             run_playbook)
 
 
 def resource(profile, pci_id="10DE:26B9", count=2):
@@ -129,3 +130,33 @@ def test_switching_from_kubevirt_to_agent_turns_our_entry_external_in_place(clus
     back = run_role(tmp_path, kubeconfig, nodes)
     assert back.returncode == 0 and {"pciVendorSelector": "10DE:26B9",
                                      "resourceName": "nvidia.com/NVIDIA_L40S-24Q"} in permitted(cluster)["pciHostDevices"]
+def mdev_resource(profile, count=4):
+    return {"profile": profile, "type_name": "NVIDIA " + profile, "resource_name": "nvidia.com/NVIDIA_" + profile,
+            "mdev_name_selector": "NVIDIA " + profile, "framework": "mdev", "count": count}
+
+
+def test_a_fleet_profile_change_replaces_our_own_entries_and_releases_the_validator_switch(cluster, kubeconfig,
+                                                                                          tmp_path):
+    """24Q -> 12Q on every L40S (same PCI ID) through the role, no take_over: the entry the role wrote is
+    replaced, the mdev type of the earlier A16 profile goes, foreign entries stay. gpu-a then gets an mdev
+    GPU too (no longer all vendor-VFIO): the validator switch the role set goes, a foreign label stays."""
+    first = run_role(tmp_path, kubeconfig, {"gpu-a": [resource("L40S-24Q")], "gpu-b": [mdev_resource("A16-4Q")]})
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert cluster.get(NODES, "gpu-a")["metadata"]["labels"]["nvidia.com/gpu.deploy.sandbox-validator"] == "false"
+
+    changed = run_role(tmp_path, kubeconfig, {"gpu-a": [resource("L40S-12Q"), mdev_resource("A16-8Q")],
+                                              "gpu-b": [mdev_resource("A16-8Q")]})
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    permitted = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")["spec"]["configuration"]["permittedHostDevices"]
+    assert permitted["pciHostDevices"] == [FOREIGN_T4, FOREIGN_NIC,
+                                           {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-12Q"}]
+    names = [e["resourceName"] for e in permitted["mediatedDevices"]]
+    assert "nvidia.com/NVIDIA_A16-8Q" in names and "nvidia.com/NVIDIA_A16-4Q" not in names
+    assert [e for e in permitted["mediatedDevices"] if e["resourceName"] == FOREIGN_MDEV["resourceName"]] == [
+        FOREIGN_MDEV]
+    labels = cluster.get(NODES, "gpu-a")["metadata"]["labels"]
+    assert "nvidia.com/gpu.deploy.sandbox-validator" not in labels and labels["team"] == "ml"
+    cluster.clear_log()
+    again = run_role(tmp_path, kubeconfig, {"gpu-a": [resource("L40S-12Q"), mdev_resource("A16-8Q")],
+                                            "gpu-b": [mdev_resource("A16-8Q")]})
+    assert again.returncode == 0 and "changed=0" in again.stdout and cluster.writes() == [], again.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import gpu_operator as gpo
@@ -83,3 +85,42 @@ def test_the_vgpu_device_manager_deploy_switch_is_ours_only_while_it_holds_our_v
     theirs = {gpo.VGPU_DEVICE_MANAGER_LABEL: "true"}
     removed = gpo.plan_node_labels(node(theirs), desired, gpo.DEFAULT_PROFILE_PREFIX, "absent", dict(desired))
     assert not removed.changed
+
+
+def annotated(labels, switches):
+    obj = node(labels)
+    obj["metadata"]["annotations"] = {gpo.SWITCHES_ANNOTATION: json.dumps(switches)}
+    return obj
+
+
+def test_a_deploy_switch_we_set_is_recorded_and_released_when_no_longer_wanted():
+    wanted = gpo.node_desired_labels({"workload_config": "vm-vgpu", "sandbox_validator": False})
+    set_by_us = gpo.plan_node_labels(node({}), wanted, gpo.DEFAULT_PROFILE_PREFIX)
+    meta = set_by_us.patch["metadata"]
+    assert meta["labels"][gpo.SANDBOX_VALIDATOR_LABEL] == "false"
+    assert json.loads(meta["annotations"][gpo.SWITCHES_ANNOTATION]) == {gpo.SANDBOX_VALIDATOR_LABEL: "false"}
+    # the node is no longer all vendor-VFIO: the role stops asking for the switch and releases it
+    now = annotated({gpo.WORKLOAD_LABEL: "vm-vgpu", gpo.SANDBOX_VALIDATOR_LABEL: "false"},
+                    {gpo.SANDBOX_VALIDATOR_LABEL: "false"})
+    plan = gpo.plan_node_labels(now, {gpo.WORKLOAD_LABEL: "vm-vgpu"}, gpo.DEFAULT_PROFILE_PREFIX,
+                                release=[gpo.SANDBOX_VALIDATOR_LABEL])
+    assert plan.patch["metadata"]["labels"] == {gpo.SANDBOX_VALIDATOR_LABEL: None}
+    assert plan.patch["metadata"]["annotations"] == {gpo.SWITCHES_ANNOTATION: "{}"}
+    assert plan.changes == ["Node gpu-a: remove %s" % gpo.SANDBOX_VALIDATOR_LABEL]
+
+
+@pytest.mark.parametrize("labels, switches", [
+    ({gpo.SANDBOX_VALIDATOR_LABEL: "false"}, {}),                                   # someone else set it
+    ({gpo.SANDBOX_VALIDATOR_LABEL: "true"}, {gpo.SANDBOX_VALIDATOR_LABEL: "false"}),  # changed since
+])
+def test_a_switch_we_did_not_set_or_that_changed_since_stays(labels, switches):
+    plan = gpo.plan_node_labels(annotated(labels, switches), {}, gpo.DEFAULT_PROFILE_PREFIX,
+                                release=[gpo.SANDBOX_VALIDATOR_LABEL])
+    assert gpo.SANDBOX_VALIDATOR_LABEL not in ((plan.patch or {}).get("metadata", {}).get("labels") or {})
+
+
+def test_recording_is_idempotent():
+    wanted = {gpo.SANDBOX_VALIDATOR_LABEL: "false"}
+    now = annotated(dict(wanted), dict(wanted))
+    now["metadata"]["annotations"][gpo.SWITCHES_ANNOTATION] = json.dumps(wanted, separators=(",", ":"))
+    assert not gpo.plan_node_labels(now, wanted, gpo.DEFAULT_PROFILE_PREFIX).changed

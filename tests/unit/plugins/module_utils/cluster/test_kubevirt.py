@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
+
+import jsonpatch
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -16,16 +19,24 @@ FOREIGN_NIC = {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710
 FOREIGN_T4 = {"pciVendorSelector": "10DE:1EB8", "resourceName": "nvidia.com/TU104GL_Tesla_T4"}
 
 
-def make_cr(pci=None, mdev=None, gates=None, rv="7", version="v1.9.0"):
+def make_cr(pci=None, mdev=None, gates=None, rv="7", version="v1.9.0", owned=None):
     configuration = {"permittedHostDevices": {}, "developerConfiguration": {"featureGates": gates or []},
                      "evictionStrategy": "LiveMigrate"}
     if pci is not None:
         configuration["permittedHostDevices"]["pciHostDevices"] = pci
     if mdev is not None:
         configuration["permittedHostDevices"]["mediatedDevices"] = mdev
-    return {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
-            "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": rv},
-            "spec": {"configuration": configuration}, "status": {"observedKubeVirtVersion": version}}
+    cr = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+          "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": rv},
+          "spec": {"configuration": configuration}, "status": {"observedKubeVirtVersion": version}}
+    if owned is not None:
+        cr["metadata"]["annotations"] = {kv.OWNED_ANNOTATION: owned_text(**owned)}
+    return cr
+
+
+def owned_text(pci=(), mdev=()):
+    return json.dumps({"mediatedDevices": sorted(mdev), "pciHostDevices": sorted(pci)}, separators=(",", ":"),
+                      sort_keys=True)
 
 
 def apply_patch(cr, patch):
@@ -44,7 +55,8 @@ def apply_patch(cr, patch):
 def test_adds_ours_after_foreign_entries_and_the_feature_gate():
     cr = make_cr(pci=[FOREIGN_NIC], gates=["LiveMigration"])
     plan = kv.plan_host_devices(cr, pci=[L40S])
-    assert plan.patch["metadata"] == {"resourceVersion": "7"}
+    assert plan.patch["metadata"] == {"resourceVersion": "7", "annotations": {
+        kv.OWNED_ANNOTATION: owned_text(pci=[L40S["resourceName"]])}}
     conf = plan.patch["spec"]["configuration"]
     assert conf["permittedHostDevices"] == {"pciHostDevices": [FOREIGN_NIC, {
         "resourceName": "nvidia.com/NVIDIA_L40S-24Q", "pciVendorSelector": "10DE:26B9"}]}
@@ -74,8 +86,64 @@ def test_updates_ours_in_place_keeping_unknown_keys_and_order():
 
 def test_explicit_false_external_provider_counts_as_unchanged():
     existing = dict(L40S, externalResourceProvider=False)
-    plan = kv.plan_host_devices(make_cr(pci=[existing], gates=["HostDevices"]), pci=[L40S])
+    plan = kv.plan_host_devices(make_cr(pci=[existing], gates=["HostDevices"], owned={"pci": [L40S["resourceName"]]}),
+                                pci=[L40S])
     assert not plan.changed
+
+
+def test_an_entry_that_already_matches_is_claimed_in_a_metadata_only_write():
+    plan = kv.plan_host_devices(make_cr(pci=[L40S], gates=["HostDevices"]), pci=[L40S])
+    assert plan.patch == {"metadata": {"resourceVersion": "7", "annotations": {
+        kv.OWNED_ANNOTATION: owned_text(pci=[L40S["resourceName"]])}}}
+    assert plan.changes == ["annotation %s: %s" % (kv.OWNED_ANNOTATION, owned_text(pci=[L40S["resourceName"]]))]
+
+
+L40S_12Q = kv.pci_entry("nvidia.com/NVIDIA_L40S-12Q", "10DE:26B9")
+A16_MDEV_OLD = kv.mdev_entry("nvidia.com/NVIDIA_A16-4Q", "NVIDIA A16-4Q", external_resource_provider=True)
+A16_MDEV_NEW = kv.mdev_entry("nvidia.com/NVIDIA_A16-8Q", "NVIDIA A16-8Q", external_resource_provider=True)
+
+
+def test_our_own_earlier_profile_is_replaced_without_take_over_and_stale_mdevs_go():
+    """24Q -> 12Q on the fleet (same PCI ID): the 24Q entry the collection wrote is replaced; with
+    prune_owned the A16-4Q mdev type of the earlier profile goes too; foreign entries stay."""
+    cr = make_cr(pci=[FOREIGN_NIC, L40S], mdev=[A16_MDEV_OLD], gates=["HostDevices"],
+                 owned={"pci": [L40S["resourceName"]], "mdev": [A16_MDEV_OLD["resourceName"]]})
+    plan = kv.plan_host_devices(cr, pci=[L40S_12Q], mdev=[A16_MDEV_NEW], prune_owned=True)
+    after = apply_patch(cr, plan.patch)
+    permitted = after["spec"]["configuration"]["permittedHostDevices"]
+    assert permitted == {"pciHostDevices": [FOREIGN_NIC, L40S_12Q], "mediatedDevices": [A16_MDEV_NEW]}
+    assert plan.changes == [
+        "pciHostDevices: remove nvidia.com/NVIDIA_L40S-24Q (ours from an earlier run, replaced by "
+        "nvidia.com/NVIDIA_L40S-12Q)", "pciHostDevices: add nvidia.com/NVIDIA_L40S-12Q",
+        "mediatedDevices: remove nvidia.com/NVIDIA_A16-4Q (ours from an earlier run, no longer wanted)",
+        "mediatedDevices: add nvidia.com/NVIDIA_A16-8Q"]
+    assert kv.owned_names(after) == {kv.PCI: {L40S_12Q["resourceName"]}, kv.MDEV: {A16_MDEV_NEW["resourceName"]}}
+    assert not kv.plan_host_devices(after, pci=[L40S_12Q], mdev=[A16_MDEV_NEW], prune_owned=True).changed
+
+
+def test_without_prune_an_earlier_own_entry_without_a_successor_stays():
+    cr = make_cr(mdev=[A16_MDEV_OLD], gates=["HostDevices"], owned={"mdev": [A16_MDEV_OLD["resourceName"]]})
+    plan = kv.plan_host_devices(cr, mdev=[A16_MDEV_NEW])
+    permitted = apply_patch(cr, plan.patch)["spec"]["configuration"]["permittedHostDevices"]
+    assert permitted["mediatedDevices"] == [A16_MDEV_OLD, A16_MDEV_NEW]
+
+
+def test_a_foreign_entry_with_our_selector_still_needs_take_over_and_nothing_is_claimed():
+    foreign = kv.pci_entry("team/l40s", "10DE:26B9")
+    cr = make_cr(pci=[foreign], gates=["HostDevices"], owned={"pci": ["nvidia.com/NVIDIA_L40S-24Q"]})
+    with pytest.raises(kv.KubeVirtError, match="list team/l40s in take_over"):
+        kv.plan_host_devices(cr, pci=[L40S_12Q], prune_owned=True)
+    # and prune never removes what the annotation does not list
+    plan = kv.plan_host_devices(cr, pci=[H100], prune_owned=True)
+    assert foreign in apply_patch(cr, plan.patch)["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+
+
+def test_absent_drops_our_names_from_the_annotation():
+    cr = make_cr(pci=[L40S, FOREIGN_NIC], gates=["HostDevices"], owned={"pci": [L40S["resourceName"]]})
+    plan = kv.plan_host_devices(cr, pci=[L40S], state="absent")
+    after = apply_patch(cr, plan.patch)
+    assert after["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] == [FOREIGN_NIC]
+    assert kv.owned_names(after) == {kv.PCI: set(), kv.MDEV: set()}
 
 
 def test_absent_removes_only_ours_and_keeps_the_gate():
@@ -305,22 +373,42 @@ def test_model_resource_name(type_name, resource):
     assert kv.model_resource_name(type_name) == resource
 
 
-def test_virt_handler_image_keeps_other_env_and_containers():
+def test_virt_handler_image_is_a_json_patch_on_that_one_env_entry():
+    """Only the entry the collection sets travels: fields the client's model does not know (here
+    `resizePolicy`-like `futureField`) are never read into a model nor sent back."""
     deployment = {"metadata": {"name": "virt-operator", "namespace": "kubevirt", "resourceVersion": "4"},
                   "spec": {"template": {"spec": {"containers": [
-                      {"name": "virt-operator", "env": [{"name": "X", "value": "1"},
-                                                        {"name": "VIRT_HANDLER_IMAGE", "value": "old"}]},
-                      {"name": "other"}]}}}}
+                      {"name": "other"},
+                      {"name": "virt-operator", "futureField": {"x": 1}, "env": [
+                          {"name": "X", "value": "1"}, {"name": "VIRT_HANDLER_IMAGE", "value": "old"}]}]}}}}
+    base = "/spec/template/spec/containers/1"
     plan = kv.plan_virt_handler_image(deployment, "new")
-    containers = plan.patch["spec"]["template"]["spec"]["containers"]
-    assert containers == [{"name": "virt-operator", "env": [{"name": "X", "value": "1"},
-                                                            {"name": "VIRT_HANDLER_IMAGE", "value": "new"}]},
-                          {"name": "other"}]
-    assert plan.patch["metadata"] == {"resourceVersion": "4"} and (plan.before, plan.after) == (
-        {"virtHandlerImage": "old"}, {"virtHandlerImage": "new"})
+    assert plan.patch == [{"op": "test", "path": base + "/name", "value": "virt-operator"},
+                          {"op": "test", "path": base + "/env/1/name", "value": "VIRT_HANDLER_IMAGE"},
+                          {"op": "replace", "path": base + "/env/1/value", "value": "new"}]
+    assert jsonpatch.apply_patch(deployment, plan.patch)["spec"]["template"]["spec"]["containers"][1] == {
+        "name": "virt-operator", "futureField": {"x": 1},
+        "env": [{"name": "X", "value": "1"}, {"name": "VIRT_HANDLER_IMAGE", "value": "new"}]}
+    assert (plan.before, plan.after) == ({"virtHandlerImage": "old"}, {"virtHandlerImage": "new"})
+    assert kv.plan_virt_handler_image(deployment, "").patch[-1] == {"op": "remove", "path": base + "/env/1"}
     assert not kv.plan_virt_handler_image(deployment, "old").changed
     with pytest.raises(kv.KubeVirtError, match="Deployment kubevirt/virt-operator: no container 'virt-op'"):
         kv.plan_virt_handler_image(deployment, "new", container="virt-op")
+
+
+@pytest.mark.parametrize("env, op", [
+    (None, {"op": "add", "path": "/spec/template/spec/containers/0/env",
+            "value": [{"name": "VIRT_HANDLER_IMAGE", "value": "new"}]}),
+    ([{"name": "X", "value": "1"}], {"op": "add", "path": "/spec/template/spec/containers/0/env/-",
+                                     "value": {"name": "VIRT_HANDLER_IMAGE", "value": "new"}}),
+])
+def test_virt_handler_image_added_where_there_is_none(env, op):
+    container = {"name": "virt-operator"}
+    if env is not None:
+        container["env"] = env
+    deployment = {"metadata": {"name": "virt-operator", "namespace": "kubevirt"},
+                  "spec": {"template": {"spec": {"containers": [container]}}}}
+    assert kv.plan_virt_handler_image(deployment, "new").patch[-1] == op
 
 
 def test_mig_backed_profiles_follow_the_one_profile_per_pci_id_rule():
