@@ -7,8 +7,10 @@
 2. starts the Kubernetes API emulator (tests/fakes/kmock_serve.py) with a KubeVirt CR, if present;
 3. runs `ansible-playbook -i inventories/demo playbooks/site.yml`, streaming its output;
 4. prints a summary (GPUs, VFs, vGPUs, KubeVirt resources, what changed, how to look further);
-5. the conformance report, then the GitOps path: the node agent (`accelops-vgpu agent`, a real
-   process) watches demo-node in the emulator; the node is relabelled and the agent converges it;
+5. the node agent (`accelops-vgpu agent`, a real process) starts with its device plugin, registered with the
+   test kubelet (tests/fakes/kubelet_double.py, the kubelet's gRPC APIs), which writes demo-node's
+   status.capacity/allocatable from the plugin's ListAndWatch; the conformance report reads them; then the
+   GitOps path: demo-node is relabelled in the emulator, the agent converges it, the resources follow;
 6. tears everything down, unless --keep (then `tools/demo.py --down` does it later).
 Last, the conformance report of the demo cluster (playbooks/conformance.yml, KAR-0003 / KAR-0004) against
 the API emulator and the fake KubeVirt controller tests/fakes/vmi_controller.py.
@@ -24,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -376,17 +379,10 @@ def summarize(gpus, rc, changed, facts, api_url, elapsed):
 VMI_CONTROLLER = os.path.join(REPO, "tests", "fakes", "vmi_controller.py")
 
 
-def run_conformance(env, api_url, facts):
-    """playbooks/conformance.yml against the emulator. No kubelet runs there, so the demo stands in for
-    the device plugins (status.allocatable of demo-node = the vGPUs the node got) and starts the fake
-    KubeVirt controller, which schedules the test VMIs by that capacity and starts them."""
+def run_conformance(env, api_url):
+    """playbooks/conformance.yml against the emulator. demo-node's status.allocatable comes from the agent's
+    device plugin through the test kubelet; the fake KubeVirt controller schedules the test VMIs by it."""
     shutil.rmtree(os.path.join(DEMO, "conformance"), ignore_errors=True)
-    allocatable = dict((r["resource_name"], str(r["count"])) for r in facts["resources"])
-    request = urllib.request.Request(api_url + "/api/v1/nodes/demo-node", method="PATCH",
-                                     data=json.dumps({"status": {"allocatable": allocatable}}).encode(),
-                                     headers={"Content-Type": "application/merge-patch+json"})
-    with urllib.request.urlopen(request, timeout=10):
-        pass
     controller = subprocess.Popen([sys.executable, VMI_CONTROLLER, "--api", api_url], stdout=subprocess.DEVNULL)
     argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "inventories/demo", "playbooks/conformance.yml"]
     try:
@@ -398,7 +394,8 @@ def run_conformance(env, api_url, facts):
     section("Conformance report of the demo cluster (KAR-0003 / KAR-0004)")
     print("Against the Kubernetes API emulator %s and the fake KubeVirt controller %s, not a real cluster:"
           % (rel(KMOCK), rel(VMI_CONTROLLER)))
-    print("demo-node's allocatable vGPUs are set by the demo (standing in for the device plugins); the VMIs never boot.")
+    print("demo-node's allocatable vGPUs come from the node agent's device plugin through the test kubelet %s; "
+          "the VMIs never boot." % rel(KUBELET))
     print("$ ansible-playbook " + " ".join(argv[1:]) + "   (rc %d)\n" % proc.returncode)
     report = read(DEMO, "conformance", "vgpu-conformance.md")
     if report is None:
@@ -437,11 +434,53 @@ def wait_for(predicate, timeout, on_poll=None):
     return False
 
 
-def start_agent(env):
+KUBELET = os.path.join(REPO, "tests", "fakes", "kubelet_double.py")
+
+
+class Kubelet:
+    """The test kubelet as a process: kubelet.sock in a short temporary kubelet directory (socket paths are at
+    most 107 bytes), demo-node's status.capacity/allocatable written into the emulator."""
+
+    def __init__(self, api_url):
+        self.root = tempfile.mkdtemp(prefix="accelops-demo-kubelet.", dir="/tmp")
+        self.proc = subprocess.Popen([sys.executable, KUBELET, "--root", self.root, "--api", api_url,
+                                      "--node", "demo-node", "--grace", "5"], stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().split()
+        self.url = "http://127.0.0.1:%s" % line[1] if line[:1] == ["ready"] else None
+
+    def devices(self):
+        try:
+            with urllib.request.urlopen(self.url + "/devices", timeout=10) as resp:
+                return json.load(resp)
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def node_allocatable(api_url):
+    return ((api_get(api_url, "/api/v1/nodes/demo-node") or {}).get("status") or {}).get("allocatable") or {}
+
+
+def print_served(kubelet, api_url):
+    for resource, devices in sorted(kubelet.devices().items()):
+        health = Counter(d["health"] for d in devices)
+        shown = ", ".join(d["id"] for d in devices[:4]) + (" +%d more" % (len(devices) - 4) if len(devices) > 4 else "")
+        print("  %-30s %s   (%s)" % (resource, shown, ", ".join("%d %s" % (n, h) for h, n in sorted(health.items()))))
+    print("demo-node status.allocatable (written by the test kubelet): %s" % (", ".join(
+        "%s=%s" % item for item in sorted(node_allocatable(api_url).items())) or "none"))
+
+
+def start_agent(env, kubelet):
     """`accelops-vgpu agent`, the node CLI the vgpu_profiles role installed, as the DaemonSet would run it,
-    with the simulated node's roots instead of /host and the emulator's kubeconfig instead of a service account."""
+    with the simulated node's roots instead of /host and the emulator's kubeconfig instead of a service account;
+    its device plugin registers with the test kubelet."""
     cli = os.path.join(NODE_ROOT, "usr", "local", "bin", "accelops-vgpu")
     agent_env = dict(env, NODE_NAME="demo-node", NAMESPACE="default", KUBECONFIG=KUBECONFIG,
+                     DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root,
                      CONFIG_FILE=os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json"),
                      DEFAULT_VGPU_CONFIG="demo", ACCELOPS_VGPU_SYSFS_ROOT=SYS,
                      ACCELOPS_VGPU_DEV_ROOT=os.path.join(SYS, ".gpusim", "dev"), ACCELOPS_VGPU_PROC_ROOT="/proc",
@@ -474,63 +513,99 @@ def vf_parents():
     return parents
 
 
-def run_gitops(env, api_url):
-    """Relabel demo-node in the emulator; the node agent, a real process, converges the simulated node."""
-    section("GitOps: the node agent (accelops-vgpu agent, a real process, against the API emulator)")
-    agent, cli = start_agent(env)
-    try:
-        print("$ NODE_NAME=demo-node CONFIG_FILE=%s DEFAULT_VGPU_CONFIG=demo %s agent   (pid %d; log %s)"
-              % (rel(os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json")), rel(cli), agent.pid,
-                 rel(os.path.join(DEMO, "agent.log"))))
-        if not wait_for(lambda: agent_status().get("state") in ("success", "failed") or agent.poll() is not None, 60):
-            print("the agent did not report within 60 s; see its log")
-            return 1
-        first = agent_status()
-        print("started: no nvidia.com/vgpu.config label -> DEFAULT_VGPU_CONFIG %r, already in place -> %s=%s"
-              % (first.get("config"), STATE_LABEL, node_labels(api_url).get(STATE_LABEL)))
-        log_start = len(write_log())
-        print("$ kubectl label node demo-node nvidia.com/vgpu.config=%s --overwrite   (the same merge patch)" % AGENT_LAYOUT)
-        states = []
+def start_serving(env, api_url, facts):
+    """The test kubelet, then the agent with its device plugin; (agent, kubelet, rc) once the kubelet reports
+    the vGPUs the playbook created."""
+    section("The node agent serves the kubelet (device plugin API v1beta1, one resource per profile)")
+    kubelet = Kubelet(api_url)
+    if kubelet.url is None:
+        print("the test kubelet did not start")
+        kubelet.stop()
+        return None, None, 1
+    agent, cli = start_agent(env, kubelet)
+    print("$ %s --root %s --api %s --node demo-node   (the test kubelet)" % (rel(KUBELET), kubelet.root, api_url))
+    print("$ NODE_NAME=demo-node CONFIG_FILE=%s DEFAULT_VGPU_CONFIG=demo DEVICE_PLUGIN=true KUBELET_DIR=%s %s agent"
+          "   (pid %d; log %s)" % (rel(os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json")), kubelet.root,
+                                   rel(cli), agent.pid, rel(os.path.join(DEMO, "agent.log"))))
+    wanted = dict((r["resource_name"], str(r["count"])) for r in facts["resources"])
+    if not wait_for(lambda: node_allocatable(api_url) == wanted or agent.poll() is not None, 60):
+        print("the kubelet did not report %s within 60 s (it has %s); see %s" % (
+            wanted, node_allocatable(api_url), rel(os.path.join(DEMO, "agent.log"))))
+        return agent, kubelet, 1
+    first = agent_status()
+    print("started: no nvidia.com/vgpu.config label -> DEFAULT_VGPU_CONFIG %r, already in place -> %s=%s"
+          % (first.get("config"), STATE_LABEL, node_labels(api_url).get(STATE_LABEL)))
+    print("The kubelet's devices, from the agent's ListAndWatch streams (IDs: VF addresses, mdev UUIDs):")
+    print_served(kubelet, api_url)
+    return agent, kubelet, 0
 
-        def record():
-            state = node_labels(api_url).get(STATE_LABEL)
-            if not states or states[-1] != state:
-                states.append(state)
-        started = time.monotonic()
-        relabel(api_url, AGENT_LAYOUT)
-        done = wait_for(lambda: agent_status().get("config") == AGENT_LAYOUT
-                        and node_labels(api_url).get(STATE_LABEL) in ("success", "failed"), 120, record)
-        record()
-        elapsed = time.monotonic() - started
-        labels = node_labels(api_url)
-        print("%s: %s   (%.1f s from the relabel)" % (STATE_LABEL, " -> ".join(map(str, states)), elapsed))
-        if not done or labels.get(STATE_LABEL) != "success":
-            annotations = ((api_get(api_url, "/api/v1/nodes/demo-node") or {}).get("metadata") or {}).get("annotations")
-            print("not converged: %s" % (annotations or {}).get("accelops.io/vgpu.config.reason"))
-            return 1
-        print("Node demo-node labels now:  %s" % ", ".join(
-            "%s=%s" % item for item in sorted(labels.items())
-            if item[0].startswith(("nvidia.com/vgpu.config", "accelops.io/vgpu.profile."))))
-        writes = write_log()[log_start:]
-        parents, per_gpu = vf_parents(), Counter()
-        for entry in writes:
-            address = entry["path"].split("/")[3] if entry["path"].startswith("bus/pci/devices/") else "?"
-            per_gpu[parents.get(address, address)] += 1
-        print("sysfs writes of the change: %d, per GPU: %s" % (len(writes), ", ".join(
-            "%s %d" % item for item in sorted(per_gpu.items())) or "none"))
-        untouched = sorted(set(vf_counts()) - set(per_gpu))
-        print("GPUs the change did not touch (their vGPUs kept, no clear-all): %s" % (", ".join(untouched) or "none"))
-        events = (api_get(api_url, "/api/v1/namespaces/default/events") or {}).get("items") or []
-        for event in events[-2:]:
-            print("Event %s %s: %s" % (event.get("type"), event.get("reason"), event.get("message")))
-        return 0
-    finally:
+
+def stop_serving(agent, kubelet):
+    if agent is not None:
         agent.terminate()
         try:
             agent.wait(20)
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait()
+    if kubelet is not None:
+        kubelet.stop()
+
+
+def run_gitops(api_url, kubelet):
+    """Relabel demo-node in the emulator; the node agent, a real process, converges the simulated node and its
+    device plugin follows: the kubelet's resources change with it."""
+    section("GitOps: the node agent (accelops-vgpu agent, a real process, against the API emulator)")
+    before = dict(node_allocatable(api_url))
+    log_start = len(write_log())
+    print("$ kubectl label node demo-node nvidia.com/vgpu.config=%s --overwrite   (the same merge patch)" % AGENT_LAYOUT)
+    states = []
+
+    def record():
+        state = node_labels(api_url).get(STATE_LABEL)
+        if not states or states[-1] != state:
+            states.append(state)
+    started = time.monotonic()
+    relabel(api_url, AGENT_LAYOUT)
+    done = wait_for(lambda: agent_status().get("config") == AGENT_LAYOUT
+                    and node_labels(api_url).get(STATE_LABEL) in ("success", "failed"), 120, record)
+    record()
+    elapsed = time.monotonic() - started
+    labels = node_labels(api_url)
+    print("%s: %s   (%.1f s from the relabel)" % (STATE_LABEL, " -> ".join(map(str, states)), elapsed))
+    if not done or labels.get(STATE_LABEL) != "success":
+        annotations = ((api_get(api_url, "/api/v1/nodes/demo-node") or {}).get("metadata") or {}).get("annotations")
+        print("not converged: %s" % (annotations or {}).get("accelops.io/vgpu.config.reason"))
+        return 1
+    print("Node demo-node labels now:  %s" % ", ".join(
+        "%s=%s" % item for item in sorted(labels.items())
+        if item[0].startswith(("nvidia.com/vgpu.config", "accelops.io/vgpu.profile."))))
+    writes = write_log()[log_start:]
+    parents, per_gpu = vf_parents(), Counter()
+    for entry in writes:
+        address = entry["path"].split("/")[3] if entry["path"].startswith("bus/pci/devices/") else "?"
+        per_gpu[parents.get(address, address)] += 1
+    print("sysfs writes of the change: %d, per GPU: %s" % (len(writes), ", ".join(
+        "%s %d" % item for item in sorted(per_gpu.items())) or "none"))
+    untouched = sorted(set(vf_counts()) - set(per_gpu))
+    print("GPUs the change did not touch (their vGPUs kept, no clear-all): %s" % (", ".join(untouched) or "none"))
+    events = (api_get(api_url, "/api/v1/namespaces/default/events") or {}).get("items") or []
+    for event in events[-2:]:
+        print("Event %s %s: %s" % (event.get("type"), event.get("reason"), event.get("message")))
+
+    def followed():  # every device healthy, the resources gone from the node gone from status.allocatable too
+        served = kubelet.devices()
+        return (all(d["health"] == "Healthy" for devs in served.values() for d in devs)
+                and node_allocatable(api_url) == dict((r, str(len(d))) for r, d in served.items()) != before)
+    if not wait_for(followed, 30):
+        print("the kubelet's resources did not follow the relabel within 30 s")
+        print_served(kubelet, api_url)
+        return 1
+    print("The kubelet's devices after the relabel, without a playbook run (KubeVirt permits new profiles with "
+          "kubevirt_vgpu_provider: agent; README, \"Scheduling vGPUs\"):")
+    print_served(kubelet, api_url)
+    print("status.allocatable before the relabel: %s" % ", ".join("%s=%s" % i for i in sorted(before.items())))
+    return 0
 
 
 def main(argv=None):
@@ -553,10 +628,16 @@ def main(argv=None):
         facts = node_facts(env)
         exec_start = summarize(args.gpus, rc, changed, facts, api_url, time.monotonic() - start)
         print_next_steps(args.keep, exec_start)
-        if api_url and rc == 0:
-            rc = run_conformance(env, api_url, facts)
-        if api_url and rc == 0:
-            rc = run_gitops(env, api_url)
+        agent = kubelet = None
+        try:
+            if api_url and rc == 0:
+                agent, kubelet, rc = start_serving(env, api_url, facts)
+            if api_url and rc == 0:
+                rc = run_conformance(env, api_url)
+            if api_url and rc == 0:
+                rc = run_gitops(api_url, kubelet)
+        finally:
+            stop_serving(agent, kubelet)
     finally:
         if not args.keep:
             down()
