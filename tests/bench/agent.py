@@ -41,7 +41,7 @@ def _expected(node, profiles):
     return dict((pf, dict((simnodes.type_id(MODEL, p), n) for p, n in profiles.items())) for pf in node.pfs())
 
 
-def _proc(pid, name):
+def proc_field(pid, name):
     """A field of /proc/<pid>/status (kB) or io."""
     for filename in ("status", "io"):
         with open("/proc/%d/%s" % (pid, filename)) as handle:
@@ -74,12 +74,12 @@ class Bench:
             raise simnodes.BenchError("P5: accelops-vgpu apply %s failed: %s" % (selected, proc.stderr.strip()))
         return elapsed
 
-    def start_agent(self, resync):
+    def start_agent(self, resync, **extra_env):
         env = dict(self.node.env, NODE_NAME=NODE, CONFIG_FILE=self.config, DEFAULT_VGPU_CONFIG="before",
                    NAMESPACE="vgpu-agent", ACCELOPS_VGPU_SYSFS_ROOT=self.node.root,
                    ACCELOPS_VGPU_DEV_ROOT=self.node.dev_root, ACCELOPS_VGPU_PROC_ROOT="/proc",
                    STATUS_FILE=self.status_file, RESYNC_INTERVAL=str(resync),
-                   KUBECONFIG=kubeconfig_for(self.api.url, pathlib.Path(self.workdir, "kubeconfig")))
+                   KUBECONFIG=kubeconfig_for(self.api.url, pathlib.Path(self.workdir, "kubeconfig")), **extra_env)
         with open(os.path.join(self.workdir, "agent.log"), "a") as log:
             self.agent = subprocess.Popen([NODE_PYTHON, self.pyz, "agent"], env=env, stdout=subprocess.DEVNULL,
                                           stderr=log)
@@ -178,15 +178,15 @@ def _measure(bench, runs, idle_s, resync_s):
     bench.node.clear_log()
     bench.api.clear_log()
     pid = bench.agent.pid
-    checks_before, reads_before = bench.status()["checks"], _proc(pid, "syscr")
+    checks_before, reads_before = bench.status()["checks"], proc_field(pid, "syscr")
     time.sleep(idle_s)
     checks = bench.status()["checks"] - checks_before
     idle = {"seconds": idle_s, "resync_interval_s": resync_s, "sysfs_writes": len(bench.node.log()),
             "reconciles": checks, "reconciles_max": int(math.floor(idle_s / resync_s)) + 1,
-            "read_syscalls": _proc(pid, "syscr") - reads_before,
+            "read_syscalls": proc_field(pid, "syscr") - reads_before,
             "api_requests": len(bench.api.log()),
             "api_writes": len([r for r in bench.api.log() if r["method"] != "GET"])}
-    rss_mb = _proc(pid, "VmHWM") / 1024.0
+    rss_mb = proc_field(pid, "VmHWM") / 1024.0
     ratio = stats.ratio_summary(agent_s, cli_s)
     met = (stats.within(ratio["median"], TARGET_RATIO) and idle["sysfs_writes"] == 0 and
            idle["reconciles"] <= idle["reconciles_max"] and rss_mb <= TARGET_RSS_MB)

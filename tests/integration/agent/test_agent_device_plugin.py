@@ -52,8 +52,8 @@ def node_status(cluster):
     return status.get("capacity") or {}, status.get("allocatable") or {}
 
 
-def test_the_kubelet_gets_one_resource_per_profile_with_the_vfs_sysfs_shows(gpusim_node, cluster, start_agent,
-                                                                             kubelet):
+def test_the_kubelet_gets_one_resource_per_profile_with_the_vfs_sysfs_shows(
+        gpusim_node, cluster, start_agent, kubelet):
     node = gpusim_node("l40s:2")
     agent = start_plugin_agent(start_agent, node, cluster, kubelet)
     agent.wait("success", "default")

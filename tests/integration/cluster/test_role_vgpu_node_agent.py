@@ -191,8 +191,8 @@ def test_cluster_playbook_without_the_agent_path_deploys_no_agent(cluster, kubec
     assert "nvidia.com/vgpu.config" not in cluster.get(NODES, "gpu-a")["metadata"]["labels"]
 
 
-def test_cluster_playbook_with_the_agents_device_plugin_permits_every_profile_of_one_model(cluster, kubeconfig,
-                                                                                         tmp_path):
+def test_cluster_playbook_with_the_agents_device_plugin_permits_every_profile_of_one_model(
+        cluster, kubeconfig, tmp_path):
     """The agent serves the kubelet (its DaemonSet mounts device-plugins/), KubeVirt only permits: one external
     entry per profile, 24Q on gpu-a and 8Q on gpu-b though both are L40S."""
     proc = run_role(tmp_path, kubeconfig, {"vgpu_cluster_node_agent": True, "kubevirt_vgpu_kubeconfig": kubeconfig,
