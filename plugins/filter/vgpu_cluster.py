@@ -41,7 +41,7 @@ options:
     description:
       - V(kubevirt) has KubeVirt's own device plugins serve the vGPUs (permitted by PCI ID; one profile per GPU
         model).
-      - V(agent) has the node agent's device plugin serve them, one resource per profile: every entry gets
+      - V(agent) has the node agent's device plugin serve them, one resource per profile. Every entry gets
         C(externalResourceProvider=true) and a GPU model may carry any profiles on any node.
     type: str
     default: kubevirt
