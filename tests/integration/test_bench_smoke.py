@@ -85,3 +85,16 @@ def test_quick_manager_restart_bench_puts_the_layout_back_and_counts_the_idle_re
     assert idle["sysfs_writes"] == 0 and 1 <= idle["sysfs_reads"] <= 2 and idle["files_read"] == 1
     assert p8["met"] == (p8["restart_to_layout_s"]["max"] <= 10 and idle["reads_per_gpu_per_10s"] <= 2)
     assert "| P8 vGPU-manager restart, agent |" in (out / "bench.md").read_text()
+
+
+def test_quick_device_plugin_bench_times_the_update_and_allocate(tmp_path):
+    """P6 in --quick mode on one GPU: the agent's device plugin and the test kubelet, over real gRPC."""
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "tests.bench", "--quick", "--parts", "p6", "--gpus", "1",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    p6 = json.loads((out / "bench.json").read_text())["results"]["p6"]
+    assert p6["update_after_success_s"]["n"] == 1 and p6["update_after_relabel_s"]["median"] > 0
+    assert p6["allocate_ms"]["calls"] == 100 and 0 < p6["allocate_ms"]["median"] <= p6["allocate_ms"]["p99"]
+    assert p6["idle"]["sysfs_writes"] == 0 and 10 < p6["rss_mb"] <= 200
+    assert "| P6 device plugin (agent + test kubelet) |" in (out / "bench.md").read_text()
