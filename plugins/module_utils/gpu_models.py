@@ -12,7 +12,7 @@ VFs too. A2 and A16 share 0x25b6 and cannot be told apart by ID.
 
 from __future__ import annotations
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import NVIDIA_VENDOR
+NVIDIA_VENDOR = "10de"  # PCI vendor ID (lower-case hex, as sysfs `vendor` without 0x); node/pci.py uses it
 
 # device ID (lower-case hex) -> model name, vendor 10de
 NVIDIA_MODELS = {

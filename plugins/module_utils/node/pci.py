@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import NVIDIA_VENDOR  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 
 PCI_DEVICES = "bus/pci/devices"
-NVIDIA_VENDOR = "10de"
 _FULL_BDF = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])$")
 _SHORT_BDF = re.compile(r"^([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])$")
 _HEX4 = re.compile(r"^(?:0x)?([0-9a-f]{4})$")

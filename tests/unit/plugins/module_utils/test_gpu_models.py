@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import gpu_models
@@ -39,3 +43,14 @@ def test_vgpu_offers_are_catalogued_models_whose_largest_profile_is_the_framebuf
 def test_vgpu_offer_lookup():
     assert gpu_models.vgpu_offer("10DE", "26B9")[:2] == ("L40S", 48)
     assert gpu_models.vgpu_offer("10de", "2335") is None and gpu_models.vgpu_offer("8086", "26b9") is None
+
+
+def test_the_catalog_imports_nothing_of_the_node_engine():
+    """Issue 24: the catalog is below the node engine (node/pci.py takes the vendor ID from it)."""
+    code = ("import sys; from ansible_collections.accelops.vgpu.plugins.module_utils import gpu_models; "
+            "print(sorted(m for m in sys.modules if '.module_utils.' in m))")
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environ).stdout
+    assert ".module_utils.node" not in loaded and "gpu_models" in loaded
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci
+    assert pci.NVIDIA_VENDOR == gpu_models.NVIDIA_VENDOR == "10de"
