@@ -194,7 +194,8 @@ class Agent:
         def before_changes():  # validated, and something will be written: VDM's pending + pause
             log("config %s: applying" % name)
             changing.append(self._patch(node, vdm.outcome_patch(_meta(node, "labels"), {}, vdm.PENDING)))
-            paused = self._pause(changing[-1])
+            paused, patched = self._pause(changing[-1])
+            changing.append(patched)
             if paused and s.operand_namespace:
                 self._wait_for_operands(paused)
 
@@ -219,9 +220,11 @@ class Agent:
                 self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])
             self.hand_over_to_boot(name)
-            self._finish(node, vdm.SUCCESS, profiles, None, applied=bool(changing), config=name)
+            self._finish(changing[-1] if changing else node, vdm.SUCCESS, profiles, None, applied=bool(changing),
+                         config=name)
             return vdm.SUCCESS, profiles, None, bool(changing)
-        self._finish(node, vdm.FAILED, None, reason, applied=bool(changing), config=name)
+        self._finish(changing[-1] if changing else node, vdm.FAILED, None, reason, applied=bool(changing),
+                     config=name)
         return vdm.FAILED, None, reason, False
 
     def _plugin_check(self, engine):
@@ -254,22 +257,23 @@ class Agent:
 
     def _pause(self, node):
         """Pause the operands whose deploy label is "true" (resourceVersion-guarded, 409 retried);
-        returns the labels paused."""
+        returns (the labels paused, the Node as the API server returned it last)."""
         for attempt in range(CONFLICT_RETRIES):
             labels = _meta(node, "labels")
             patch = vdm.pause_patch(labels)
             if not patch:
-                return []
+                return [], node
             try:
                 version = ((node or {}).get("metadata") or {}).get("resourceVersion")
-                self.api.patch_node(self.settings.node_name, {"metadata": {"resourceVersion": version, "labels": patch}})
+                node = self.api.patch_node(self.settings.node_name,
+                                           {"metadata": {"resourceVersion": version, "labels": patch}})
                 log("paused %s" % ", ".join(sorted(patch)))
-                return sorted(patch)
+                return sorted(patch), node
             except KubeApiError as exc:
                 if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
                     raise
                 node = self.api.get_node(self.settings.node_name)
-        return []
+        return [], node
 
     def _wait_for_operands(self, paused):
         """Until no pod of the paused operands runs on this node (VDM: the device plugin must not
@@ -286,14 +290,11 @@ class Agent:
                 time.sleep(1.0)
             log("%s pods are gone" % selector)
 
-    def _finish(self, node, state, profiles, reason, applied, config=None):
-        """One patch: state, reason, profile labels, and every operand still paused put back."""
-        try:
-            current = self.api.get_node(self.settings.node_name) if applied or state == vdm.FAILED else node
-        except KubeApiError as exc:
-            if exc.status != 404:
-                raise
-            current = node
+    def _finish(self, current, state, profiles, reason, applied, config=None):
+        """One patch: state, reason, profile labels, and every operand still paused put back.
+
+        `current`: the Node as our own last patch returned it (the API server's object after the write),
+        or as the watch delivered it when this reconcile wrote nothing yet: no re-read."""
         labels = _meta(current, "labels")
         patch = vdm.outcome_patch(labels, _meta(current, "annotations"), state, profiles, reason) or {"metadata": {}}
         restore = vdm.restore_patch(labels)

@@ -194,3 +194,22 @@ def test_relabelling_across_mig_mode_converges_both_ways_without_a_human(
         assert cluster.profile_labels() == dict((PROFILE + p, str(n)) for p, n in profiles.items())
         assert node.state()["pfs"][0]["mig_mode"] is mig_mode
         assert REASON not in cluster.annotations()
+
+
+def test_the_agent_finishes_from_the_node_its_own_patch_returned_without_reading_it_again(
+        gpusim_node, cluster, start_agent):
+    """Issue 24: after pending (and the pause) the outcome patch is computed from the object the API
+    server returned for our own patch; no GET of the Node after an apply, nor after a failure."""
+    cluster.api.reset(agent_state({PLUGIN_LABEL: "true"}))
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api, RESYNC_INTERVAL=600)
+    agent.wait("success", "default")
+    for config, state in (("L40S-12Q", "success"), ("no-such-config", "failed")):
+        cluster.api.clear_log()
+        agent.forget_status()
+        cluster.select(config)
+        agent.wait(state, config)
+        gets = [r for r in cluster.api.log() if r["method"] == "GET" and r["path"] == "/api/v1/nodes/gpu-a"]
+        assert gets == []
+    assert cluster.profile_labels() == {PROFILE + "L40S-12Q": "4"}
+    assert cluster.labels()[PLUGIN_LABEL] == "true" and cluster.state() == "failed"
