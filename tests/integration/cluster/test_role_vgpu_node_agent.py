@@ -211,3 +211,21 @@ def test_cluster_playbook_with_the_agents_device_plugin_permits_every_profile_of
     for profile in ("L40S-24Q", "L40S-8Q"):
         assert {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_" + profile,
                 "externalResourceProvider": True} in pci
+
+
+def test_the_dra_driver_switch_creates_the_device_classes_rbac_and_mounts(api_server, kubeconfig, tmp_path):
+    state = register_chart_kinds(default_state())
+    state["resources"]["resource.k8s.io/v1/deviceclasses"] = {"kind": "DeviceClass", "singular": "deviceclass",
+                                                              "namespaced": False, "verbs": ["get", "create", "patch"]}
+    api_server.reset(state)
+    proc = run_role(tmp_path, kubeconfig, {"vgpu_node_agent_dra": True, "vgpu_node_agent_cdi_dir": "/etc/cdi",
+                                           "vgpu_node_agent_kubelet_dir": "/var/lib/k0s/kubelet"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    classes = [api_server.get("resource.k8s.io/v1/deviceclasses", name)["spec"]["selectors"][0]["cel"]["expression"]
+               for name in ("vgpu.accelops.io", "vendor-vfio.vgpu.accelops.io", "mdev.vgpu.accelops.io")]
+    assert classes[0] == 'device.driver == "vgpu.accelops.io"' and 'framework == "mdev"' in classes[2]
+    rules = api_server.get("rbac.authorization.k8s.io/v1/clusterroles", NAME)["rules"]
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]} in rules
+    pod = api_server.get("apps/v1/daemonsets", NAME, NAMESPACE)["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert (env["DRA_DRIVER"], env["CDI_DIR"], env["KUBELET_DIR"]) == ("true", "/etc/cdi", "/var/lib/k0s/kubelet")

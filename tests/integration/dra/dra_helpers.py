@@ -68,18 +68,17 @@ class NodeRunner(CommandRunner):
         return proc.returncode, proc.stdout, proc.stderr
 
 
-def read_devices(gpu_node, cache_dir):
-    """A `read_devices()` for the node: facts (type names from nvidia-smi once the creatable lists
-    show them no more) -> DRA devices, as the agent reads them."""
+def read_facts(gpu_node, cache_dir):
+    """A `read_facts()` for the node as the agent reads it: node/facts with the engine's type names
+    (nvidia-smi once the creatable lists no longer show a type)."""
     sysfs = Sysfs(gpu_node.root)
     names = vgpu_apply.TypeNames(sysfs, NodeRunner(gpu_node), str(cache_dir))
-    return lambda: dra_devices.inventory(sysfs, facts.gather(
-        sysfs, inuse.held_devices(sysfs, gpu_node.dev_root, "/proc"), names))
+    return lambda: facts.gather(sysfs, inuse.held_devices(sysfs, gpu_node.dev_root, "/proc"), names)
 
 
 def sysfs_devices(gpu_node, cache_dir):
     """The node's DRA devices read straight from its sysfs (the truth the slices must show)."""
-    return read_devices(gpu_node, cache_dir)()
+    return dra_devices.inventory(Sysfs(gpu_node.root), read_facts(gpu_node, cache_dir)())
 
 
 def stored_slices(api):

@@ -2,6 +2,7 @@
 
 import pathlib
 import re
+import subprocess
 
 import yaml
 from cel_devices import selected
@@ -34,10 +35,13 @@ def readme_objects():
 
 
 def device_classes():
-    data = yaml.safe_load((ROOT / "roles/vgpu_node_agent/vars/main.yml").read_text())
-    assert data["__vgpu_node_agent_dra_driver"] == DRIVER
-    return {c["metadata"]["name"]: [s["cel"]["expression"] for s in c["spec"]["selectors"]]
-            for c in data["__vgpu_node_agent_device_classes"]}, data["__vgpu_node_agent_device_classes"]
+    """The DeviceClasses the agent's chart creates with dra.enabled (rendered by the real helm of `make setup`)."""
+    chart = ROOT / "charts" / "accelops-vgpu-node-agent"
+    rendered = subprocess.run([str(ROOT / ".venv" / "bin" / "helm"), "template", "agent", str(chart), "--values",
+                               str(chart / "ci" / "example-values.yaml"), "--set", "dra.enabled=true"],
+                              capture_output=True, text=True, timeout=120, check=True).stdout
+    objects = [o for o in yaml.safe_load_all(rendered) if o and o["kind"] == "DeviceClass"]
+    return {c["metadata"]["name"]: [s["cel"]["expression"] for s in c["spec"]["selectors"]] for c in objects}, objects
 
 
 def test_device_classes_are_valid_and_select_by_driver_and_framework():
