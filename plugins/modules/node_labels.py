@@ -65,7 +65,7 @@ options:
       - Deploy switches (V(sandbox_validator), V(vgpu_device_manager)) no longer wanted on the node. Each is removed
         while it still holds the value this collection set, as recorded in the Node annotation
         C(accelops.io/vgpu.deploy-switches) (written whenever the module sets a switch); one set by someone
-        else, or changed since, stays (so does one set before the annotation existed: remove it by hand once).
+        else, or changed since, stays (so does one set before the annotation existed; remove it by hand once).
       - A switch also given as O(sandbox_validator) or O(vgpu_device_manager) is not released.
     type: list
     elements: str

@@ -215,9 +215,8 @@ def main():
         with node_lock(params["sysfs_root"], params["lock_timeout"]) if not module.check_mode else nullcontext():
             result.update(manager.apply(params, check_mode=module.check_mode))
     before, after = result.pop("before"), result.pop("after")
-    exit_with_diff(module, result.pop("changed"), {"before": before, "after": dict(after, actions=result["actions"],
-                                                                     on_failure=result["on_failure"])},
-                   **result)
+    after = dict(after, actions=result["actions"], on_failure=result["on_failure"])
+    exit_with_diff(module, result.pop("changed"), {"before": before, "after": after}, **result)
 
 
 if __name__ == "__main__":

@@ -365,8 +365,8 @@ class DriverManager:
             return "restore incomplete: %s not back%s" % (
                 ", ".join(missing), " (did: %s)" % ", ".join(done) if done else "")
         if not done:
-            return "nothing to restore (%s)" % ("nothing ran before" if not self._describe_restore(before)
-                                                 else "modules and services as before")
+            ran = self._describe_restore(before)
+            return "nothing to restore (%s)" % ("modules and services as before" if ran else "nothing ran before")
         return "restored: %s" % ", ".join(done)
 
     def _verify(self, runfile, params):

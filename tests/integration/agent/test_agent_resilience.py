@@ -198,8 +198,8 @@ def test_bad_settings_exit_2_with_one_line(gpusim_node, cluster, start_agent):
     assert cluster.api.log() == []
 
 
-def test_relabel_then_reboot_with_the_boot_unit_installed_keeps_the_agents_layout(gpusim_node, cluster, start_agent,
-                                                                                     pyz, tmp_path):
+def test_relabel_then_reboot_with_the_boot_unit_installed_keeps_the_agents_layout(
+        gpusim_node, cluster, start_agent, pyz, tmp_path):
     """Both paths on one node: the boot unit pins the inventory's `default`, the agent was relabelled to
     L40S-12Q. After a reboot the unit's command (as vgpu_profiles installs it) re-applies L40S-12Q."""
     node = gpusim_node("l40s:2")

@@ -130,13 +130,15 @@ def test_switching_from_kubevirt_to_agent_turns_our_entry_external_in_place(clus
     back = run_role(tmp_path, kubeconfig, nodes)
     assert back.returncode == 0 and {"pciVendorSelector": "10DE:26B9",
                                      "resourceName": "nvidia.com/NVIDIA_L40S-24Q"} in permitted(cluster)["pciHostDevices"]
+
+
 def mdev_resource(profile, count=4):
     return {"profile": profile, "type_name": "NVIDIA " + profile, "resource_name": "nvidia.com/NVIDIA_" + profile,
             "mdev_name_selector": "NVIDIA " + profile, "framework": "mdev", "count": count}
 
 
-def test_a_fleet_profile_change_replaces_our_own_entries_and_releases_the_validator_switch(cluster, kubeconfig,
-                                                                                          tmp_path):
+def test_a_fleet_profile_change_replaces_our_own_entries_and_releases_the_validator_switch(
+        cluster, kubeconfig, tmp_path):
     """24Q -> 12Q on every L40S (same PCI ID) through the role, no take_over: the entry the role wrote is
     replaced, the mdev type of the earlier A16 profile goes, foreign entries stay. gpu-a then gets an mdev
     GPU too (no longer all vendor-VFIO): the validator switch the role set goes, a foreign label stays."""
