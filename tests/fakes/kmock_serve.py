@@ -30,6 +30,10 @@ Test controls (JSON over HTTP, never logged):
     POST /_ctl/conflict  {"count": 1, "patch": {...}}  the next `count` writes lose a race: the stored
                           object first gets `patch` (merge) and a new resourceVersion, then 409
     POST /_ctl/forbid    {"method": "PATCH", "plural": "kubevirts"}  -> 403 for matching requests
+    POST /_ctl/fail      {"method": "GET", "plural": "pods", "count": 1, "status": 429, "retry_after": 2}
+                          the next `count` matching requests fail with `status` (a Status body; with
+                          `retry_after`, the `Retry-After` header and details.retryAfterSeconds, as the
+                          API server's max-in-flight/priority-and-fairness filters answer a 429)
     GET  /_ctl/log       the request log;  POST /_ctl/log/clear
     GET  /_ctl/object?resource=...&namespace=...&name=...   the stored object
     POST /_ctl/patch     {"resource", "namespace", "name", "patch"}  a merge patch as another client
@@ -103,6 +107,7 @@ class StrictEmulator(KubernetesEmulator):
         self.request_log = []
         self.conflicts = {"count": 0, "patch": None}
         self.forbidden = []
+        self.faults = []
         self.resource_version = 999
         self.history = collections.deque()   # (resourceVersion, resource, namespace, name, event)
         self.history_floor = self.resource_version
@@ -139,6 +144,10 @@ class StrictEmulator(KubernetesEmulator):
             self._reset(data)
         elif path == "/_ctl/conflict":
             self.conflicts = {"count": int(data.get("count", 1)), "patch": data.get("patch")}
+        elif path == "/_ctl/fail":
+            self.faults.append({"method": data["method"].upper(), "plural": data["plural"],
+                                "count": int(data.get("count", 1)), "status": int(data.get("status", 503)),
+                                "retry_after": data.get("retry_after")})
         elif path == "/_ctl/forbid":
             self.forbidden.append({"method": data["method"].upper(), "plural": data["plural"]})
         elif path == "/_ctl/patch":
@@ -181,6 +190,7 @@ class StrictEmulator(KubernetesEmulator):
         self.resources.clear()
         self.request_log.clear()
         self.forbidden.clear()
+        self.faults.clear()
         self.conflicts = {"count": 0, "patch": None}
         for key, info in (state.get("resources") or {}).items():
             self.resources[key] = ResourceInfo(**info)
@@ -221,6 +231,10 @@ class StrictEmulator(KubernetesEmulator):
         if self.token is not None and not self._authorized(request.headers.get("Authorization") or ""):
             raise KubernetesError(status=401, reason="Unauthorized", message="Unauthorized")
         plural = request.resource.plural if request.resource is not None else None
+        for fault in self.faults:
+            if fault["count"] > 0 and fault["method"] == method and fault["plural"] == plural:
+                fault["count"] -= 1
+                return _fault_response(fault)
         if any(rule["method"] == method and rule["plural"] == plural for rule in self.forbidden):
             raise KubernetesError(status=403, reason="Forbidden",
                                   message='%s "%s" is forbidden: User "system:serviceaccount:test:ansible" cannot %s '
@@ -357,6 +371,17 @@ class StrictEmulator(KubernetesEmulator):
         stored.create(result)
         self.record("MODIFIED", key[0], key[1], key[2], stored.raw)
         return aiohttp.web.json_response(stored.raw)
+
+
+def _fault_response(fault):
+    reason = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}.get(fault["status"], "Failure")
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": fault["status"],
+            "reason": reason, "message": "injected %d (/_ctl/fail)" % fault["status"]}
+    headers = {}
+    if fault["retry_after"] is not None:
+        body["details"] = {"retryAfterSeconds": int(fault["retry_after"])}
+        headers["Retry-After"] = str(int(fault["retry_after"]))
+    return aiohttp.web.json_response(body, status=fault["status"], headers=headers)
 
 
 def _selector_terms(selector):

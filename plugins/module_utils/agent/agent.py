@@ -83,7 +83,9 @@ class Agent:
         self.config = ConfigSource(settings.config_file)
         self.stop, self.wake, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self.latest = None          # the node as last listed/watched
-        self.reconciled = None      # (config name, config digest) of the last finished reconcile
+        self.reconciled = None      # (config name, config digest, node uid) of the last finished reconcile
+        self.written = None         # labels we own (state, profiles) as our last reconcile left them
+        self.own_versions = set()   # resourceVersions our own writes of that reconcile produced
         self.next_resync = 0.0
         self.api_backoff = Backoff(base=1.0, cap=30.0)
         self.last_event = None
@@ -136,13 +138,24 @@ class Agent:
             node = self.latest
         if node is None:
             return
-        wanted = (vdm.selected_config(node, self.settings.default_vgpu_config), self.config.digest)
+        wanted = (vdm.selected_config(node, self.settings.default_vgpu_config), self.config.digest,
+                  _meta_field(node, "uid"))   # a Node deleted and created again is another uid
         lost = self.probe.check()
         if lost and wanted == self.reconciled:
             self._manager_restarted(node, wanted[0], lost)
-        elif wanted == self.reconciled and self.clock() < self.next_resync:
+        elif wanted == self.reconciled and self.clock() < self.next_resync and not self._labels_drifted(node):
             return
         self.reconcile(node, wanted)
+
+    def _labels_drifted(self, node):
+        """The labels we own differ from what our last reconcile left, in a version we did not write
+        (someone removed the state or a profile label): reconcile now, not at the next resync."""
+        if self.written is None or _meta_field(node, "resourceVersion") in self.own_versions:
+            return False
+        if vdm.owned_labels(_meta(node, "labels")) == self.written:
+            return False
+        log("labels this agent owns changed on node %s; reconciling" % self.settings.node_name)
+        return True
 
     def _manager_restarted(self, node, name, gpus):
         """The probe found GPUs without the vGPUs the last apply left: report it; the caller re-applies."""
@@ -163,10 +176,11 @@ class Agent:
     def reconcile(self, node, wanted):
         name = wanted[0]
         self.checks += 1
+        self.written, self.own_versions = None, set()
         try:
             state, profiles, reason, changed = self._converge(node, name)
         except (KubeApiError, KubeUnavailable) as exc:
-            delay = self.api_backoff.next()
+            delay = kube.retry_delay(exc, self.api_backoff.next())
             log("config %s: API server: %s; trying again in %.1f s" % (name, exc, delay))
             self.reconciled, self.next_resync = None, self.clock() + delay
             return
@@ -196,7 +210,7 @@ class Agent:
             changing.append(self._patch(node, vdm.outcome_patch(_meta(node, "labels"), {}, vdm.PENDING)))
             paused, patched = self._pause(changing[-1])
             changing.append(patched)
-            if paused and s.operand_namespace:
+            if paused and s.operand_namespace:   # also labels a failed or killed earlier try paused
                 self._wait_for_operands(paused)
 
         try:
@@ -204,7 +218,8 @@ class Agent:
             self._plugin_check(engine)
             entries = self.config.entries(name)
             result = vgpu_apply.apply(engine, entries, mixed_size=s.mixed_size, lock_timeout=s.lock_timeout,
-                                      enable_vfs=True, wait_timeout=s.wait_timeout, before_changes=before_changes)
+                                      enable_vfs=True, wait_timeout=s.wait_timeout, before_changes=before_changes,
+                                      stop=self.stop)
         except (KubeApiError, KubeUnavailable):
             raise  # retried with backoff; the retry's finish restores operands this one paused
         except EngineError as exc:
@@ -253,22 +268,32 @@ class Agent:
         """Merge-patch our Node; returns the updated object (or `node` when there is nothing to do)."""
         if not patch:
             return node
-        return self.api.patch_node(self.settings.node_name, patch)
+        return self._wrote(self.api.patch_node(self.settings.node_name, patch))
+
+    def _wrote(self, node):
+        """Remember the resourceVersion our write produced (its watch event is no drift)."""
+        version = _meta_field(node, "resourceVersion")
+        if version:
+            self.own_versions.add(version)
+        return node
 
     def _pause(self, node):
         """Pause the operands whose deploy label is "true" (resourceVersion-guarded, 409 retried);
-        returns (the labels paused, the Node as the API server returned it last)."""
+        returns (every operand label now paused, the Node as the API server returned it last): those
+        paused here and those an earlier try left paused (a pod list that failed, an agent killed
+        mid-wait), whose pods must be gone too."""
         for attempt in range(CONFLICT_RETRIES):
             labels = _meta(node, "labels")
             patch = vdm.pause_patch(labels)
+            already = [key for key in vdm.OPERAND_LABELS if labels.get(key) == vdm.PAUSED]
             if not patch:
-                return [], node
+                return already, node
             try:
                 version = ((node or {}).get("metadata") or {}).get("resourceVersion")
-                node = self.api.patch_node(self.settings.node_name,
-                                           {"metadata": {"resourceVersion": version, "labels": patch}})
+                node = self._wrote(self.api.patch_node(self.settings.node_name,
+                                                       {"metadata": {"resourceVersion": version, "labels": patch}}))
                 log("paused %s" % ", ".join(sorted(patch)))
-                return sorted(patch), node
+                return sorted(set(patch) | set(already)), node
             except KubeApiError as exc:
                 if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
                     raise
@@ -287,7 +312,10 @@ class Agent:
                     what = (s.operand_wait_timeout, key.rpartition(".")[2], selector, s.operand_namespace, s.node_name)
                     raise vdm.OperandError("timed out after %g s waiting for the %s pods (%s in %s) on node %s "
                                            "to terminate" % what)
-                time.sleep(1.0)
+                if self.stop.wait(1.0):
+                    raise vdm.OperandError("stopped (SIGTERM) while waiting for the %s pods (%s) on node %s to "
+                                           "terminate; nothing was written" % (key.rpartition(".")[2], selector,
+                                                                                s.node_name))
             log("%s pods are gone" % selector)
 
     def _finish(self, current, state, profiles, reason, applied, config=None):
@@ -301,7 +329,9 @@ class Agent:
         if restore:
             patch["metadata"].setdefault("labels", {}).update(restore)
             log("restored %s" % ", ".join(sorted(restore)))
-        self._patch(current, patch if patch["metadata"] else None)
+        final = self._patch(current, patch if patch["metadata"] else None)
+        self._wrote(final)
+        self.written = vdm.owned_labels(_merged_labels(labels, patch))
         if state == vdm.FAILED:
             self._event(current, EVENT_FAILED, "config %s: %s" % (config, reason), warning=True)
         elif applied:
@@ -332,6 +362,21 @@ class Agent:
             os.replace(tmp, path)
         except OSError as exc:
             log("cannot write the status file %s: %s" % (path, exc.strerror))
+
+
+def _meta_field(node, key):
+    return ((node or {}).get("metadata") or {}).get(key)
+
+
+def _merged_labels(labels, patch):
+    """Labels after a merge patch (None removes a key)."""
+    merged = dict(labels)
+    for key, value in ((patch or {}).get("metadata") or {}).get("labels", {}).items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
 
 
 def _profiles_text(profiles):

@@ -20,6 +20,8 @@ Errors: `KubeApiError` (the server answered with a failure Status; `.status` is 
 from __future__ import annotations
 
 import base64
+import datetime
+import email.utils
 import http.client
 import json
 import os
@@ -45,11 +47,43 @@ class KubeUnavailable(EngineError):
 
 
 class KubeApiError(EngineError):
-    """The API server answered with an error Status."""
+    """The API server answered with an error Status. `retry_after`: seconds the server asked us to
+    wait (429/5xx `Retry-After`, or the Status' details.retryAfterSeconds), else None."""
 
-    def __init__(self, message, status=None, reason=None):
+    def __init__(self, message, status=None, reason=None, retry_after=None):
         super().__init__(message)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.retry_after = status, reason, retry_after
+
+
+RETRY_AFTER_CAP = 3600.0  # seconds: a server asking for more is still retried within the hour
+
+
+def retry_after(headers, body):
+    """Seconds from `Retry-After` (delta-seconds or an HTTP-date, RFC 9110 10.2.3), else from a
+    Status' details.retryAfterSeconds (apimachinery); None when neither says."""
+    value = (headers.get("Retry-After") or "").strip() if headers is not None else ""
+    seconds = None
+    if value.isdigit():
+        seconds = float(value)
+    elif value:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+            seconds = max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+        except (TypeError, ValueError, IndexError):
+            seconds = None
+    if seconds is None:
+        try:
+            details = (json.loads(body) or {}).get("details") or {}
+            found = details.get("retryAfterSeconds")
+            seconds = float(found) if isinstance(found, (int, float)) and found > 0 else None
+        except (ValueError, AttributeError):
+            seconds = None
+    return None if seconds is None else min(seconds, RETRY_AFTER_CAP)
+
+
+def retry_delay(exc, backoff_delay):
+    """The delay before retrying after `exc`: our backoff, but never less than the server asked."""
+    return max(backoff_delay, getattr(exc, "retry_after", None) or 0.0)
 
 
 def _read(path):
@@ -216,7 +250,8 @@ class KubeClient:
             if response.status == 401 and attempt == 1:
                 continue  # the token rotated between our read and the server's check: read it again
             message, reason = _status_message(response.status, payload)
-            raise KubeApiError("%s %s: %s" % (method, path, message), response.status, reason)
+            wait = retry_after(response.headers, payload) if response.status == 429 or response.status >= 500 else None
+            raise KubeApiError("%s %s: %s" % (method, path, message), response.status, reason, wait)
         raise AssertionError("unreachable")
 
     def request(self, method, path, query=None, body=None, content_type="application/json"):

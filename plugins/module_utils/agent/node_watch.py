@@ -13,11 +13,12 @@ so a broken server is never hammered; a stream that delivered something resets t
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError, KubeUnavailable
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError, KubeUnavailable, retry_after, retry_delay
 
 SHORT_STREAM = 1.0  # seconds: a watch that ends sooner without an event counts as a failure
 
@@ -78,7 +79,7 @@ class NodeWatcher:
                 delay = self.backoff.next() if self.relists > 1 else 0
             except (KubeApiError, KubeUnavailable) as exc:
                 self.log("watch of node %s: %s" % (self.node_name, exc))
-                delay = self.backoff.next()
+                delay = retry_delay(exc, self.backoff.next())
             except Exception as exc:  # pylint: disable=broad-exception-caught
                 # a surprise (an odd event shape) must not end the only thread that sees label changes
                 self.log("watch of node %s: unexpected %s: %s; listing again" % (self.node_name, type(exc).__name__, exc))
@@ -106,7 +107,7 @@ class NodeWatcher:
                 if obj.get("code") == 410:
                     raise Gone()
                 raise KubeApiError("watch of node %s: %s" % (self.node_name, obj.get("message") or obj),
-                                   obj.get("code"), obj.get("reason"))
+                                   obj.get("code"), obj.get("reason"), retry_after(None, json.dumps(obj)))
             version = (obj.get("metadata") or {}).get("resourceVersion")
             if version:
                 self.resource_version = version

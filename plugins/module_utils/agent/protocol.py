@@ -63,6 +63,11 @@ def restore_patch(labels, paused_by_us=None):
     return dict((key, "true") for key in keys if labels.get(key) == PAUSED)
 
 
+def owned_labels(labels, prefix=DEFAULT_PROFILE_PREFIX):
+    """The labels the agent writes as the outcome: the state and the profile labels."""
+    return dict((k, v) for k, v in labels.items() if k == STATE_LABEL or k.startswith(prefix))
+
+
 def reason_text(error):
     """The one-line failure reason, bounded for an annotation."""
     text = one_line(error)

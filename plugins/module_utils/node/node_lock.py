@@ -71,12 +71,14 @@ def _holder(fd):
 
 
 class NodeLock:
-    """Context manager holding the node's apply lock; waits up to `timeout` seconds for it."""
+    """Context manager holding the node's apply lock; waits up to `timeout` seconds for it, or until
+    `stop` (a threading.Event: the agent's SIGTERM) is set."""
 
-    def __init__(self, sysfs_root, timeout=120.0, directory=None, poll_interval=0.1):
+    def __init__(self, sysfs_root, timeout=120.0, directory=None, poll_interval=0.1, stop=None):
         self.path = lock_path(sysfs_root, directory)
         self.timeout = float(timeout)
         self.poll_interval = poll_interval
+        self.stop = stop
         self._fd = None
 
     def acquire(self):
@@ -95,7 +97,13 @@ class NodeLock:
                     os.close(fd)
                     raise NodeLockError("another accelops-vgpu apply holds the node lock %s (pid %s)"
                                         % (self.path, holder)) from None
-                time.sleep(self.poll_interval)
+                if self.stop is not None and self.stop.wait(self.poll_interval):
+                    holder = _holder(fd)
+                    os.close(fd)
+                    raise NodeLockError("stopped while waiting for the node lock %s (held by pid %s); nothing was "
+                                        "written" % (self.path, holder)) from None
+                if self.stop is None:
+                    time.sleep(self.poll_interval)
         os.ftruncate(fd, 0)
         os.pwrite(fd, ("%d\n" % os.getpid()).encode("ascii"), 0)
         self._fd = fd
@@ -115,6 +123,6 @@ class NodeLock:
         self.release()
 
 
-def node_lock(sysfs_root, timeout=120.0, directory=None):
+def node_lock(sysfs_root, timeout=120.0, directory=None, stop=None):
     """`with node_lock(sysfs_root, timeout):` holds the node's apply lock (see NodeLock)."""
-    return NodeLock(sysfs_root, timeout, directory)
+    return NodeLock(sysfs_root, timeout, directory, stop=stop)

@@ -181,11 +181,29 @@ class Node:
         self.dev_root, self.proc_root = dev_root, proc_root
         self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage
         self.names = TypeNames(sysfs, runner, cache_dir)
+        self.planned_held = {}  # what plan() saw held: a device held since then stops its GPU
 
     def held(self, scope=None):
         """inuse.held_devices for this node; `scope`: the PFs about to be written (probed when the
         /proc scan is incomplete), None = all."""
         return inuse.held_devices(self.sysfs, self.dev_root, self.proc_root, scope, self.holder_sources)
+
+    def stop_if_newly_held(self, plans, done=()):
+        """Scan again; raise HeldSincePlan before the first write to a GPU whose change touches a
+        device held since the plan (a VM that started while the agent waited for operands)."""
+        changing = [(gpu, plan) for gpu, dummy, dummy2, plan in plans if plan.steps]
+        if not changing:
+            return
+        now = self.held([gpu.address for gpu, dummy in changing])
+        newly = dict((name, found) for name, found in now.items() if name not in self.planned_held)
+        if not newly:
+            return
+        parents = inuse.mdev_parents(self.sysfs)
+        for gpu, plan in changing:
+            for name in sorted(_touched(self.sysfs, gpu.address, plan, parents)):
+                if name in newly:
+                    raise HeldSincePlan(gpu.address, name, newly[name], list(done),
+                                        [p.address for dummy, p in changing if p.address not in done])
 
     def view(self, gpu, framework, held, vfs=None):
         if framework == vgpu_vfio.FRAMEWORK:
@@ -210,7 +228,7 @@ class Node:
         vfs_of = {}  # PF -> VF addresses, read once per plan (a readlink each)
         gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs, vfs_of))
         selection = resolve(entries, list(gpus.values()), self.sysfs)
-        held = self.held(list(selection))
+        held = self.planned_held = self.held(list(selection))
         plans = []
         for address, gpu_entries in selection.items():
             gpu = gpus[address]
@@ -276,6 +294,7 @@ class Node:
         for dummy, framework, view, plan in plans:
             if not leaves_mig(plan):
                 continue
+            self.stop_if_newly_held([p for p in plans if p[3] is plan], done)
             BACKENDS[framework].execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] == "clear"])
             mig.execute(self.smi, plan.mig)
             count, total = len(view.vfs), pci.PciDevice(self.sysfs, plan.address).sriov_totalvfs
@@ -295,10 +314,14 @@ class Node:
         return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
 
     def execute(self, plans):
-        """Writes, GPU by GPU: clears/removals, mixed-size mode when the plan needs it, creations."""
+        """Writes, GPU by GPU: clears/removals, mixed-size mode when the plan needs it, creations.
+        Immediately before each GPU's first write the node is scanned again (stop_if_newly_held)."""
+        done = []
         for dummy, framework, view, plan in plans:
             if not plan.steps:
                 continue
+            self.stop_if_newly_held([p for p in plans if p[3] is plan], done)
+            done.append(plan.address)
             backend = BACKENDS[framework]
             backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("clear", "remove")])
             if plan.mig is not None and not plan.mig.leave:
@@ -346,6 +369,28 @@ class Node:
         return BACKENDS[framework].current_profiles(self.view(gpu, framework, {}))
 
 
+class HeldSincePlan(LayoutError):
+    """A device a GPU's change touches became held after the plan; that GPU was not written.
+    `done`: GPUs changed before it; `not_done`: it and the GPUs after it."""
+
+    def __init__(self, gpu, device, found, done, not_done):
+        self.gpu, self.device, self.done, self.not_done = gpu, device, done, not_done
+        kind = "mdev" if "-" in device else "VF"
+        super().__init__("GPU %s: %s %s became held by a VM (%s) after the plan; nothing was written to GPU %s "
+                         "(changed: %s; not changed: %s)" % (gpu, kind, device, inuse.describe(found), gpu,
+                                                             ", ".join(done) or "none", ", ".join(not_done)))
+
+
+def _touched(sysfs, address, plan, parents):
+    """Devices a GPU's change writes to (VFs typed or cleared, mdevs removed); with a MIG or
+    mixed-size mode change every VF and mdev of the GPU."""
+    names = set(step[1] for step in plan.steps if step[0] in ("clear", "set", "remove"))
+    if plan.switch_mode or (plan.mig is not None and plan.mig.changed):
+        vfs = set(pci.PciDevice(sysfs, address).virtfns()) | {address}
+        names |= vfs | set(uuid for uuid, parent in parents.items() if parent in vfs)
+    return names
+
+
 def _counts(types):
     counts = {}
     for vgpu_type in types:
@@ -359,18 +404,21 @@ def _text(counts):
 
 
 def apply(node, entries, state="present", mixed_size=False, check_mode=False, lock_timeout=120.0,
-          enable_vfs=False, wait_timeout=WAIT_TIMEOUT, before_changes=None):
+          enable_vfs=False, wait_timeout=WAIT_TIMEOUT, before_changes=None, stop=None):
     """The whole flow; returns the result dict (changed, gpus, resources, diff, warnings).
 
     `lock_timeout`: seconds to wait for the node lock; `wait_timeout`: for VFs it enables to be ready.
     `before_changes()`: called once the plan is validated and changes something, before the first
     write (the node agent sets its `pending` state there); an exception from it writes nothing.
+    The node is scanned again after it and before each GPU's first write (HeldSincePlan).
+    `stop`: a threading.Event that ends the wait for the node lock (the agent's SIGTERM).
     """
-    lock = contextlib.nullcontext() if check_mode else node_lock(node.sysfs.root, lock_timeout)
+    lock = contextlib.nullcontext() if check_mode else node_lock(node.sysfs.root, lock_timeout, stop=stop)
     with lock:
         plans = node.plan(entries, state, mixed_size, enable_vfs, check_mode)
         if before_changes is not None and not check_mode and any(p.changed for dummy, dummy2, dummy3, p in plans):
             before_changes()
+            node.stop_if_newly_held(plans)   # the hook may have waited: a VM may have opened a VF meanwhile
         first = list(plans)
         enabled = [] if check_mode else _prepare_vfs(node, plans, entries, state, mixed_size, wait_timeout)
         _carry_mig_exit(first, plans)

@@ -19,9 +19,14 @@ from gpusim.devices import UUID_RE, NVIDIA, Device, GpuInstance, Mdev, SimError,
 from gpusim.models import DEFAULT_DRIVER_VERSION, DRIVERS, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MODELS, VENDOR_VFIO
 
 
+RECENT, SETTLE = 1.0, 0.2   # seconds: see State._settled_count
+
+
 class State:
     def __init__(self, spec, latency_ms=0, driver_version=DEFAULT_DRIVER_VERSION):
         self.lock = threading.RLock()
+        self.closed = threading.Condition(self.lock)   # notified when a VFIO node is closed
+        self.last_open = {}                             # obj uid -> monotonic time of its latest open
         self.spec = spec
         self.initial = (latency_ms, driver_version)
         self.latency_ms = latency_ms
@@ -129,9 +134,10 @@ class State:
     def open_handle(self, obj, exclusive=False):
         """A VFIO node opened; `exclusive` (a group node) refuses with EBUSY while any node of it is open."""
         with self.lock:
-            if exclusive and self.open_counts.get(obj.uid, 0):
+            if exclusive and self._settled_count(obj):
                 raise SimError(errno.EBUSY, "VFIO group of %s is already open" % getattr(obj, "address", obj.uid))
             self.open_counts[obj.uid] = self.open_counts.get(obj.uid, 0) + 1
+            self.last_open[obj.uid] = time.monotonic()
 
     def close_handle(self, obj):
         with self.lock:
@@ -140,9 +146,25 @@ class State:
                 self.open_counts[obj.uid] = left
             else:
                 self.open_counts.pop(obj.uid, None)
+            self.closed.notify_all()
+
+    def _settled_count(self, obj):
+        """Open handles of `obj` once a close in flight has arrived. A close(2) of a VFIO fd releases
+        the device before it returns (the kernel runs the release on the way back to user space),
+        while FUSE sends RELEASE asynchronously: a node closed just before a write (the engine's
+        EBUSY probe) could still count. So a node opened less than RECENT s ago gets up to SETTLE s
+        for its close to arrive; a holder open longer than that answers at once."""
+        deadline = time.monotonic() + SETTLE
+        with self.lock:   # callers may or may not hold it (an RLock): the wait needs it held
+            while self.open_counts.get(obj.uid, 0) and time.monotonic() - self.last_open.get(obj.uid, 0) < RECENT:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.closed.wait(left)
+            return self.open_counts.get(obj.uid, 0)
 
     def held(self, obj):
-        return self.open_counts.get(obj.uid, 0) > 0
+        return self._settled_count(obj) > 0
 
     # ---- vGPU placement ---------------------------------------------------------------------
     def running(self, gpu):
@@ -488,7 +510,7 @@ class State:
             for old in list(self.devices.values()) + list(self.mdevs.values()):
                 old.alive = False       # a store still sleeping on an old PF must not revive it
             for name, item in vars(fresh).items():
-                if name != "lock":
+                if name not in ("lock", "closed"):   # the Condition is bound to this lock
                     setattr(self, name, item)
             self.version = version + 1
 

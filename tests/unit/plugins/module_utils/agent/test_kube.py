@@ -59,3 +59,47 @@ def test_a_token_file_that_vanished_is_retried_like_an_absent_server(tmp_path):
     creds = kube.Credentials("http://127.0.0.1:9", token_file=str(tmp_path / "token"))
     with pytest.raises(kube.KubeUnavailable, match="cannot read the token .*token"):
         creds.bearer()
+
+
+class Headers(dict):
+    def get(self, key, default=None):
+        return dict.get(self, key, default)
+
+
+def test_retry_after_reads_the_header_then_the_status_details():
+    status = json.dumps({"kind": "Status", "code": 429, "details": {"retryAfterSeconds": 3}}).encode()
+    assert kube.retry_after(Headers({"Retry-After": "5"}), status) == 5.0         # the header wins
+    assert kube.retry_after(Headers(), status) == 3.0                              # apimachinery's Status
+    assert kube.retry_after(Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}), b"") == 0.0  # past date
+    assert kube.retry_after(Headers({"Retry-After": "99999"}), b"") == kube.RETRY_AFTER_CAP
+    assert kube.retry_after(Headers({"Retry-After": "soon"}), b"not json") is None
+    assert kube.retry_delay(kube.KubeApiError("x", 429, retry_after=9.0), 1.0) == 9.0
+    assert kube.retry_delay(kube.KubeApiError("x", 503), 4.0) == 4.0
+
+
+def test_a_throttled_answer_carries_retry_after(tmp_path):
+    import http.server
+    import threading
+
+    class Throttle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps({"kind": "Status", "code": 429, "reason": "TooManyRequests",
+                               "message": "Too many requests, please try again later."}).encode()
+            self.send_response(429)
+            self.send_header("Retry-After", "4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Throttle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = kube.KubeClient(kube.Credentials("http://127.0.0.1:%d" % server.server_port), timeout=5)
+        with pytest.raises(kube.KubeApiError) as caught:
+            client.get_node("gpu-a")
+        assert (caught.value.status, caught.value.retry_after) == (429, 4.0)
+    finally:
+        server.shutdown()

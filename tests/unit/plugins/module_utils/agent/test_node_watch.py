@@ -77,3 +77,10 @@ def test_an_odd_event_does_not_end_the_watcher_it_relists_after_a_backoff():
     calls, seen, delays = run([[{"type": "MODIFIED", "object": "not a node"}]])
     assert calls == [("list", "gpu-a"), ("watch", "100"), ("list", "gpu-a"), ("watch", "100")]
     assert delays == [1.0] and len(seen) == 2
+
+
+def test_a_429_with_retry_after_waits_at_least_what_the_server_asked():
+    from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError
+    throttled = KubeApiError("GET /api/v1/nodes: Too many requests", 429, "TooManyRequests", retry_after=7.0)
+    calls, dummy, delays = run([throttled, KubeUnavailable("refused")])
+    assert delays == [7.0, 2.0]     # the server's 7 s, not our 1 s; then our own backoff goes on

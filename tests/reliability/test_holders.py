@@ -1,0 +1,151 @@
+"""Holders the node sees only by what the kernel says (issue 25), on gpusim: a VM that opens a VF
+while the apply waits (the agent's operand wait), or between two GPUs; a holder in its own mount
+namespace that opened the node through a path the scanner does not have; a holder the scanner may
+not inspect. Every failure names the VF and writes nothing to the GPU it holds (0 writes)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.tests.reliability import cli_runs, node_lab
+from ansible_collections.accelops.vgpu.tests.reliability.assertions import one_line_naming
+from ansible_collections.accelops.vgpu.tests.reliability.module_runs import run_module
+from ansible_collections.accelops.vgpu.tests.integration.vfio_holders import NEEDS_ROOT, NO_PTRACE, vfio_holders
+
+PF1, PF2 = "0000:41:00.0", "0000:42:00.0"
+TYPED = "0000:41:00.4"                      # L40S-12Q after START
+START = [{"devices": [PF1], "profiles": {"L40S-12Q": 1}}, {"devices": [PF2], "profiles": {}}]
+TARGET = [{"devices": "all", "profiles": {"L40S-24Q": 2}}]   # clears TYPED, types .4/.5 on both GPUs
+needs_root = NEEDS_ROOT
+
+
+@pytest.fixture
+def lab(gpusim_node, monkeypatch, tmp_path):
+    node = gpusim_node("l40s:2")
+    for name, value in node_lab.environment(node).items():
+        monkeypatch.setenv(name, value)
+    lab = node_lab.Lab(node, tmp_path)
+    node_lab.run_layout(lab, layout=START, enable_vfs=True)
+    node.clear_log()
+    return lab
+
+
+def gpu_writes(lab, pf):
+    bus = pf.split(":")[1]
+    return [e for e in lab.attempts() if e["path"].startswith("bus/pci/devices/0000:%s:" % bus)]
+
+
+def test_a_vm_that_opens_a_vf_during_the_wait_before_changes_stops_the_apply_before_any_write(
+        lab, vfio_holders, failure_writes):
+    # the agent's before_changes pauses the operands and waits: a virt-launcher opens TYPED meanwhile
+    with pytest.raises(vgpu_apply.HeldSincePlan) as caught:
+        vgpu_apply.apply(lab.engine, vgpu_layout.from_layout(TARGET), lock_timeout=10,
+                         before_changes=lambda: vfio_holders(lab.node, TYPED))
+    message = str(caught.value)
+    one_line_naming(message, TYPED)
+    assert "nothing was written to GPU %s" % PF1 in message and "changed: none" in message
+    failure_writes(len(lab.attempts()), "writes after a VF became held during the wait: %s" % lab.attempts()[:4])
+    assert lab.attempts() == []
+    assert vgpu_types.read_current(lab.sysfs, TYPED) == 1153       # still L40S-12Q
+
+
+class HoldAfter(Sysfs):
+    """Sysfs whose n-th successful write starts a VM on `vf` (between two GPUs' changes)."""
+
+    def __init__(self, node, nth, start):
+        super().__init__(node.root)
+        self.nth, self.start = nth, start
+
+    def write(self, rel, value):
+        super().write(rel, value)
+        if self.writes == self.nth:
+            self.start()
+
+
+def test_a_vm_that_opens_a_vf_of_the_next_gpu_stops_that_gpu_before_its_first_write(
+        lab, vfio_holders, failure_writes, tmp_path):
+    pf2_vf = "0000:42:00.4"
+    # PF1: clear .4, set .4 and .5 (3 writes); then PF2 would set .4 and .5
+    sysfs = HoldAfter(lab.node, 3, lambda: vfio_holders(lab.node, pf2_vf))
+    lab.engine = vgpu_apply.Node(sysfs, lab.runner, lab.node.dev_root, "/proc", cache_dir=str(tmp_path))
+    with pytest.raises(vgpu_apply.HeldSincePlan) as caught:
+        node_lab.run_layout(lab, layout=TARGET)
+    one_line_naming(str(caught.value), pf2_vf)
+    assert caught.value.done == [PF1] and caught.value.not_done == [PF2]
+    assert "changed: %s; not changed: %s" % (PF1, PF2) in str(caught.value)
+    failure_writes(len(gpu_writes(lab, PF2)), "writes to %s after its VF became held" % PF2)
+    assert gpu_writes(lab, PF2) == [] and len(gpu_writes(lab, PF1)) == 3
+
+
+@needs_root
+def test_a_holder_in_its_own_mount_namespace_is_seen_through_the_modules_engine(
+        lab, vfio_holders, failure_writes, tmp_path):
+    holder = vfio_holders(lab.node, TYPED, alias=str(tmp_path / "alias"))
+    target = holder.fd_target()
+    assert target.startswith(str(tmp_path / "alias")) and not os.path.exists(target)  # only in its namespace
+    with pytest.raises(vgpu_layout.LayoutError) as caught:
+        node_lab.run_layout(lab, layout=TARGET)
+    one_line_naming(str(caught.value), TYPED)
+    assert "pid %d" % holder.pid in str(caught.value)
+    failure_writes(len(lab.attempts()), "writes while a VM in another mount namespace held %s" % TYPED)
+    assert lab.attempts() == []
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory):
+    return cli_runs.build(tmp_path_factory.mktemp("node-cli"))
+
+
+@needs_root
+def test_a_holder_in_its_own_mount_namespace_is_seen_through_the_cli(lab, vfio_holders, pyz, tmp_path, failure_writes):
+    vfio_holders(lab.node, TYPED, alias=str(tmp_path / "alias"))
+    proc = cli_runs.run_verb(pyz, lab.node, "apply", "--config", cli_runs.write_layout(tmp_path, TARGET))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    one_line_naming(proc.stderr.rstrip("\n"), TYPED)
+    failure_writes(len(lab.attempts()), "CLI writes while a VM in another mount namespace held %s" % TYPED)
+    assert lab.attempts() == []
+
+
+@needs_root
+def test_a_holder_of_another_uid_the_scanner_may_not_inspect_refuses_the_apply(
+        lab, vfio_holders, pyz, tmp_path, failure_writes):
+    """The scanner runs without CAP_SYS_PTRACE: it may not read the holder's fds (EACCES); the
+    kernel's answer (the VF's VFIO group is busy: EBUSY) makes the VF held."""
+    holder = vfio_holders(lab.node, TYPED, uid=65534)
+    argv = cli_runs.argv(pyz, lab.node, "apply", "--config", cli_runs.write_layout(tmp_path, TARGET))
+    unprivileged = NO_PTRACE + argv
+    look = "import os, sys\ntry:\n os.readlink(sys.argv[1])\nexcept OSError as e:\n print(e.errno)"
+    probe = subprocess.run(NO_PTRACE + [sys.executable, "-c", look, "/proc/%d/fd/3" % holder.pid],
+                           capture_output=True, text=True)
+    assert probe.stdout.strip() == str(errno.EACCES), probe      # really not allowed to look
+    proc = subprocess.run(unprivileged, env=lab.node.env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    one_line_naming(proc.stderr.rstrip("\n"), TYPED)
+    assert "EBUSY" in proc.stderr
+    failure_writes(len(lab.attempts()), "writes while an uninspectable process held %s" % TYPED)
+    assert lab.attempts() == []
+    assert vgpu_types.read_current(lab.sysfs, TYPED) == 1153
+
+
+@needs_root
+@pytest.mark.parametrize("module,args", [
+    ("vgpu_profile", {"layout": TARGET}),
+    ("sriov_vfs", {"devices": [PF1], "state": "absent", "force": True}),
+])
+def test_a_holder_in_its_own_mount_namespace_is_seen_through_the_modules(
+        lab, vfio_holders, tmp_path, failure_writes, module, args):
+    holder = vfio_holders(lab.node, TYPED, alias=str(tmp_path / "alias"))
+    roots = {"sysfs_root": lab.node.root, "dev_root": lab.node.dev_root, "proc_root": "/proc"}
+    run = run_module(module, dict(args, **roots), env=lab.node.env)
+    assert run.failed, run.stdout
+    one_line_naming(run.message, TYPED)
+    assert "pid %d" % holder.pid in run.message
+    failure_writes(len(lab.attempts()), "%s writes while a VM in another mount namespace held %s" % (module, TYPED))
+    assert lab.attempts() == []
