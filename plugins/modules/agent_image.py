@@ -11,7 +11,8 @@ short_description: Build the accelops-vgpu node agent image with podman and push
 version_added: 0.1.0
 description:
   - Builds C(<name>:<tag>) from O(base_image) (Debian family, with C(python3) or with O(packages) that bring it)
-    and the node CLI zipapp O(node_cli) (made by C(tools/build-node-cli.py)); the entrypoint is
+    and the node CLI zipapp, which the module builds itself from the collection sources Ansible shipped it with
+    (the same bytes M(accelops.vgpu.vgpu_profile) installs on the nodes), or O(node_cli); the entrypoint is
     C(accelops-vgpu agent), the in-cluster node agent the C(vgpu_node_agent) role deploys as a DaemonSet.
   - The build runs the zipapp once (C(--help)), so an image whose python3 cannot run it fails to build.
   - Same engine as M(accelops.vgpu.vgpu_manager_image) - idempotent through the image label
@@ -29,13 +30,15 @@ options:
     type: str
     required: true
   tag:
-    description: Image tag.
+    description:
+      - Image tag. Default - the first 16 hex digits of the node CLI zipapp's sha256 (what the lookup
+        C(accelops.vgpu.node_cli_tag) gives on the controller), so a changed engine gets a new tag.
     type: str
-    required: true
   node_cli:
-    description: Path of the node CLI zipapp on the build host.
+    description:
+      - Path of a node CLI zipapp on the build host (for example one C(tools/build-node-cli.py) made from a checkout).
+        Default - the module builds it from its own sources into a private file it removes again.
     type: path
-    required: true
   base_image:
     description:
       - Base image, C(FROM). It must have C(python3) (3.7 or later) unless O(packages) installs it with apt-get.
@@ -54,8 +57,6 @@ EXAMPLES = r"""
 - name: Build and push the node agent image
   accelops.vgpu.agent_image:
     name: registry.example.com/accelops/vgpu-node-agent
-    tag: "0.1.0"
-    node_cli: /home/ops/.cache/accelops-vgpu/accelops-vgpu.pyz
     base_image: docker.io/library/debian:bookworm-slim
     packages: [python3]
     registry_username: builder
@@ -93,6 +94,10 @@ containerfile:
   description: The Containerfile the image is built from.
   returned: always
   type: str
+node_cli_sha256:
+  description: sha256 of the node CLI zipapp in the image.
+  returned: always
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -104,8 +109,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build im
 def main():
     module = AnsibleModule(
         argument_spec=image_argspec(
-            tag=dict(type="str", required=True),
-            node_cli=dict(type="path", required=True),
+            tag=dict(type="str"),
+            node_cli=dict(type="path"),
             base_image=dict(type="str", required=True),
             packages=dict(type="list", elements="str", default=[]),
         ),

@@ -132,7 +132,8 @@ def loaded_source(name):
     source = spec.loader.get_source(spec.name) if spec is not None and spec.loader is not None else None
     if source is None:
         raise ImportError("no source for %s.%s" % (PACKAGE, name))
-    return source
+    # Ansible's controller-side collection loader returns bytes, importlib's loaders text
+    return source.decode("utf-8") if isinstance(source, bytes) else source
 
 
 def shipped():
