@@ -4,7 +4,8 @@
 """A small Kubernetes API client for the node agent, standard library only.
 
 The agent needs a few calls (list/get/watch/patch its own Node, create an Event; for the DRA driver
-its node's ResourceSlices and reading ResourceClaims), so it speaks HTTP itself instead of shipping the `kubernetes` client (docs/design.md, "Node agent"). Credentials:
+its node's ResourceSlices and reading ResourceClaims), so it speaks HTTP itself instead of shipping the
+`kubernetes` client (docs/design.md, "Node agent"). Credentials:
 
 - in-cluster (a pod): KUBERNETES_SERVICE_HOST/PORT and the service account's `token`, `ca.crt` and
   `namespace` files. The token is projected and rotated by the kubelet, so it is read again for
@@ -330,8 +331,8 @@ class KubeClient:
 
     def replace_resource_slice(self, body):
         """PUT: the body's metadata.resourceVersion makes a concurrent change a 409."""
-        return self.request("PUT", RESOURCE_API + "/resourceslices/" + urllib.parse.quote(body["metadata"]["name"],
-                                                                                         safe=""), body=body)
+        name = urllib.parse.quote(body["metadata"]["name"], safe="")
+        return self.request("PUT", RESOURCE_API + "/resourceslices/" + name, body=body)
 
     def delete_resource_slice(self, name, resource_version=None):
         """DELETE with a resourceVersion precondition (409 when the slice changed since it was listed)."""

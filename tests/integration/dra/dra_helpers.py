@@ -11,7 +11,7 @@ import urllib.request
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import kube
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, inuse, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, vgpu_apply
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import node
@@ -73,7 +73,7 @@ def read_facts(gpu_node, cache_dir):
     (nvidia-smi once the creatable lists no longer show a type)."""
     sysfs = Sysfs(gpu_node.root)
     names = vgpu_apply.TypeNames(sysfs, NodeRunner(gpu_node), str(cache_dir))
-    return lambda: facts.gather(sysfs, inuse.held_devices(sysfs, gpu_node.dev_root, "/proc"), names)
+    return lambda: facts.gather(sysfs, {}, names)     # who holds a device does not matter to DRA
 
 
 def sysfs_devices(gpu_node, cache_dir):

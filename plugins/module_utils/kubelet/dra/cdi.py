@@ -11,8 +11,9 @@ edits are the VFIO device nodes, as KubeVirt's own device plugins hand them out
 `/dev/vfio/devices/vfio<N>`. cdiVersion 0.5.0: the oldest version that covers what is used and the
 one the kubelet plugin helper writes for metadata, so every runtime with CDI loads it.
 
-Files are replaced atomically (a temporary file in the same directory, fsync, rename): a reader or
-a crash never sees half a spec.
+Files are replaced atomically (a temporary file in the same directory, then rename): a reader or a
+kill -9 never sees half a spec. Only the checkpoint is also fsynced (a reboot empties /var/run/cdi and
+makes the driver write everything again anyway).
 """
 
 from __future__ import annotations
@@ -25,15 +26,18 @@ CDI_VERSION = "0.5.0"
 CLASS = "claim"
 
 
-def write_atomic(path, text, mode=0o644):
+def write_atomic(path, text, mode=0o644, durable=False):
+    """Replace `path` with `text` in one rename; `durable` also fsyncs the file and its directory (the
+    checkpoint: it must survive a power loss; CDI specs and metadata files are rewritten after a reboot)."""
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
     try:
         with os.fdopen(handle, "w") as out:
             out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -42,11 +46,12 @@ def write_atomic(path, text, mode=0o644):
         except OSError:
             pass
         raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    if durable:
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def remove(path):

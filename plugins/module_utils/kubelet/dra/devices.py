@@ -135,8 +135,10 @@ def _mig_backed(profile):
 
 def vfio_nodes(sysfs, device):
     """The device's VFIO nodes relative to `<dev>/vfio/`: its IOMMU group, and the iommufd cdev of a VF."""
-    base = "%s/%s" % (inuse.MDEV_DEVICES, device.mdev_uuid) if device.mdev_uuid else "%s/%s" % (PCI_DEVICES,
-                                                                                               device.address)
+    if device.mdev_uuid:
+        base = "%s/%s" % (inuse.MDEV_DEVICES, device.mdev_uuid)
+    else:
+        base = "%s/%s" % (PCI_DEVICES, device.address)
     return tuple(inuse.device_nodes(sysfs, base))
 
 

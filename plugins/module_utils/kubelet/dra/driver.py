@@ -112,7 +112,8 @@ class DraDriver:
                     raise ClaimError("%s: device %s is prepared for %s" % (ref, item.device, ", ".join(others)))
                 entries.append((item.request, item.pool, device))
             self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries))
-            self.checkpoint.save()
+            # atomic, not fsynced: a power loss also loses /var/run/cdi, and the next boot prepares again
+            self.checkpoint.save(durable=False)
         return entries
 
     def _write(self, ref, claim, entries):

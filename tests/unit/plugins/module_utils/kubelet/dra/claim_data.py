@@ -14,8 +14,8 @@ def claim(name, uid, devices, node, namespace="vms", annotations=None, other_dri
     requests, results = [], []
     for index, device in enumerate(devices):
         request = "gpu" if index == 0 else "gpu%d" % (index + 1)
-        requests.append({"name": request, "exactly": {"deviceClassName": "vgpu.accelops.io", "count": 1,
-                                                       "allocationMode": "ExactCount"}})
+        exactly = {"deviceClassName": "vgpu.accelops.io", "count": 1, "allocationMode": "ExactCount"}
+        requests.append({"name": request, "exactly": exactly})
         results.append({"request": request, "driver": DRIVER, "pool": node, "device": device})
     if other_driver:
         results.append({"request": "nic", "driver": other_driver, "pool": node, "device": "eth0"})

@@ -79,7 +79,6 @@ def test_pcie_root_follows_the_sysfs_link(tmp_path):
     assert devices.pcie_root(sysfs, L40S) is None        # not below devices/pci*: unknown, not guessed
 
 
-
 def test_the_driver_view_checks_a_few_devices_without_reading_the_node_again(tmp_path):
     node = build(tmp_path)
     reads = []

@@ -5,7 +5,7 @@ import json
 import os
 
 from claim_data import ClaimStore, claim, ref
-from dra_node import build, inventory, view
+from dra_node import build, view
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths

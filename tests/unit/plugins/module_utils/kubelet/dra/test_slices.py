@@ -50,8 +50,8 @@ def test_a_node_publishes_one_pool_that_is_schema_valid(tmp_path):
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID, "controller": True}]
 
 
-@pytest.mark.parametrize("gpus,per_gpu,sizes", [(5, 32, [128, 32]), (8, 32, [128, 128]), (8, 16, [128]),
-                                                 (9, 32, [128, 128, 32])])
+@pytest.mark.parametrize("gpus,per_gpu,sizes", [
+    (5, 32, [128, 32]), (8, 32, [128, 128]), (8, 16, [128]), (9, 32, [128, 128, 32])])
 def test_pools_split_at_the_api_limit_with_one_generation_and_count(gpus, per_gpu, sizes):
     result = slices.desired_slices(NODE, vgpus(gpus, per_gpu), 3)
     assert [len(item["spec"]["devices"]) for item in result] == sizes
