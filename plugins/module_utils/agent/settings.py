@@ -77,7 +77,7 @@ OPTIONS = (
      "file the agent rewrites with its last state as JSON (for a readiness/liveness probe)"),
     ("--handover-file", "HANDOVER_FILE", None, "str",
      "where the agent writes each config it applied, for the boot unit and the vGPU manager image to re-apply "
-     "(default $HOST_ROOT_MOUNT/etc/accelops-vgpu/agent-applied.json, written only where that directory exists; "
+     "(default $HOST_ROOT_MOUNT/etc/accelops-vgpu/agent-applied.json, written only where the boot unit's layout.json is there; "
      "'none': never)"),
 )
 REQUIRED = ("node_name", "config_file", "default_vgpu_config")

@@ -22,6 +22,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.atomic_file imp
 
 NODE_DIR = "/etc/accelops-vgpu"
 FILE_NAME = "agent-applied.json"
+BOOT_LAYOUT = "layout.json"   # vgpu_profiles' layout beside it: the boot unit is installed on this node
 OWNER = "accelops-vgpu-agent"
 
 
@@ -33,10 +34,10 @@ def document(name, config_entries):
 
 
 def write(path, name, config_entries):
-    """Atomically write `path` (0644) when its directory exists (the boot unit is installed there);
-    returns True when written, False when there is no boot path to hand over to."""
+    """Atomically write `path` (0644) where the boot unit is installed (its layout.json beside it; the agent's
+    pod mounts the directory on every node); returns True when written, False when there is no boot path."""
     directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
+    if not os.path.isfile(os.path.join(directory, BOOT_LAYOUT)):
         return False
     text = json.dumps(document(name, config_entries), indent=2, sort_keys=True) + "\n"
     try:

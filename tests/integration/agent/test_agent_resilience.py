@@ -205,6 +205,7 @@ def test_relabel_then_reboot_with_the_boot_unit_installed_keeps_the_agents_layou
     node = gpusim_node("l40s:2")
     etc = tmp_path / "etc" / "accelops-vgpu"
     etc.mkdir(parents=True)
+    (etc / "layout.json").write_text("{}")     # the boot unit's layout: vgpu_profiles installed it here
     handover = etc / "agent-applied.json"
     agent = start_agent(node, cluster.api, HANDOVER_FILE=handover)
     agent.wait("success", "default")
