@@ -87,6 +87,7 @@ class Agent:
         self.written = None         # labels we own (state, profiles) as our last reconcile left them
         self.own_versions = set()   # resourceVersions our own writes of that reconcile produced
         self.next_resync = 0.0
+        self.retry_at = 0.0         # after an API error: no reconcile before (backoff, Retry-After)
         self.api_backoff = Backoff(base=1.0, cap=30.0)
         self.last_event = None
         self.serial = time.time_ns()
@@ -116,6 +117,7 @@ class Agent:
                 # never crash-loop the pod: log, and try again after a backoff
                 log(traceback.format_exc().rstrip())
                 self.reconciled, self.next_resync = None, self.clock() + self.api_backoff.next()
+                self.retry_at = self.next_resync
             timeout = min(self.settings.config_poll_interval, max(0.05, self.next_resync - self.clock()),
                           *[t for t in (self.probe.seconds_left(),) if t is not None])
             self.wake.wait(timeout)
@@ -136,7 +138,7 @@ class Agent:
             log("config file %s changed" % self.settings.config_file)
         with self._lock:
             node = self.latest
-        if node is None:
+        if node is None or self.clock() < self.retry_at:
             return
         wanted = (vdm.selected_config(node, self.settings.default_vgpu_config), self.config.digest,
                   _meta_field(node, "uid"))   # a Node deleted and created again is another uid
@@ -183,6 +185,7 @@ class Agent:
             delay = kube.retry_delay(exc, self.api_backoff.next())
             log("config %s: API server: %s; trying again in %.1f s" % (name, exc, delay))
             self.reconciled, self.next_resync = None, self.clock() + delay
+            self.retry_at = self.next_resync
             return
         self.api_backoff.reset()
         self.reconciled, self.next_resync = wanted, self.clock() + self.settings.resync_interval
