@@ -175,7 +175,7 @@ options:
       - MIG-backed profiles (C(H100-1-20C), C(H200X-3-71C); Hopper) put the GPU into MIG mode, create one
         MIG GPU instance per vGPU, then type the VFs. Mixing them with time-sliced profiles on one GPU
         is refused.
-      - A time-sliced layout on a GPU in MIG mode takes it out of MIG mode in the same run: vGPUs cleared,
+      - A time-sliced layout on a GPU in MIG mode takes it out of MIG mode in the same run - vGPUs cleared,
         GPU instances destroyed, VFs disabled, C(nvidia-smi -i <PF> -mig 0), as many VFs enabled again,
         then the types set, each step verified (diff and check mode show it as one change). Refused before
         any write while a VM holds a VF of that GPU.
@@ -337,7 +337,7 @@ ansible_facts:
       elements: dict
 vfs_enabled:
   description:
-    - The GPUs (PF addresses) whose VFs this run enabled (empty in check mode): by O(enable_vfs), or again
+    - The GPUs (PF addresses) whose VFs this run enabled (empty in check mode) - by O(enable_vfs), or again
       after taking the GPU out of MIG mode (see O(mig_mode_order)).
   returned: always
   type: list

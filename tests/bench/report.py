@@ -125,8 +125,9 @@ def _p5_rows(p5):
 def _p8_rows(p8):
     idle = p8["idle"]
     what = ("%d GPUs, %s each; gpusim manager-restart (all VFs again, no types) -> agent status success; idle "
-            "%g s: %d sysfs reads (%d files), %d writes" % (p8["gpus"], _profiles(p8["layout"]), idle["seconds"],
-                                                           idle["sysfs_reads"], idle["files_read"], idle["sysfs_writes"]))
+            "%g s: %d sysfs reads (%d files), %d writes"
+            % (p8["gpus"], _profiles(p8["layout"]), idle["seconds"], idle["sysfs_reads"], idle["files_read"],
+               idle["sysfs_writes"]))
     yield ("P8 vGPU-manager restart, agent", what, "layout back " + _spread(p8["restart_to_layout_s"]),
            "idle probe %.2f reads/GPU/10 s" % idle["reads_per_gpu_per_10s"], "-",
            "≤ %g s, ≤ %g reads/GPU/10 s, 0 writes" % (p8["target_s"], p8["target_reads_per_gpu_per_10s"]),

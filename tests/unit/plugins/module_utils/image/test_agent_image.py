@@ -79,7 +79,7 @@ def test_without_node_cli_the_module_builds_it_names_the_tag_after_it_and_remove
     registry = FakeRegistry()
     podman = FakePodman(registry)
     image = AgentImage(podman, params, registry, build_cli=lambda: data)
-    built = [p for p in tmp_path.glob("accelops-vgpu-*.pyz")]
+    built = list(tmp_path.glob("accelops-vgpu-*.pyz"))
     assert len(built) == 1 and built[0].read_bytes() == data
     assert image.tag == hashlib.sha256(data).hexdigest()[:16] == agent_image.shipped_tag(lambda: data)
     result = image.apply()
