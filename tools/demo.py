@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -474,17 +475,38 @@ def print_served(kubelet, api_url):
         "%s=%s" % item for item in sorted(node_allocatable(api_url).items())) or "none"))
 
 
+AGENT_ENDPOINT = {}  # "port": the agent's /metrics port on loopback, once started
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def agent_metrics(prefixes):
+    """The agent's /metrics samples whose names start with one of `prefixes`, non-zero ones."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % AGENT_ENDPOINT["port"], timeout=5) as response:
+            text = response.read().decode()
+    except (OSError, KeyError) as exc:
+        return ["(no /metrics: %s)" % exc]
+    return [line for line in text.splitlines() if line.startswith(prefixes) and not line.endswith(" 0")]
+
+
 def start_agent(env, kubelet):
     """`accelops-vgpu agent`, the node CLI the vgpu_profiles role installed, as the DaemonSet would run it,
     with the simulated node's roots instead of /host and the emulator's kubeconfig instead of a service account;
-    its device plugin registers with the test kubelet."""
+    its device plugin registers with the test kubelet, its /metrics listens on a free loopback port."""
     cli = os.path.join(NODE_ROOT, "usr", "local", "bin", "accelops-vgpu")
+    AGENT_ENDPOINT["port"] = free_port()
     agent_env = dict(env, NODE_NAME="demo-node", NAMESPACE="default", KUBECONFIG=KUBECONFIG,
                      DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root,
                      CONFIG_FILE=os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json"),
                      DEFAULT_VGPU_CONFIG="demo", ACCELOPS_VGPU_SYSFS_ROOT=SYS,
                      ACCELOPS_VGPU_DEV_ROOT=os.path.join(SYS, ".gpusim", "dev"), ACCELOPS_VGPU_PROC_ROOT="/proc",
-                     STATUS_FILE=os.path.join(DEMO, "agent-status.json"))
+                     STATUS_FILE=os.path.join(DEMO, "agent-status.json"),
+                     METRICS_PORT=str(AGENT_ENDPOINT["port"]), METRICS_BIND_ADDRESS="127.0.0.1")
     if os.path.exists(agent_env["STATUS_FILE"]):
         os.remove(agent_env["STATUS_FILE"])
     log = open(os.path.join(DEMO, "agent.log"), "w", encoding="utf-8")  # noqa: SIM115 (the agent's stderr)
@@ -592,6 +614,11 @@ def run_gitops(api_url, kubelet):
     events = (api_get(api_url, "/api/v1/namespaces/default/events") or {}).get("items") or []
     for event in events[-2:]:
         print("Event %s %s: %s" % (event.get("type"), event.get("reason"), event.get("message")))
+    print("$ curl -s 127.0.0.1:%d/metrics | grep -E 'agent_(vgpus|applies_total|config_state)'   "
+          "(what a dashboard graphs; README \"Metrics and probes\")" % AGENT_ENDPOINT.get("port", 0))
+    for line in agent_metrics(("accelops_vgpu_agent_vgpus", "accelops_vgpu_agent_applies_total",
+                               "accelops_vgpu_agent_config_state")):
+        print("  " + line)
 
     def followed():  # every device healthy, the resources gone from the node gone from status.allocatable too
         served = kubelet.devices()

@@ -41,6 +41,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent.config_source 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError, KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.manager_probe import ManagerProbe
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.node_watch import Backoff, NodeWatcher
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.http_endpoint import HttpEndpoint
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.telemetry import Telemetry, node_vgpu_counts
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV, node_lock
@@ -76,8 +78,10 @@ def _meta(node, key):
 
 
 class Agent:
-    def __init__(self, settings, api, namespace, clock=time.monotonic, device_plugin=None, dra_plugin=None):
+    def __init__(self, settings, api, namespace, clock=time.monotonic, device_plugin=None, dra_plugin=None,
+                 telemetry=None):
         self.settings, self.api, self.namespace, self.clock = settings, api, namespace, clock
+        self.telemetry = telemetry or Telemetry(settings, clock)  # metrics and probe state (agent/telemetry.py)
         self.device_plugin = device_plugin  # kubelet.vgpu_device_plugin.VgpuDevicePlugin, or None
         self.dra_plugin = dra_plugin        # kubelet.dra.agent_plugin.VgpuDraPlugin, or None
         self.config = ConfigSource(settings.config_file)
@@ -111,6 +115,7 @@ class Agent:
         log("reconciling node %s from %s (default config %s)" % (
             self.settings.node_name, self.settings.config_file, self.settings.default_vgpu_config))
         while not self.stop.is_set():
+            self.telemetry.loop_beat()
             try:
                 self.step()
             except Exception:  # pylint: disable=broad-exception-caught
@@ -179,9 +184,11 @@ class Agent:
         name = wanted[0]
         self.checks += 1
         self.written, self.own_versions = None, set()
+        self.telemetry.reconcile_started()
         try:
             state, profiles, reason, changed = self._converge(node, name)
         except (KubeApiError, KubeUnavailable) as exc:
+            self.telemetry.reconcile_aborted()
             delay = kube.retry_delay(exc, self.api_backoff.next())
             log("config %s: API server: %s; trying again in %.1f s" % (name, exc, delay))
             self.reconciled, self.next_resync = None, self.clock() + delay
@@ -201,6 +208,7 @@ class Agent:
             log("config %s: failed: %s" % (name, reason))
         elif changed:
             log("config %s: applied (%s)" % (name, _profiles_text(profiles)))
+        self.telemetry.reconciled(name, state, changed, node_vgpu_counts(self.engine, log))
         self.write_status(state, name, reason)
 
     def _converge(self, node, name):
@@ -406,9 +414,10 @@ def main(args):
             raise agent_settings.SettingsError("DEVICE_PLUGIN=true needs the Python packages grpcio and protobuf "
                                                "(the agent image has them): %s" % exc) from None
         device_plugin = vgpu_device_plugin.VgpuDevicePlugin(settings.kubelet_dir, log).start()
-    api = kube.KubeClient(credentials)
+    telemetry = Telemetry(settings)
+    api = telemetry.instrument(kube.KubeClient(credentials))  # API errors and the watch counted
     agent = Agent(settings, api, settings.namespace or credentials.namespace or "default",
-                  device_plugin=device_plugin)
+                  device_plugin=device_plugin, telemetry=telemetry)
     if settings.dra_driver:
         try:
             from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin
@@ -417,6 +426,14 @@ def main(args):
                                                "(the agent image has them): %s" % exc) from None
         agent.dra_plugin = agent_plugin.VgpuDraPlugin(
             settings, api, agent.engine, lambda: node_lock(settings.sysfs_root, settings.lock_timeout), log).start()
+    if settings.metrics_port is not None:  # /metrics, /healthz, /readyz (agent/http_endpoint.py)
+        try:
+            endpoint = HttpEndpoint(telemetry, settings.metrics_bind_address, settings.metrics_port).start()
+        except OSError as exc:
+            raise agent_settings.SettingsError("cannot listen on %s port %s (METRICS_BIND_ADDRESS, METRICS_PORT): %s"
+                                               % (settings.metrics_bind_address, settings.metrics_port,
+                                                  exc.strerror)) from None
+        log("serving /metrics, /healthz and /readyz on %s port %d" % (endpoint.address, endpoint.port))
     signal.signal(signal.SIGTERM, agent.shutdown)
     signal.signal(signal.SIGINT, agent.shutdown)
     return agent.run()

@@ -79,6 +79,11 @@ OPTIONS = (
      "where the agent writes each config it applied, for the boot unit and the vGPU manager image to re-apply "
      "(default $HOST_ROOT_MOUNT/etc/accelops-vgpu/agent-applied.json, written only where the boot unit's layout.json is there; "
      "'none': never)"),
+    ("--metrics-port", "METRICS_PORT", None, "port",
+     "TCP port of the HTTP endpoint: /metrics (Prometheus), /healthz (liveness: fails when the reconcile loop or "
+     "the node watch is stuck), /readyz (ready after the first successful reconcile); unset: no endpoint"),
+    ("--metrics-bind-address", "METRICS_BIND_ADDRESS", "0.0.0.0", "str",
+     "address the HTTP endpoint listens on (default 0.0.0.0, the pod's addresses; :: for IPv6)"),
 )
 REQUIRED = ("node_name", "config_file", "default_vgpu_config")
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -113,6 +118,18 @@ def _seconds(name, text):
     return value
 
 
+def _port(name, text):
+    if text in (None, ""):
+        return None
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise SettingsError("%s=%r is not a TCP port (0-65535)" % (name, text))
+    return value
+
+
 def _bool(name, text):
     lowered = str(text).strip().lower()
     if lowered in ("true", "1", "yes", "on"):
@@ -142,6 +159,8 @@ def resolve(args, environ=None):
             raw = _seconds(name, raw)
         elif kind == "bool":
             raw = _bool(name, raw)
+        elif kind == "port":
+            raw = _port(name, raw)
         values[dest] = raw
     for dest in REQUIRED:
         if not values[dest]:

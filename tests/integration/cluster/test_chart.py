@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -67,6 +69,8 @@ def test_the_configmap_holds_the_layouts_in_vgpu_device_manager_form():
     (EXAMPLE + ("--set-json", 'nodeSelector={"gpu nodes": "yes"}'), "'gpu nodes' does not match pattern"),
     (EXAMPLE + ("--set-json", 'nodeSelector={"gpu": "yes please"}'), "'yes please' does not match pattern"),
     (EXAMPLE + ("--set", "resyncInterval=-5"), "minimum: got -5, want 1"),
+    (EXAMPLE + ("--set", "metrics.port=-1"), "minimum: got -1, want 1"),
+    (EXAMPLE + ("--set", "metrics.port=70000"), "maximum: got 70,000, want 65,535"),
     (EXAMPLE + ("--set", "defaultConfig=l40s-9x9q"),
      'defaultConfig "l40s-9x9q" is not one of the layouts ["l40s-2x24q","l40s-6x8q"]'),
     ((), "configs (or vdmConfig) must have at least one layout"),
@@ -79,6 +83,18 @@ def test_wrong_values_fail_helm_template_with_a_clear_message(args, message):
     assert not proc.stdout.strip()
 
 
+def test_the_probes_and_the_scrape_target_are_the_agents_endpoint():
+    pod = by_kind(render(*EXAMPLE, "--set", "metrics.port=9999"))["DaemonSet"]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["METRICS_PORT"], env["METRICS_BIND_ADDRESS"]) == ("9999", "0.0.0.0")
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9999, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9999",
+                                              "prometheus.io/path": "/metrics"}
+
+
 def test_the_profile_name_pattern_is_the_engines():
     """values.schema.json's profile name pattern accepts and rejects what the engine's parser does."""
     schema = json.loads((CHART / "values.schema.json").read_text())
@@ -88,11 +104,41 @@ def test_the_profile_name_pattern_is_the_engines():
         assert bool(pattern.match(name)) == bool(vgpu_types._PROFILE.match(name)), name
 
 
-def test_install_yaml_is_the_rendered_chart(tmp_path):
-    subprocess.run([str(ROOT / "tools" / "render-manifests.sh"), str(tmp_path / "install.yaml")], check=True,
-                   env={"HELM": str(ROOT / ".venv" / "bin" / "helm"), "PATH": "/usr/bin:/bin"})
-    assert (tmp_path / "install.yaml").read_text() == INSTALL_YAML.read_text(), \
-        "deploy/install.yaml is stale: run tools/render-manifests.sh"
+def test_install_yaml_and_the_gitops_patches_are_the_rendered_chart(tmp_path):
+    subprocess.run([str(ROOT / "tools" / "render-manifests.sh"), str(tmp_path / "deploy")], check=True,
+                   env={"HELM": str(ROOT / ".venv" / "bin" / "helm"), "PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    rendered = sorted(p.relative_to(tmp_path / "deploy") for p in (tmp_path / "deploy").rglob("*.yaml"))
+    assert rendered == [Path("gitops/clusterpolicy-vgpu-device-manager.yaml"), Path("gitops/kubevirt-permitted-host-devices.yaml"),
+                        Path("gitops/kustomization-patches.yaml"), Path("install.yaml")]
+    for path in rendered:
+        assert (tmp_path / "deploy" / path).read_text() == (ROOT / "deploy" / path).read_text(), \
+            "deploy/%s is stale: run tools/render-manifests.sh" % path
+
+
+def test_the_gitops_patches_keep_foreign_kubevirt_entries(tmp_path):
+    """The generated patches in a GitOps repo's kustomization: the KubeVirt CR keeps its NIC, gains the L40S
+    resource and the HostDevices gate; the ClusterPolicy's vgpuDeviceManager is off, its other fields stay."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "deploy" / "gitops", repo)
+    nic = {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710"}
+    (repo / "cluster.yaml").write_text(yaml.safe_dump_all([
+        {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+         "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [nic]},
+                                    "developerConfiguration": {"featureGates": ["Snapshot"]}}}},
+        {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+         "spec": {"sandboxWorkloads": {"enabled": True}, "vgpuDeviceManager": {"enabled": True}}}]))
+    kustomization = yaml.safe_load((repo / "kustomization-patches.yaml").read_text())
+    kustomization.update({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                          "resources": ["cluster.yaml"]})
+    (repo / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    proc = subprocess.run([str(KUBECTL), "kustomize", str(repo)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = by_kind(yaml.safe_load_all(proc.stdout))
+    configuration = out["KubeVirt"]["spec"]["configuration"]
+    assert configuration["permittedHostDevices"]["pciHostDevices"] == [
+        nic, {"resourceName": "nvidia.com/NVIDIA_L40S", "pciVendorSelector": "10DE:26B9"}]
+    assert configuration["developerConfiguration"]["featureGates"] == ["Snapshot", "HostDevices"]
+    assert out["ClusterPolicy"]["spec"] == {"sandboxWorkloads": {"enabled": True}, "vgpuDeviceManager": {"enabled": False}}
 
 
 def test_a_kustomize_overlay_changes_image_and_layouts(tmp_path):

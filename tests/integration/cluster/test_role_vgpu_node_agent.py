@@ -8,11 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
 
 import pytest
 
-from chart_helpers import CHART_RESOURCES, as_applied, object_name, register_chart_kinds, render
+from chart_helpers import CHART_RESOURCES, as_applied, register_chart_kinds, render, stored_objects
 from cluster_helpers import CLUSTER_POLICY, COLLECTIONS, KUBEVIRT, NODES, ROOT, default_state
 
 NAMESPACE = "accelops-vgpu"
@@ -63,13 +62,7 @@ def run_role(tmp_path, kubeconfig, role_vars=None, check=False, diff=False, play
 
 
 def agent_objects(cluster):
-    found = {}
-    for resource, (kind, namespaced) in OBJECTS.items():
-        try:
-            found[kind] = cluster.get(resource, object_name(kind), NAMESPACE if namespaced else None)
-        except urllib.error.HTTPError as exc:
-            assert exc.code == 404
-    return found
+    return stored_objects(cluster)
 
 
 def test_deploys_the_agent_labels_the_nodes_and_is_idempotent(cluster, kubeconfig, tmp_path):

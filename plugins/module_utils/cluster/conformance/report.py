@@ -13,6 +13,8 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance import monitoring
+
 SCHEMA = "accelops.vgpu/conformance/v1"
 SUFFIXES = {"json": ".json", "markdown": ".md", "junit": ".junit.xml"}
 
@@ -51,6 +53,7 @@ def markdown(report):
     left = (report.get("cleanup") or {}).get("left") or []
     if left:
         lines += ["", "**Left behind (delete by hand):** %s" % ", ".join(left)]
+    lines += monitoring.markdown_lines(report.get("monitoring"))
     lines.append("")
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import kubevirt
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_client import K8sError, KubeApi
-from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance import checks, report, workloads
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance import checks, monitoring, report, workloads
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance.checks import ConformanceError
 
 TIMEOUTS = ("running_timeout", "ready_timeout", "pending_timeout", "cleanup_timeout", "guest_command_timeout",
@@ -374,6 +374,7 @@ def run(api, params, check_mode, now=None):
                "cluster": {"server": api.client.configuration.host, "kubevirt": kubevirt.cr_ref(plan["cr"]),
                            "version": kubevirt.deployed_version(plan["cr"])},
                "profiles": plan["profiles"],
+               "monitoring": monitoring.section(plan["nodes"], plan["prefix"]),
                "created": [workloads.describe(m) for m in manifests] if check_mode else created.items,
                "cleanup": cleanup}
     rep = report.build(rows, checks.summary(rows), context)

@@ -44,3 +44,17 @@ def test_bad_settings_are_one_line_naming_the_variable(env, message, tmp_path):
     environ.update(env)
     with pytest.raises(settings.SettingsError, match="^%s" % message.replace("(", r"\(")):
         settings.resolve(parse([]), environ)
+
+
+def test_the_metrics_endpoint_is_off_unless_a_port_is_set(tmp_path):
+    got = settings.resolve(parse([]), dict(REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path)))
+    assert (got.metrics_port, got.metrics_bind_address) == (None, "0.0.0.0")
+    got = settings.resolve(parse(["--metrics-port", "9465"]),
+                           dict(REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path), METRICS_BIND_ADDRESS="::"))
+    assert (got.metrics_port, got.metrics_bind_address) == (9465, "::")
+
+
+@pytest.mark.parametrize("port", ["-1", "65536", "http", "9465.5"])
+def test_a_bad_metrics_port_is_one_line_naming_it(tmp_path, port):
+    with pytest.raises(settings.SettingsError, match="METRICS_PORT=%r is not a TCP port" % port):
+        settings.resolve(parse([]), dict(REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path), METRICS_PORT=port))
