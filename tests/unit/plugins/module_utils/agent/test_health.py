@@ -20,7 +20,7 @@ def make():
 
 def test_a_turning_loop_and_an_active_watch_are_alive_and_not_ready_until_a_success():
     health, clock = make()
-    for _ in range(20):
+    for dummy in range(20):
         clock.now += 20
         health.beat()
         health.watch_active()
@@ -56,7 +56,7 @@ def test_a_long_reconcile_is_alive_until_its_limit():
 
 def test_a_silent_watch_is_not_alive():
     health, clock = make()
-    for _ in range(40):
+    for dummy in range(40):
         clock.now += 10
         health.beat()
     assert health.live() == (False, "the node watch has been silent for 400 s (limit 390 s)")

@@ -55,8 +55,7 @@ class FakeApi:
         return event
 
     def watch_node(self, name, resource_version, timeout_seconds):
-        for event in self.events:
-            yield event
+        yield from self.events
         if self.error:
             raise self.error
 
@@ -79,7 +78,7 @@ def test_watch_streams_after_the_first_count_as_restarts_and_keep_the_watch_aliv
     clock = Clock()
     telemetry = Telemetry(clock=clock)
     api = telemetry.instrument(FakeApi([{"type": "MODIFIED", "object": {}}]))
-    for _ in range(3):
+    for dummy in range(3):
         clock.now += 300
         assert len(list(api.watch_node("gpu-a", "1", 300))) == 1
     assert telemetry.watch_restarts.value() == 2
