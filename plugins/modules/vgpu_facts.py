@@ -150,8 +150,8 @@ ansible_facts:
               type: bool
             holders:
               description:
-                - The pids holding it; a holder that is not a process we could name is a string saying why
-                  (C(VFIO group N is open in a process this scan may not inspect ...), C(unknown: ...)).
+                - "The pids holding it; a holder that is not a process we could name is a string saying why
+                  (C(VFIO group N is open in a process this scan may not inspect ...), C(unknown: ...))."
               type: list
               elements: raw
         mdevs:
