@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import kubevirt as kv
+from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.cluster.test_kubevirt import apply_patch
 
 
 def res(profile, selector="10DE:26B9", count=2, framework="vendor-vfio"):
@@ -112,3 +113,17 @@ def test_the_module_checks_the_agent_paths_version_and_shows_the_switch_in_check
     kubevirt_path = dict(params, pci_host_devices=[dict(params["pci_host_devices"][0], external_resource_provider=False)])
     with pytest.raises(kv.KubeVirtError, match="needs KubeVirt >= 1.9.0"):
         kv.run_hostdevices(Api(cr([], version="v1.6.5")), kubevirt_path, check_mode=True)
+
+
+def test_switching_back_to_kubevirt_replaces_our_other_external_entries_of_that_model():
+    """agent (24Q + 12Q, both ours per the owned annotation) -> kubevirt (24Q only): the 12Q entry would leave a
+    second name on the PCI ID KubeVirt now serves; as ours it goes without take_over, a foreign one would fail."""
+    first = kv.plan_host_devices(cr([]), entries(["24Q", "12Q"]))
+    current = apply_patch(cr([]), first.patch)
+    plan = kv.plan_host_devices(current, [kv.pci_entry("nvidia.com/NVIDIA_L40S-24Q", "10DE:26B9")])
+    assert plan.changes[:2] == ["pciHostDevices: update nvidia.com/NVIDIA_L40S-24Q",
+                                "pciHostDevices: remove nvidia.com/NVIDIA_L40S-12Q (ours from an earlier run, "
+                                "replaced by nvidia.com/NVIDIA_L40S-24Q)"]
+    assert plan.after["permittedHostDevices"]["pciHostDevices"] == [
+        {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q"}]
+
