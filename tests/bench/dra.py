@@ -158,7 +158,7 @@ def run(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.dra", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.dra", description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--claims", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)

@@ -197,8 +197,10 @@ def test_cluster_playbook_with_the_agents_device_plugin_permits_every_profile_of
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pod = agent_objects(cluster)["DaemonSet"]["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-    assert env["DEVICE_PLUGIN"] == "true" and env["KUBELET_DIR"] == "/var/lib/kubelet"
-    assert {"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"} in pod["containers"][0]["volumeMounts"]
+    # the host's kubelet directory at the same path in the container (the DRA driver registers host paths too)
+    assert env["DEVICE_PLUGIN"] == "true" and env["KUBELET_DIR"] == "/var/lib/k0s/kubelet"
+    assert {"name": "device-plugins", "mountPath": "/var/lib/k0s/kubelet/device-plugins"} in \
+        pod["containers"][0]["volumeMounts"]
     assert {"name": "device-plugins", "hostPath": {"path": "/var/lib/k0s/kubelet/device-plugins", "type": "Directory"}} \
         in pod["volumes"]
     pci = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
