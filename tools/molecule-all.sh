@@ -2,7 +2,8 @@
 # Run every Molecule scenario (molecule/<name>/molecule.yml on top of molecule/config.yml) with
 # `molecule --base-config molecule/config.yml test -s NAME`; exit non-zero if any fails.
 # Whatever happens, no node container (label owner=vgpu-molecule), simulated tree
-# (.build/molecule/*/*/sys) or API emulator (.build/molecule/*/kmock.pid) outlives the run.
+# (.build/molecule/*/*/sys), API emulator (.build/molecule/*/kmock.pid) or test kubelet
+# (.build/molecule/*/kubelet.json) outlives the run.
 #   usage: tools/molecule-all.sh [SCENARIO...]
 set -u
 cd "$(dirname "$0")/.."
@@ -27,6 +28,10 @@ cleanup() {
   # the cluster scenario's API emulator
   for pid_file in .build/molecule/*/kmock.pid; do
     [ -f "$pid_file" ] && .venv/bin/python molecule/cluster/api_server.py stop "$(dirname "$pid_file")"
+  done
+  # the agent scenario's test kubelet
+  for state in .build/molecule/*/kubelet.json; do
+    [ -f "$state" ] && .venv/bin/python molecule/agent/kubelet.py stop "$(dirname "$state")"
   done
   # Molecule's per-scenario state (instance config, inventory) of an interrupted run
   rm -rf "$ANSIBLE_HOME"/tmp/molecule.*

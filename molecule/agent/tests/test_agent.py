@@ -1,7 +1,8 @@
 # Copyright: accelops.vgpu contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The node agent in its container converged the simulated node to the label's layout; a relabel
-converges it again. Sysfs is read through the node container (the same gpusim tree), labels from the
+converges it again. Its device plugin serves the test kubelet (molecule/agent/kubelet.py), which writes the
+Node's status.allocatable into the emulator: it follows the relabel. Sysfs is read through the node container (the same gpusim tree), labels from the
 API emulator; expected type IDs come from gpusim's model catalogue, never from the agent."""
 
 from __future__ import annotations
@@ -105,3 +106,32 @@ def test_relabel_converges_the_node_and_back(host):
     assert_layout(host, "fleet")
     relabel_and_wait("large")
     assert_layout(host, "large")
+
+
+# the type names gpusim's drivers give these profiles: vendor-specific VFIO "NVIDIA ...", the T4's mdev "GRID ..."
+RESOURCE_PREFIX = {"0x26B910DE": "nvidia.com/NVIDIA_", "0x1EB810DE": "nvidia.com/GRID_"}
+
+
+def expected_allocatable(config):
+    """{resource: count} the node's one L40S and one T4 get from `config`, as the kubelet counts them."""
+    return {RESOURCE_PREFIX[e["device_filter"]] + name: str(count) for e in CONFIGS[config]
+            if e.get("device_filter") in RESOURCE_PREFIX for name, count in e["profiles"].items()}
+
+
+def allocatable_becomes(config, timeout=60):
+    wanted = expected_allocatable(config)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        current = (api("/api/v1/nodes/" + NODE).get("status") or {}).get("allocatable") or {}
+        if {k: v for k, v in current.items() if k.startswith("nvidia.com/")} == wanted:
+            return
+        time.sleep(0.5)
+    raise AssertionError("status.allocatable of %s is not %s: %s" % (NODE, wanted, current))
+
+
+def test_the_kubelet_gets_the_vgpus_from_the_agents_device_plugin_and_they_follow_a_relabel(host):
+    allocatable_becomes("large")
+    relabel_and_wait("fleet")
+    allocatable_becomes("fleet")
+    relabel_and_wait("large")
+    allocatable_becomes("large")
