@@ -126,4 +126,3 @@ def test_switching_back_to_kubevirt_replaces_our_other_external_entries_of_that_
                                 "replaced by nvidia.com/NVIDIA_L40S-24Q)"]
     assert plan.after["permittedHostDevices"]["pciHostDevices"] == [
         {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/NVIDIA_L40S-24Q"}]
-
