@@ -9,7 +9,8 @@ Ansible shipped with it (`loaded_source`), so installing the boot persistence tr
 and needs no controller-side build. The bytes are reproducible: the same sources give the same
 archive (fixed timestamps, sorted names, stored uncompressed so no zlib version can change them).
 
-The archive holds `node/cli.py` and the module_utils it imports (followed transitively through the
+The archive holds `node_cli.py` (the entry point, above the node engine and the agent it dispatches to)
+and the module_utils it imports (followed transitively through the
 top-level `from ansible_collections.accelops.vgpu.plugins.module_utils... import` lines), under their
 `ansible_collections/accelops/vgpu/plugins/module_utils/` paths with empty `__init__.py` files, and
 a `__main__.py` calling `cli.main()`. Ansible itself is not needed on the node.
@@ -29,12 +30,12 @@ import zipfile
 # it can see, also in blocks that never run. This one ships the node CLI's whole closure with every
 # module that can install the CLI, without importing it (and the agent's HTTP client) at run time.
 if typing.TYPE_CHECKING:
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli  # noqa: F401  pylint: disable=unused-import
+    from ansible_collections.accelops.vgpu.plugins.module_utils import node_cli  # noqa: F401  pylint: disable=unused-import
     from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import vgpu_device_plugin  # noqa: F401  pylint: disable=unused-import
     from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin  # noqa: F401  pylint: disable=unused-import
 
 PACKAGE = "ansible_collections.accelops.vgpu.plugins.module_utils"
-ENTRY = "node.cli"
+ENTRY = "node_cli"
 # Modules the CLI imports only when a setting asks for them (inside a function, so the closure cannot see
 # them): the agent's kubelet device plugin, which needs grpcio/protobuf (the agent image has them, nodes need not).
 LAZY = ("kubelet.vgpu_device_plugin", "kubelet.dra.agent_plugin")
@@ -42,7 +43,7 @@ IMPORT = re.compile(r"^from ansible_collections\.accelops\.vgpu\.plugins\.module
                     r"(\([^)]*\)|[\w, ]+)", re.MULTILINE)
 MAIN = """import sys
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.cli import main
+from ansible_collections.accelops.vgpu.plugins.module_utils.node_cli import main
 
 sys.exit(main(sys.argv[1:]))
 """

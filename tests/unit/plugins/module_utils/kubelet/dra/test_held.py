@@ -9,7 +9,7 @@ from dra_node import build, view
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli
+from ansible_collections.accelops.vgpu.plugins.module_utils import node_cli as cli
 
 NODE, VF4 = "gpu-node-1", "l40s-24q-0000-41-00-4"
 UID = "11111111-aaaa-4bbb-8ccc-000000000001"

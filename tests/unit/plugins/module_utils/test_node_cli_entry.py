@@ -6,7 +6,7 @@ import pytest
 
 from fake_node import FakeNode
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli
+from ansible_collections.accelops.vgpu.plugins.module_utils import node_cli as cli
 
 PF = "0000:41:00.0"
 CREATABLE = "ID    : vGPU Name\n1153  : NVIDIA L40S-12Q\n1155  : NVIDIA L40S-24Q\n1156  : NVIDIA L40S-48Q\n"
