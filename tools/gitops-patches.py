@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Write the cluster-side manifests of the agent path for a GitOps repo, from the agent's layouts:
 
-    tools/gitops-patches.py MANIFESTS OUTDIR [--naming model|profile]
+    .venv/bin/python tools/gitops-patches.py MANIFESTS OUTDIR [--naming model|profile]
 
 MANIFESTS: a file with the agent's ConfigMap (deploy/install.yaml, or `helm template` output), or a
 vgpu-device-manager document (JSON/YAML). OUTDIR gets
