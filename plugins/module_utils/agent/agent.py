@@ -167,6 +167,7 @@ class Agent:
     def _manager_restarted(self, node, name, gpus):
         """The probe found GPUs without the vGPUs the last apply left: report it; the caller re-applies."""
         self.manager_restarts += 1
+        self.telemetry.manager_restarts.inc()
         self.restart_pending = True
         message = ("vGPUs of config %s gone on GPU(s) %s (vGPU manager restarted?); re-applying"
                    % (name, ", ".join(gpus)))

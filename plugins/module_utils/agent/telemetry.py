@@ -61,6 +61,9 @@ class Telemetry:
         self.plugin_requests = r.counter(PREFIX + "plugin_requests_total",
                                          "Requests served by the agent's kubelet plugins (device plugin, DRA) by "
                                          "plugin, method and result.", ["plugin", "method", "result"])
+        self.manager_restarts = r.counter(PREFIX + "manager_restarts_total",
+                                          "vGPU-manager restarts noticed between reconciles: vGPUs of the last apply "
+                                          "gone (agent/manager_probe.py); each is re-applied at once.")
         self.watches = 0
         self.started_at = None
 

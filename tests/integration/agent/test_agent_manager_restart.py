@@ -4,7 +4,9 @@ type) is noticed by the agent's probe and the layout put back within 10 s, long 
 from __future__ import annotations
 
 import time
+import urllib.request
 
+from ansible_collections.accelops.vgpu.tests.fakes.registry import free_port
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import wait_for
 
 L40S_24Q = "1155"
@@ -18,7 +20,8 @@ def typed(node):
 
 def test_a_manager_restart_is_noticed_and_the_layout_back_within_10_s(gpusim_node, cluster, start_agent):
     node = gpusim_node("l40s:2")
-    agent = start_agent(node, cluster.api, RESYNC_INTERVAL=600)
+    port = free_port()
+    agent = start_agent(node, cluster.api, RESYNC_INTERVAL=600, METRICS_PORT=port, METRICS_BIND_ADDRESS="127.0.0.1")
     agent.wait("success", "default")
     assert typed(node) == [2, 2]     # default: 2 x L40S-24Q per GPU
     events = len(cluster.events())
@@ -33,8 +36,11 @@ def test_a_manager_restart_is_noticed_and_the_layout_back_within_10_s(gpusim_nod
     assert typed(node) == [0, 0] and len(node.vfs(node.pfs()[0])) == 32
     wait_for("the layout back", lambda: typed(node) == [2, 2], timeout=10.0, interval=0.05)
     assert time.monotonic() - restarted < 10.0
-    status = agent.wait("success", "default")
-    assert status["manager_restarts"] == 1
+    wait_for("the agent's success after the restart",
+             lambda: (agent.status() or {}).get("manager_restarts") == 1 and agent.status()["state"] == "success")
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as response:
+        metrics = response.read().decode()
+    assert "accelops_vgpu_agent_manager_restarts_total 1" in metrics.splitlines()
     assert "vGPUs of config default gone on GPU(s) %s (vGPU manager restarted?); re-applying" % (
         ", ".join(node.pfs())) in agent.output()
     assert len(cluster.events()) == events + 2     # the restart (Warning), then the apply
