@@ -267,6 +267,20 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+gpus_changed:
+  description:
+    - When a VF or mdev became held by a VM after the plan (rescanned before each GPU's first write), the GPUs
+      (PF addresses) already changed before the task failed.
+  returned: on that failure
+  type: list
+  elements: str
+  sample: ["0000:41:00.0"]
+gpus_not_changed:
+  description: On the same failure, the GPUs not written (the one whose VF became held, and those after it).
+  returned: on that failure
+  type: list
+  elements: str
+  sample: ["0000:42:00.0"]
 gpus:
   description: One entry per GPU (PF) the layout selects, with every vGPU slot before and after.
   returned: always

@@ -79,6 +79,7 @@ def test_a_vm_that_opens_a_vf_of_the_next_gpu_stops_that_gpu_before_its_first_wr
         node_lab.run_layout(lab, layout=TARGET)
     one_line_naming(str(caught.value), pf2_vf)
     assert caught.value.done == [PF1] and caught.value.not_done == [PF2]
+    assert caught.value.result == {"changed": True, "gpus_changed": [PF1], "gpus_not_changed": [PF2]}
     assert "changed: %s; not changed: %s" % (PF1, PF2) in str(caught.value)
     failure_writes(len(gpu_writes(lab, PF2)), "writes to %s after its VF became held" % PF2)
     assert gpu_writes(lab, PF2) == [] and len(gpu_writes(lab, PF1)) == 3

@@ -72,11 +72,13 @@ class NodeContext:
 @contextlib.contextmanager
 def engine_errors(module):
     """Yield a result dict; an EngineError becomes fail_json(msg=<its one line>, **result) (one_line:
-    the safety net against a control character that slipped into a message)."""
+    the safety net against a control character that slipped into a message), plus the error's own
+    `result` fields when it has them (what a stopped apply did and did not do)."""
     result = {}
     try:
         yield result
     except EngineError as err:
+        result.update(getattr(err, "result", None) or {})
         module.fail_json(msg=one_line(err), **result)
 
 

@@ -375,6 +375,7 @@ class HeldSincePlan(LayoutError):
 
     def __init__(self, gpu, device, found, done, not_done):
         self.gpu, self.device, self.done, self.not_done = gpu, device, done, not_done
+        self.result = {"changed": bool(done), "gpus_changed": list(done), "gpus_not_changed": list(not_done)}
         kind = "mdev" if "-" in device else "VF"
         super().__init__("GPU %s: %s %s became held by a VM (%s) after the plan; nothing was written to GPU %s "
                          "(changed: %s; not changed: %s)" % (gpu, kind, device, inuse.describe(found), gpu,

@@ -87,3 +87,13 @@ def test_a_container_names_the_lock_after_the_hosts_sysfs_path(tmp_path, monkeyp
     assert nl.lock_name(str(tmp_path / "host" / "sys")) == nl.lock_name("/sys")
     monkeypatch.delenv(nl.LOCK_KEY_ENV)
     assert nl.lock_name(str(tmp_path / "host" / "sys")) != nl.lock_name("/sys")
+
+
+def test_a_stop_event_ends_the_wait_for_the_lock_at_once(tmp_path):
+    stop = threading.Event()
+    with nl.node_lock(str(tmp_path), timeout=5, directory=str(tmp_path)):
+        threading.Timer(0.3, stop.set).start()
+        started = time.monotonic()
+        with pytest.raises(nl.NodeLockError, match="stopped while waiting for the node lock"):
+            nl.NodeLock(str(tmp_path), timeout=60, directory=str(tmp_path), stop=stop).acquire()
+        assert time.monotonic() - started < 2
