@@ -17,7 +17,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sy
 from ansible_collections.accelops.vgpu.tests.reliability import cli_runs, node_lab
 from ansible_collections.accelops.vgpu.tests.reliability.assertions import one_line_naming
 from ansible_collections.accelops.vgpu.tests.reliability.module_runs import run_module
-from ansible_collections.accelops.vgpu.tests.integration.vfio_holders import NEEDS_ROOT, NO_PTRACE, vfio_holders
+from ansible_collections.accelops.vgpu.tests.integration.vfio_holders import (  # pylint: disable=unused-import
+    NEEDS_ROOT, NO_PTRACE, vfio_holders)  # noqa: F401 (vfio_holders is a fixture)
 
 PF1, PF2 = "0000:41:00.0", "0000:42:00.0"
 TYPED = "0000:41:00.4"                      # L40S-12Q after START
@@ -124,9 +125,9 @@ def test_a_holder_of_another_uid_the_scanner_may_not_inspect_refuses_the_apply(
     unprivileged = NO_PTRACE + argv
     look = "import os, sys\ntry:\n os.readlink(sys.argv[1])\nexcept OSError as e:\n print(e.errno)"
     probe = subprocess.run(NO_PTRACE + [sys.executable, "-c", look, "/proc/%d/fd/3" % holder.pid],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, check=False)
     assert probe.stdout.strip() == str(errno.EACCES), probe      # really not allowed to look
-    proc = subprocess.run(unprivileged, env=lab.node.env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(unprivileged, env=lab.node.env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     one_line_naming(proc.stderr.rstrip("\n"), TYPED)
     assert "EBUSY" in proc.stderr

@@ -302,8 +302,8 @@ class Agent:
                 return already, node
             try:
                 version = ((node or {}).get("metadata") or {}).get("resourceVersion")
-                node = self._wrote(self.api.patch_node(self.settings.node_name,
-                                                       {"metadata": {"resourceVersion": version, "labels": patch}}))
+                pause = {"metadata": {"resourceVersion": version, "labels": patch}}
+                node = self._wrote(self.api.patch_node(self.settings.node_name, pause))
                 log("paused %s" % ", ".join(sorted(patch)))
                 return sorted(set(patch) | set(already)), node
             except KubeApiError as exc:
@@ -325,9 +325,9 @@ class Agent:
                     raise vdm.OperandError("timed out after %g s waiting for the %s pods (%s in %s) on node %s "
                                            "to terminate" % what)
                 if self.stop.wait(1.0):
+                    what = (key.rpartition(".")[2], selector, s.node_name)
                     raise vdm.OperandError("stopped (SIGTERM) while waiting for the %s pods (%s) on node %s to "
-                                           "terminate; nothing was written" % (key.rpartition(".")[2], selector,
-                                                                                s.node_name))
+                                           "terminate; nothing was written" % what)
             log("%s pods are gone" % selector)
 
     def _finish(self, current, state, profiles, reason, applied, config=None):

@@ -10,8 +10,8 @@ import urllib.request
 
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
     NODE, NODES, PLUGIN_LABEL, PROFILE, STATE_LABEL, agent_state, wait_for)
-from ansible_collections.accelops.vgpu.tests.integration.vfio_holders import (  # noqa: F401 (fixture)
-    NEEDS_ROOT, own_namespace_prefix, vfio_holders)
+from ansible_collections.accelops.vgpu.tests.integration.vfio_holders import (  # pylint: disable=unused-import
+    NEEDS_ROOT, own_namespace_prefix, vfio_holders)  # noqa: F401 (vfio_holders is a fixture)
 
 PAUSED = "paused-for-vgpu-change"
 PLUGIN_APP = "nvidia-sandbox-device-plugin-daemonset"
@@ -137,4 +137,3 @@ def test_a_429_with_retry_after_delays_the_retry_at_least_that_long(gpusim_node,
     patches = [r["time"] for r in cluster.api.log() if r["method"] == "PATCH" and r["path"].endswith("/" + NODE)]
     assert len(patches) >= 2
     assert patches[1] - patches[0] >= 3.9, (patches, agent.output())  # our own backoff: 1-1.2 s
-

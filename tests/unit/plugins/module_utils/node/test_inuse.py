@@ -15,6 +15,10 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sy
 PF = "0000:41:00.0"
 
 
+def _raise(exc):
+    raise exc
+
+
 @pytest.fixture
 def node(tmp_path):
     node = FakeNode(tmp_path)
@@ -107,13 +111,13 @@ def test_an_uninspectable_process_makes_the_kernel_probe_decide(node, monkeypatc
     # the group node opens: free; the other VFs have no VFIO node at all: nothing can hold them
     assert held(node) == {}
     # the kernel answers EBUSY: held by someone we may not see
-    monkeypatch.setattr(os, "open", lambda path, *a, **k: (_ for _ in ()).throw(OSError(errno.EBUSY, "busy"))
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: _raise(OSError(errno.EBUSY, "busy"))
                         if str(path).endswith("/" + group) else real_open(path, *a, **k))
     found = held(node)
     assert list(found) == ["0000:41:00.5"] and "EBUSY" in found["0000:41:00.5"][0]
     assert "4400" in found["0000:41:00.5"][0]
     # the kernel cannot be asked (EACCES on the node): unknown, so held
-    monkeypatch.setattr(os, "open", lambda path, *a, **k: (_ for _ in ()).throw(OSError(errno.EACCES, "no"))
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: _raise(OSError(errno.EACCES, "no"))
                         if str(path).endswith("/" + group) else real_open(path, *a, **k))
     found = held(node)
     assert found["0000:41:00.5"][0].startswith("unknown: pid 4400") and "EACCES" in found["0000:41:00.5"][0]
@@ -125,7 +129,7 @@ def test_a_vfio_device_without_a_node_under_dev_root_is_unknown_when_the_scan_is
     (node.sys / "class/vfio" / group / "dev").write_text("510:%s\n" % group)   # the kernel has the cdev
     (node.proc / "4401" / "fd").mkdir(parents=True)   # a process whose fds we may not list:
     real_listdir = os.listdir
-    monkeypatch.setattr(os, "listdir", lambda path: (_ for _ in ()).throw(PermissionError(errno.EPERM, "no"))
+    monkeypatch.setattr(os, "listdir", lambda path: _raise(PermissionError(errno.EPERM, "no"))
                         if str(path).endswith("/4401/fd") else real_listdir(path))
     found = held(node)
     assert list(found) == ["0000:41:00.7"]
@@ -136,7 +140,7 @@ def test_out_of_scope_devices_are_not_probed_but_reported_unknown(node, monkeypa
     for vf in ("0000:41:00.4", "0000:41:00.5"):
         (node.dev / "vfio" / node.group_of(vf)).write_text("")
     real_listdir, opened = os.listdir, []
-    monkeypatch.setattr(os, "listdir", lambda path: (_ for _ in ()).throw(PermissionError(errno.EACCES, "no"))
+    monkeypatch.setattr(os, "listdir", lambda path: _raise(PermissionError(errno.EACCES, "no"))
                         if str(path).endswith("/1/fd") else real_listdir(path))
     real_open = os.open
     monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k))
@@ -151,7 +155,9 @@ def test_out_of_scope_devices_are_not_probed_but_reported_unknown(node, monkeypa
 
 def test_extra_holder_sources_are_merged(node):
     pid = node.hold(node.group_of("0000:41:00.4"))
-    claims = lambda: {"0000:41:00.4": ["DRA claim ns/a"], "0000:41:00.6": ["DRA claim ns/b"]}
+
+    def claims():
+        return {"0000:41:00.4": ["DRA claim ns/a"], "0000:41:00.6": ["DRA claim ns/b"]}
     found = inuse.held_devices(Sysfs(str(node.sys)), str(node.dev), str(node.proc), sources=[claims])
     assert found == {"0000:41:00.4": [pid, "DRA claim ns/a"], "0000:41:00.6": ["DRA claim ns/b"]}
     assert inuse.describe(found["0000:41:00.4"]) == "pid %d; DRA claim ns/a" % pid
