@@ -2,27 +2,46 @@
 
     python tests/fakes/kmock_serve.py [--port N]      # prints "ready <port>" once listening
 
-kmock 0.8's KubernetesEmulator (pinned: this subclasses its private API) extended with what
-real API servers do and the tests rely on:
-- every PATCH/PUT that changes the object bumps metadata.resourceVersion (a no-op write changes
-  nothing and sends no watch event); a write carrying a stale resourceVersion -> 409;
-- `?dryRun=All` computes and returns the result without storing it (PATCH, PUT and POST);
-- PATCH with `application/json-patch+json` applies an RFC 6902 JSON patch (the `jsonpatch` package);
-  a failed `test` op or a path that is not there -> 422, as the real API server answers
-  (apiserver endpoints/handlers/patch.go: JSON patch errors are StatusUnprocessableEntity);
-- a request log (method, path, dryRun, content type, auth scheme, impersonation headers, and for
-  lists/watches the watch flag, resourceVersion and fieldSelector, with a time) so tests can prove
-  check mode mutates nothing, how the client authenticated, and how often it asked;
-- real list/watch semantics (kmock's own watch has no resourceVersion, history or timeout): one
-  global resourceVersion counter bumped by every write, lists carrying the current one, watches
-  (`?watch=true`) with `resourceVersion` (replayed from the kept event history; older than the
-  history, or not known to this server, e.g. after a restart -> one ERROR event with a 410 `Expired`
-  Status and the end of the stream), `fieldSelector=metadata.name=X`, `timeoutSeconds` (the server
-  ends the stream) and `allowWatchBookmarks` (BOOKMARK events every `bookmark_interval` seconds
-  when that control is set); lists also narrow by `fieldSelector=spec.nodeName=X` and a
-  `labelSelector` of `key=value` terms;
+kmock 0.8's KubernetesEmulator (pinned: this subclasses its private API) made as strict as a real
+API server where the tests and the product lean on it. What a real server decides about a request
+(selectors, patch types, watch events under a selector) lives in tests/fakes/kube_api_rules.py.
+
+Extension points (a new resource, e.g. resource.k8s.io/v1 ResourceSlices/ResourceClaims):
+- declare it in the reset state's "resources" (kind, namespaced, verbs, subresources as kmock's
+  ResourceInfo; a custom resource may add "selectableFields": [...] as its CRD would);
+- its built-in field selectors: kube_api_rules.SELECTABLE_FIELDS; list keys of strategic merge
+  patches: kube_api_rules.STRATEGIC_MERGE_KEYS; both cite the Kubernetes source they follow;
+- new server behaviour: a method of StrictEmulator dispatched from `_handle` (one per verb).
+
+Semantics (each as a real API server; a request the double cannot model fails loudly, never passes):
+- POST (create): apiVersion and namespace must match the URL (400), name or generateName is
+  required (422), an existing name -> 409 `AlreadyExists`; uid, creationTimestamp and a new
+  resourceVersion are set; `?dryRun=All` runs the same checks and stores nothing (201 both ways);
+- PATCH: the patch type comes from the Content-Type only: merge (RFC 7386), JSON patch (RFC 6902),
+  strategic merge for built-in groups (415 `UnsupportedMediaType` for a custom resource, as a CRD
+  answers); server-side apply and anything else -> 415; PUT replaces. A write that changes the
+  object bumps metadata.resourceVersion (a no-op changes nothing, sends no event); a stale
+  resourceVersion -> 409 `Conflict`; changing the name -> 400; uid/creationTimestamp are kept;
+  `?dryRun=All` answers the result and stores nothing;
+- DELETE: 404 when absent; finalizers -> deletionTimestamp (202) and the object goes when a write
+  removes the last finalizer; deleting a Namespace deletes its objects (no namespace controller:
+  at once); `?dryRun=All` stores nothing;
+- list and watch (`?watch=true`): one global resourceVersion counter bumped by every write, lists
+  carrying the current one; `labelSelector` (=, ==, !=, in, notin, exists, !exists) and
+  `fieldSelector` (=, ==, !=) on metadata.name/namespace plus the resource's selectable fields;
+  any other field -> 400 "field label not supported: <field>"; watches replay from
+  `resourceVersion` out of the kept event history (older than the history, or unknown to this
+  server, e.g. after a restart -> one ERROR event with a 410 `Expired` Status and the end of the
+  stream), and send live events through the same selectors: an object entering the selection
+  arrives as ADDED, one leaving it as DELETED (apiserver cacher semantics), `timeoutSeconds` ends
+  the stream, `allowWatchBookmarks` gets BOOKMARK events every `bookmark_interval` seconds;
 - optional HTTPS (`--tls-cert/--tls-key`, a CA the test made) and Bearer-token checking
-  (`--token`; 401 otherwise; the scheme is matched case-insensitively as real servers do).
+  (`--token`; 401 otherwise; the scheme is matched case-insensitively as real servers do);
+- a request log (method, path, dryRun, content type, auth scheme, impersonation headers, and for
+  lists/watches the watch flag, resourceVersion and selectors, with a time) so tests can prove check
+  mode mutates nothing, how the client authenticated and how often it asked. Memory is bounded for
+  long runs (benchmarks): the log keeps the last `request_log` entries, each object its last
+  `object_versions` versions, the watch history `history` events; deleted objects are forgotten.
 
 Test controls (JSON over HTTP, never logged):
     POST /_ctl/reset     {"resources": {"kubevirt.io/v1/kubevirts": {"kind": ..., "namespaced": true}},
@@ -34,7 +53,10 @@ Test controls (JSON over HTTP, never logged):
                           the next `count` matching requests fail with `status` (a Status body; with
                           `retry_after`, the `Retry-After` header and details.retryAfterSeconds, as the
                           API server's max-in-flight/priority-and-fairness filters answer a 429)
-    GET  /_ctl/log       the request log;  POST /_ctl/log/clear
+    GET  /_ctl/log       the request log;  POST /_ctl/log/clear (clears the received requests too)
+    GET  /_ctl/received  every API request as received: method, path with query string, headers, body
+                          (secrets included: for tests that prove where a secret went; bounded as the log)
+    GET  /_ctl/objects   every stored object
     GET  /_ctl/object?resource=...&namespace=...&name=...   the stored object
     POST /_ctl/patch     {"resource", "namespace", "name", "patch"}  a merge patch as another client
                           would make it (new resourceVersion, watch event), not logged
@@ -42,9 +64,10 @@ Test controls (JSON over HTTP, never logged):
     POST /_ctl/drop-watches {"unavailable_s": N}  end every open watch stream; for N seconds
                           answer 503 to API requests (an API server restart)
     POST /_ctl/watch-config {"bookmark_interval": S, "history": N}
+    POST /_ctl/limits    {"request_log": N, "object_versions": N}  the memory bounds (defaults below)
     POST /_ctl/token     {"token": "..."}  the token accepted from now on (rotation)
     GET  /_ctl/watches   the number of open watch streams
-    GET  /_ctl/history?resource=...&namespace=...&name=...  every stored version of the object
+    GET  /_ctl/history?resource=...&namespace=...&name=...  the kept versions of the object
 """
 
 from __future__ import annotations
@@ -53,22 +76,23 @@ import argparse
 import asyncio
 import collections
 import copy
+import datetime
 import json
+import random
 import signal
 import ssl
 import sys
 import time
+import uuid
 
 import aiohttp.test_utils
 import aiohttp.web
-import jsonpatch
-import jsonpointer
 from kmock import KubernetesEmulator, ResourceInfo, Server
-from kmock._internal.dicts import patch_dict
 from kmock._internal import parsing
-from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
+from kmock._internal.k8s import KubernetesError
 
-WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+import kube_api_rules as rules
+
 _KMOCK_PARSE_PATH = parsing.parse_path
 
 
@@ -84,32 +108,53 @@ def _parse_path(path):
 parsing.parse_path = _parse_path
 
 HISTORY = 1000          # watch events kept for resuming watches
+REQUEST_LOG = 20000     # request log entries kept
+OBJECT_VERSIONS = 200   # versions kept per object (/_ctl/history)
 DEFAULT_WATCH_TIMEOUT = 1800
+NAME_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"   # generateName's alphabet (apiserver names.go)
+
+
+def _api_error(exc):
+    return KubernetesError(status=exc.status, reason=exc.reason, message=exc.message)
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _meta(obj):
+    return obj.setdefault("metadata", {})
 
 
 class Watch:
-    """One open watch stream: what it selects and its queue of events (None = end the stream)."""
+    """One open watch stream: its resource, namespace, selector and queue (None = end the stream)."""
 
-    def __init__(self, resource, namespace, name):
-        self.resource, self.namespace, self.name = resource, namespace, name
+    def __init__(self, resource, namespace, selector):
+        self.resource, self.namespace, self.selector = resource, namespace, selector
         self.queue = asyncio.Queue()
 
-    def selects(self, resource, namespace, name):
-        return resource == self.resource and (self.namespace is None or namespace == self.namespace) and (
-            self.name is None or name == self.name)
+    def event(self, resource, namespace, change):
+        """The event this watch gets for a stored change (kube_api_rules.watch_event), else None."""
+        if resource != self.resource or (self.namespace is not None and namespace != self.namespace):
+            return None
+        kind, obj, prev = change
+        return rules.watch_event(kind, obj, prev, self.selector)
 
 
 class StrictEmulator(KubernetesEmulator):
-    """KubernetesEmulator with resourceVersion bumps, 409s, dry runs, a request log and controls."""
+    """KubernetesEmulator with a real server's checks and answers (module docstring) and controls."""
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
-        self.request_log = []
+        self.request_log = collections.deque(maxlen=REQUEST_LOG)
+        self.received = collections.deque(maxlen=REQUEST_LOG)
+        self.object_versions = OBJECT_VERSIONS
         self.conflicts = {"count": 0, "patch": None}
         self.forbidden = []
         self.faults = []
+        self.selectable = {}                 # "group/version/plural" -> a CRD's selectableFields
         self.resource_version = 999
-        self.history = collections.deque()   # (resourceVersion, resource, namespace, name, event)
+        self.history = collections.deque()   # (resourceVersion, resource, namespace, (kind, obj, prev))
         self.history_floor = self.resource_version
         self.history_max = HISTORY
         self.bookmark_interval = None
@@ -117,29 +162,65 @@ class StrictEmulator(KubernetesEmulator):
         self.unavailable_until = 0.0
         self.token = None
 
+    async def __call__(self, raw_request):
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            # kmock keeps every parsed request (bodies included) for its own assertions, which
+            # this double never uses: forget them, the bounded request_log is the record
+            self._requests.clear()
+            for payload in self._payloads:
+                payload._requests.clear()  # pylint: disable=protected-access
+
     def bump(self):
         """The next global resourceVersion (every write takes one, as etcd's revision)."""
         self.resource_version += 1
         return str(self.resource_version)
 
-    def record(self, kind, resource, namespace, name, obj):
-        """A watch event for a stored change: kept in the history and sent to matching watches."""
-        event = {"type": kind, "object": copy.deepcopy(obj)}
-        self.history.append((self.resource_version, resource, namespace, name, event))
+    def record(self, kind, key, obj, prev=None):
+        """A stored change (obj: the new state, prev: the one before): kept in the event history
+        and sent to every watch whose selection it touches."""
+        change = (kind, copy.deepcopy(obj), copy.deepcopy(prev))
+        resource, namespace = key[0], key[1]
+        self.history.append((self.resource_version, resource, namespace, change))
         while len(self.history) > self.history_max:
             self.history_floor = self.history.popleft()[0]
         for watch in self.watches:
-            if watch.selects(resource, namespace, name):
+            event = watch.event(resource, namespace, change)
+            if event is not None:
                 watch.queue.put_nowait(event)
+
+    def store(self, key, obj):
+        """Keep `obj` as the object's new version (its oldest versions beyond the bound go)."""
+        if key in self.objects:
+            stored = self.objects[key]
+            stored.create(obj)  # appends the version (kmock's create on a live object)
+            if len(stored.history) > self.object_versions:
+                del stored.history[:len(stored.history) - self.object_versions]
+        else:
+            self.objects[key] = obj
+
+    def stored(self, key):
+        """The stored object (a dict) under `key`, or None."""
+        try:
+            found = self.objects[key]  # `in` does not parse a "group/version/plural" string key
+        except KeyError:
+            return None
+        return None if found.deleted else found.raw
 
     # --- controls ---------------------------------------------------------------------------
     async def _control(self, request, method):
         path = request.url.path
         data = request.data if isinstance(request.data, dict) else {}
         if path == "/_ctl/log" and method == "GET":
-            return aiohttp.web.json_response(self.request_log)
+            return aiohttp.web.json_response(list(self.request_log))
+        if path == "/_ctl/received":
+            return aiohttp.web.json_response(list(self.received))
+        if path == "/_ctl/objects":
+            return aiohttp.web.json_response([obj.raw for obj in self.objects.values() if not obj.deleted])
         if path == "/_ctl/log/clear":
             self.request_log.clear()
+            self.received.clear()
         elif path == "/_ctl/reset":
             self._reset(data)
         elif path == "/_ctl/conflict":
@@ -151,7 +232,7 @@ class StrictEmulator(KubernetesEmulator):
         elif path == "/_ctl/forbid":
             self.forbidden.append({"method": data["method"].upper(), "plural": data["plural"]})
         elif path == "/_ctl/patch":
-            await self._patch_as_other_client(data)
+            self._patch_as_other_client(data)
         elif path == "/_ctl/compact":
             self.history.clear()
             self.history_floor = self.resource_version
@@ -164,6 +245,12 @@ class StrictEmulator(KubernetesEmulator):
                 self.bookmark_interval = data["bookmark_interval"]
             if data.get("history"):
                 self.history_max = int(data["history"])
+        elif path == "/_ctl/limits":
+            if data.get("request_log"):
+                self.request_log = collections.deque(self.request_log, maxlen=int(data["request_log"]))
+                self.received = collections.deque(self.received, maxlen=int(data["request_log"]))
+            if data.get("object_versions"):
+                self.object_versions = int(data["object_versions"])
         elif path == "/_ctl/token":
             self.token = data.get("token")
         elif path == "/_ctl/history":
@@ -173,14 +260,9 @@ class StrictEmulator(KubernetesEmulator):
         elif path == "/_ctl/watches":
             return aiohttp.web.json_response(len(self.watches))
         elif path == "/_ctl/object":
-            key = (request.params["resource"], request.params.get("namespace") or None, request.params["name"])
-            try:
-                stored = self.objects[key]  # `in` does not parse a "group/version/plural" string key
-            except KeyError:
-                stored = None
-            if stored is None or stored.deleted:
-                return aiohttp.web.json_response(None, status=404)
-            return aiohttp.web.json_response(stored.raw)
+            found = self.stored((request.params["resource"], request.params.get("namespace") or None,
+                                 request.params["name"]))
+            return aiohttp.web.json_response(found, status=200 if found is not None else 404)
         else:
             return aiohttp.web.json_response({"error": "unknown control " + path}, status=400)
         return aiohttp.web.json_response({"ok": True})
@@ -188,28 +270,32 @@ class StrictEmulator(KubernetesEmulator):
     def _reset(self, state):
         self.objects.clear()
         self.resources.clear()
+        self.selectable.clear()
         self.request_log.clear()
+        self.received.clear()
         self.forbidden.clear()
         self.faults.clear()
         self.conflicts = {"count": 0, "patch": None}
         for key, info in (state.get("resources") or {}).items():
+            info = dict(info)
+            self.selectable[key] = tuple(info.pop("selectableFields", ()))
             self.resources[key] = ResourceInfo(**info)
         for item in state.get("objects") or []:
             body = copy.deepcopy(item["body"])
-            body.setdefault("metadata", {}).setdefault("resourceVersion", "1")
+            _meta(body).setdefault("resourceVersion", "1")
             self.objects[item["resource"], item.get("namespace"), item["name"]] = body
         self.history.clear()
         self.history_floor = self.resource_version
         for watch in list(self.watches):
             watch.queue.put_nowait(None)
 
-    async def _patch_as_other_client(self, data):
+    def _patch_as_other_client(self, data):
         key = (data["resource"], data.get("namespace") or None, data["name"])
-        stored = self.objects[key]
-        result = patch_dict(copy.deepcopy(stored.raw), copy.deepcopy(data["patch"]))
-        result.setdefault("metadata", {})["resourceVersion"] = self.bump()
-        stored.create(result)
-        self.record("MODIFIED", key[0], key[1], key[2], stored.raw)
+        before = self.objects[key].raw
+        result = rules.merge_patch(before, data["patch"])
+        _meta(result)["resourceVersion"] = self.bump()
+        self.store(key, result)
+        self.record("MODIFIED", key, result, before)
 
     # --- request handling ---------------------------------------------------------------------
     async def _handle(self, request):
@@ -220,12 +306,15 @@ class StrictEmulator(KubernetesEmulator):
         self.request_log.append({"method": method, "path": request.url.path, "time": time.time(),
                                  "watch": watching, "resourceVersion": request.params.get("resourceVersion"),
                                  "fieldSelector": request.params.get("fieldSelector"),
+                                 "labelSelector": request.params.get("labelSelector"),
                                  "dryRun": request.params.get("dryRun"),
                                  "contentType": request.headers.get("Content-Type"),
                                  # the scheme only: tests check how we authenticate, never the secret
                                  "auth": (request.headers.get("Authorization") or "").split(" ")[0] or None,
                                  "impersonate": [request.headers.get("Impersonate-User"),
                                                  request.headers.get("Impersonate-Group")]})
+        self.received.append({"method": method, "path": request.url.raw_path_qs, "headers": dict(request.headers),
+                              "body": request.body.decode("utf-8", "replace")})
         if time.monotonic() < self.unavailable_until:
             raise KubernetesError(status=503, reason="ServiceUnavailable", message="the API server is restarting")
         if self.token is not None and not self._authorized(request.headers.get("Authorization") or ""):
@@ -239,53 +328,60 @@ class StrictEmulator(KubernetesEmulator):
             raise KubernetesError(status=403, reason="Forbidden",
                                   message='%s "%s" is forbidden: User "system:serviceaccount:test:ansible" cannot %s '
                                           'resource "%s"' % (plural, request.name, method.lower(), plural))
-        if request.resource is not None and request.name and method in ("PATCH", "PUT"):
-            return await self._write(request, method)
-        if request.resource is not None and not request.name and method == "GET" and self._declared(request):
-            return await (self._watch(request) if watching else self._list(request))
-        if request.resource is not None and method == "POST" and request.params.get("dryRun") == "All":
-            return aiohttp.web.json_response(request.data, status=201)  # validated by nobody, stored nowhere
+        if request.resource is None or request.subresource:
+            return await super()._handle(request)
+        try:
+            if request.name and method in ("PATCH", "PUT"):
+                return self._write(request, method)
+            if request.name and method == "DELETE":
+                return self._delete(request)
+            if not request.name and method == "POST":
+                return self._create(request)
+            if not request.name and method == "GET" and self._declared(request):
+                selector = self._selector(request)
+                return await (self._watch(request, selector) if watching else self._list(request, selector))
+        except rules.ApiError as exc:
+            raise _api_error(exc) from None
         return await super()._handle(request)
 
     def _authorized(self, header):
         scheme, dummy, token = header.partition(" ")
         return scheme.lower() == "bearer" and token.strip() == self.token
 
-    def _matching(self, request):
-        """[(namespace, name, object)] of the listed resource, narrowed by the fieldSelector
-        (metadata.name, spec.nodeName) and the labelSelector (`key=value` terms)."""
-        wanted = _name_selector(request.params.get("fieldSelector"))
-        node = _selector_terms(request.params.get("fieldSelector")).get("spec.nodeName")
-        labels = _selector_terms(request.params.get("labelSelector"))
-        found = []
-        for (resource, namespace, name), obj in self.objects.items():
-            if resource != request.resource or obj.deleted:
-                continue
-            if request.namespace is not None and namespace != request.namespace:
-                continue
-            if node is not None and (obj.raw.get("spec") or {}).get("nodeName") != node:
-                continue
-            have = (obj.raw.get("metadata") or {}).get("labels") or {}
-            if (wanted is None or name == wanted) and all(have.get(k) == v for k, v in labels.items()):
-                found.append((namespace, name, obj))
-        return found
-
     def _declared(self, request):
-        """The ResourceInfo of the listed resource; None (kmock answers 404) when not declared."""
+        """The ResourceInfo of the requested resource; None (kmock answers 404) when not declared."""
         for key, info in self.resources.items():
             if key == request.resource:
                 return info
         return None
 
-    async def _list(self, request):
+    def _selector(self, request):
+        """The request's label and field selectors; 400 for a field the resource cannot select on."""
+        res = request.resource
+        key = rules.resource_key(res.group, res.version, res.plural)
+        supported = rules.METADATA_FIELDS + rules.SELECTABLE_FIELDS.get(key, ()) + self.selectable.get(key, ())
+        return rules.Selector(request.params.get("labelSelector"), request.params.get("fieldSelector"), supported)
+
+    def _not_found(self, request):
+        res = request.resource
+        return rules.ApiError(404, "NotFound", '%s "%s" not found' % (rules.qualified(res.plural, res.group),
+                                                                    request.name))
+
+    def _matching(self, request, selector):
+        """[object] of the listed resource in the request's namespace that the selector selects."""
+        return [obj.raw for (resource, namespace, dummy), obj in self.objects.items()
+                if resource == request.resource and not obj.deleted
+                and (request.namespace is None or namespace == request.namespace) and selector.matches(obj.raw)]
+
+    async def _list(self, request, selector):
         kind = self._declared(request).kind
         return aiohttp.web.json_response({
             "apiVersion": request.resource.version if not request.resource.group else "%s/%s" % (
                 request.resource.group, request.resource.version),
             "kind": (kind or "") + "List", "metadata": {"resourceVersion": str(self.resource_version)},
-            "items": [copy.deepcopy(obj.raw) for dummy, dummy2, obj in self._matching(request)]})
+            "items": [copy.deepcopy(obj) for obj in self._matching(request, selector)]})
 
-    async def _watch(self, request):
+    async def _watch(self, request, selector):
         """A real API server's watch (module docstring); the stream is JSON lines."""
         timeout = float(request.params.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT)
         since = request.params.get("resourceVersion")
@@ -293,16 +389,16 @@ class StrictEmulator(KubernetesEmulator):
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request._raw_request)  # pylint: disable=protected-access
         # registering and replaying take no await in between, so no write falls between them
-        watch = Watch(request.resource, request.namespace, _name_selector(request.params.get("fieldSelector")))
+        watch = Watch(request.resource, request.namespace, selector)
         if since in (None, "", "0"):
-            backlog = [{"type": "ADDED", "object": copy.deepcopy(obj.raw)} for dummy, dummy2, obj in self._matching(request)]
+            backlog = [{"type": "ADDED", "object": copy.deepcopy(obj)} for obj in self._matching(request, selector)]
         elif not since.isdigit() or int(since) < self.history_floor or int(since) > self.resource_version:
             backlog = [{"type": "ERROR", "object": {
                 "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
                 "message": "too old resource version: %s (%d)" % (since, self.history_floor)}}, None]
         else:
-            backlog = [event for version, resource, namespace, name, event in self.history
-                       if version > int(since) and watch.selects(resource, namespace, name)]
+            backlog = [event for version, resource, namespace, change in self.history if version > int(since)
+                       for event in [watch.event(resource, namespace, change)] if event is not None]
         self.watches.add(watch)
         for event in backlog:
             watch.queue.put_nowait(event)
@@ -334,43 +430,120 @@ class StrictEmulator(KubernetesEmulator):
             pass
         return response
 
-    async def _write(self, request, method):
+    def _create(self, request):
+        """POST: a real server's checks (module docstring), then stored with uid, creationTimestamp and
+        a new resourceVersion; with ?dryRun=All the same answer, nothing stored."""
+        res, info = request.resource, self._declared(request)
+        body = request.data
+        if not isinstance(body, dict):
+            raise rules.ApiError(400, "BadRequest", "the body of the request is not a JSON object")
+        api_version = "%s/%s" % (res.group, res.version) if res.group else res.version
+        if body.get("apiVersion", api_version) != api_version:
+            raise rules.ApiError(400, "BadRequest", "the API version in the data (%s) does not match the expected API "
+                                 "version (%s)" % (body["apiVersion"], api_version))
+        obj = copy.deepcopy(body)
+        obj["apiVersion"] = api_version
+        if info is not None and info.kind:
+            obj.setdefault("kind", info.kind)
+        meta = _meta(obj)
+        if meta.get("namespace") and request.namespace and meta["namespace"] != request.namespace:
+            raise rules.ApiError(400, "BadRequest", "the namespace of the provided object does not match the namespace "
+                                 "sent on the request")
+        if info is not None and info.namespaced and not request.namespace:
+            raise rules.ApiError(404, "NotFound", "the server could not find the requested resource")
+        if request.namespace:
+            meta["namespace"] = request.namespace
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(random.choice(NAME_SUFFIX) for dummy in range(5))
+        if not meta.get("name"):
+            raise rules.ApiError(422, "Invalid", '%s "" is invalid: metadata.name: Required value: name or '
+                                 'generateName is required' % (obj.get("kind") or res.plural))
+        key = (res, request.namespace, meta["name"])
+        if self.stored(key) is not None:
+            raise rules.ApiError(409, "AlreadyExists", '%s "%s" already exists'
+                                 % (rules.qualified(res.plural, res.group), meta["name"]))
+        meta.update({"uid": str(uuid.uuid4()), "creationTimestamp": _now()})
+        meta.pop("resourceVersion", None)
+        if request.params.get("dryRun") != "All":
+            meta["resourceVersion"] = self.bump()
+            self.store(key, obj)
+            self.record("ADDED", key, obj)
+        return aiohttp.web.json_response(obj, status=201)
+
+    def _delete(self, request):
+        """DELETE: finalizers defer it (deletionTimestamp, 202); a Namespace takes its objects along."""
         key = (request.resource, request.namespace, request.name)
-        if key not in self.objects or self.objects[key].deleted:
-            raise KubernetesObjectNotFoundError()
-        stored = self.objects[key]
+        before = self.stored(key)
+        if before is None:
+            raise self._not_found(request)
+        if request.params.get("dryRun") == "All":
+            return aiohttp.web.json_response(before)
+        if (before.get("metadata") or {}).get("finalizers"):
+            if before["metadata"].get("deletionTimestamp"):
+                return aiohttp.web.json_response(before, status=202)
+            after = copy.deepcopy(before)
+            after["metadata"].update({"deletionTimestamp": _now(), "resourceVersion": self.bump()})
+            self.store(key, after)
+            self.record("MODIFIED", key, after, before)
+            return aiohttp.web.json_response(after, status=202)
+        return aiohttp.web.json_response(self._remove(key, before))
+
+    def _remove(self, key, before, gone=None):
+        """Forget the object (a DELETED event: `gone`, by default `before` with a new resourceVersion);
+        for a Namespace, its objects too."""
+        if gone is None:
+            gone = copy.deepcopy(before)
+            _meta(gone)["resourceVersion"] = self.bump()
+        del self.objects[key]
+        self.record("DELETED", key, gone, before)
+        resource = key[0]
+        if resource.group == "" and resource.plural == "namespaces":
+            for inner in [k for k, obj in self.objects.items() if k[1] == key[2] and not obj.deleted]:
+                self._remove(inner, self.objects[inner].raw)
+        return gone
+
+    def _write(self, request, method):
+        key = (request.resource, request.namespace, request.name)
+        if self.stored(key) is None:
+            raise self._not_found(request)
+        media = rules.patch_type(request.headers.get("Content-Type"), request.resource.group) if method == "PATCH" else None
         if self.conflicts["count"] > 0:
             # Someone else wrote between our client's read and its write.
             self.conflicts["count"] -= 1
-            stored.patch(copy.deepcopy(self.conflicts["patch"] or {}))
-            stored.patch({"metadata": {"resourceVersion": self.bump()}})
-            self.record("MODIFIED", key[0], key[1], key[2], stored.raw)
-        data = request.data
-        current = stored.get("metadata", {}).get("resourceVersion")
-        wanted = data.get("metadata", {}).get("resourceVersion") if isinstance(data, dict) else None
-        if wanted is not None and wanted != current:
-            raise KubernetesError(status=409, reason="Conflict",
-                                  message="Operation cannot be fulfilled on %s \"%s\": the object has been modified; "
-                                          "please apply your changes to the latest version and try again"
-                                          % (request.resource.plural, request.name))
+            self._patch_as_other_client({"resource": key[0], "namespace": key[1], "name": key[2],
+                                         "patch": self.conflicts["patch"] or {}})
+        before = self.stored(key)
+        current = before["metadata"].get("resourceVersion")
         if method == "PUT":
-            result = copy.deepcopy(data)
-        elif (request.headers.get("Content-Type") or "").startswith("application/json-patch+json"):
-            try:
-                result = jsonpatch.apply_patch(copy.deepcopy(stored.raw), data)
-            except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
-                raise KubernetesError(status=422, reason="Invalid", message="the server rejected our request due to "
-                                      "an error in our request: %s" % exc) from None
+            if not isinstance(request.data, dict):
+                raise rules.ApiError(400, "BadRequest", "the body of the request is not a JSON object")
+            result = copy.deepcopy(request.data)
+            wanted = _meta(result).get("resourceVersion")
         else:
-            result = patch_dict(copy.deepcopy(stored.raw), copy.deepcopy(data))
-        if request.params.get("dryRun") == "All":
+            result = rules.apply_patch(media, before, request.data)
+            wanted = _meta(result).get("resourceVersion")
+            wanted = None if wanted == current else wanted
+        if wanted is not None and wanted != current:
+            raise rules.ApiError(409, "Conflict", "Operation cannot be fulfilled on %s \"%s\": the object has been "
+                                 "modified; please apply your changes to the latest version and try again"
+                                 % (rules.qualified(request.resource.plural, request.resource.group), request.name))
+        meta = _meta(result)
+        if meta.get("name", request.name) != request.name:
+            raise rules.ApiError(400, "BadRequest", "the name of the object (%s) does not match the name on the URL "
+                                 "(%s)" % (meta["name"], request.name))
+        for field in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+            if field in before["metadata"]:
+                meta[field] = before["metadata"][field]
+        meta["resourceVersion"] = current
+        if request.params.get("dryRun") == "All" or result == before:
+            # a dry run stores nothing; a no-op write keeps the resourceVersion, as on a real API server
             return aiohttp.web.json_response(result)
-        if result == stored.raw:  # a no-op write keeps the resourceVersion, as on a real API server
-            return aiohttp.web.json_response(stored.raw)
-        result.setdefault("metadata", {})["resourceVersion"] = self.bump()
-        stored.create(result)
-        self.record("MODIFIED", key[0], key[1], key[2], stored.raw)
-        return aiohttp.web.json_response(stored.raw)
+        meta["resourceVersion"] = self.bump()
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            return aiohttp.web.json_response(self._remove(key, before, result))
+        self.store(key, result)
+        self.record("MODIFIED", key, result, before)
+        return aiohttp.web.json_response(result)
 
 
 def _fault_response(fault):
@@ -382,25 +555,6 @@ def _fault_response(fault):
         body["details"] = {"retryAfterSeconds": int(fault["retry_after"])}
         headers["Retry-After"] = str(int(fault["retry_after"]))
     return aiohttp.web.json_response(body, status=fault["status"], headers=headers)
-
-
-def _selector_terms(selector):
-    """{key: value} of the `key=value` (or `==`) terms of a field or label selector."""
-    terms = {}
-    for term in (selector or "").split(","):
-        key, dummy, value = term.partition("=")
-        if key.strip():
-            terms[key.strip()] = value.lstrip("=").strip()
-    return terms
-
-
-def _name_selector(selector):
-    """The name in `metadata.name=X` (the only field selector the double understands), else None."""
-    for term in (selector or "").split(","):
-        field, dummy, value = term.partition("=")
-        if field.strip() == "metadata.name":
-            return value.lstrip("=").strip()
-    return None
 
 
 class TlsServer(aiohttp.test_utils.RawTestServer):

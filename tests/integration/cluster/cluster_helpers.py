@@ -149,6 +149,15 @@ class ApiServer:
     def log(self):
         return self._ctl("log")
 
+    def received(self):
+        """Every API request as the server received it (secrets included: method, path with query
+        string, headers, body), since the last reset or clear_log."""
+        return self._ctl("received")
+
+    def stored(self):
+        """Every object the server stores."""
+        return self._ctl("objects")
+
     def writes(self):
         return [r for r in self.log() if r["method"] in ("POST", "PUT", "PATCH", "DELETE")]
 

@@ -1,0 +1,274 @@
+"""What a real Kubernetes API server decides about a request, as plain functions the API server
+double (kmock_serve.py) applies: which field selectors a resource supports, how label and field
+selectors match, which patch a Content-Type means and how it applies, and what a watch with a
+selector sees of a change. Stdlib and `jsonpatch` only (kmock's dependency), no server state.
+
+Extension points (a new resource the double must serve strictly):
+- SELECTABLE_FIELDS: the field selectors of a built-in resource beyond metadata.name/namespace
+  (from the resource's `*ToSelectableFields` in kubernetes/pkg/registry/...); a custom resource
+  declares its own with `"selectableFields": [...]` in the double's reset state (the CRD's
+  `spec.versions[].selectableFields`, Kubernetes 1.31+); anything else gets 400 like a real server.
+- STRATEGIC_MERGE_KEYS: the `patchMergeKey` of list fields a strategic merge patch merges by key
+  (from the Go types' `patchStrategy:"merge" patchMergeKey:...` tags); other lists are replaced.
+- is_builtin(): built-in groups take strategic merge patches, custom resources answer 415.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import jsonpatch
+
+METADATA_FIELDS = ("metadata.name", "metadata.namespace")
+
+# "group/version/plural" (core: "v1/plural") -> field selectors beyond METADATA_FIELDS.
+SELECTABLE_FIELDS = {
+    # pkg/registry/core/pod/strategy.go ToSelectableFields
+    "v1/pods": ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+                "spec.hostNetwork", "status.phase", "status.podIP", "status.podIPs", "status.nominatedNodeName"),
+    # pkg/registry/core/node/strategy.go NodeToSelectableFields
+    "v1/nodes": ("spec.unschedulable",),
+    # pkg/registry/core/namespace/strategy.go NamespaceToSelectableFields
+    "v1/namespaces": ("status.phase",),
+    # pkg/registry/core/event/strategy.go ToSelectableFields
+    "v1/events": ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
+                  "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
+                  "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"),
+    # pkg/registry/core/secret/strategy.go SelectableFields
+    "v1/secrets": ("type",),
+    # pkg/registry/resource/resourceslice/strategy.go toSelectableFields
+    "resource.k8s.io/v1/resourceslices": ("spec.nodeName", "spec.driver"),
+}
+
+# list field name -> patchMergeKey (k8s.io/api/core/v1/types.go, apps/v1, meta/v1 tags). Keyed by
+# the field's name, not its path: right for every object the tests write; add a path if one differs.
+STRATEGIC_MERGE_KEYS = {
+    "containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name",
+    "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath", "ports": "containerPort",
+    "imagePullSecrets": "name", "conditions": "type", "ownerReferences": "uid", "taints": "key",
+    "hostAliases": "ip", "topologySpreadConstraints": "topologyKey",
+}
+# lists of scalars with patchStrategy "merge": the patch's items are added to the stored ones
+STRATEGIC_MERGE_SETS = ("finalizers",)
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+class ApiError(Exception):
+    """A request the real server refuses: HTTP status, Status reason, message."""
+
+    def __init__(self, status, reason, message):
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+def resource_key(group, version, plural):
+    return "%s/%s/%s" % (group, version, plural) if group else "%s/%s" % (version, plural)
+
+
+def is_builtin(group):
+    """Core, unqualified (apps, batch) and *.k8s.io groups are compiled in; others are CRDs."""
+    return group == "" or "." not in group or group.endswith(".k8s.io")
+
+
+def qualified(plural, group):
+    """`plural.group` (core: `plural`), as the real server names a resource in its messages."""
+    return "%s.%s" % (plural, group) if group else plural
+
+
+# --- selectors ----------------------------------------------------------------------------------
+_LABEL_SET = re.compile(r"^\s*([^\s!=,()]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+_LABEL_EXISTS = re.compile(r"^\s*(!?)\s*([^\s!=,()]+)\s*$")
+_EQUALITY = re.compile(r"^\s*([^\s!=,()]+)\s*(==|!=|=)\s*([^\s!=,()]*)\s*$")
+
+
+def _split_terms(selector):
+    """Comma-separated terms, commas inside `in (a,b)` kept."""
+    terms, depth, current = [], 0, ""
+    for char in selector:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            terms.append(current)
+            current = ""
+        else:
+            current += char
+    terms.append(current)
+    return [term for term in terms if term.strip()]
+
+
+def label_selector(selector):
+    """A predicate over a labels dict for a label selector (k8s.io/apimachinery/pkg/labels):
+    `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`. 400 on anything else."""
+    checks = []
+    for term in _split_terms(selector or ""):
+        found = _LABEL_SET.match(term)
+        if found:
+            key, op, values = found.group(1), found.group(2), {v.strip() for v in found.group(3).split(",")}
+            checks.append((lambda k, vs: lambda labels: labels.get(k) in vs)(key, values) if op == "in" else
+                          (lambda k, vs: lambda labels: labels.get(k) not in vs)(key, values))
+            continue
+        found = _EQUALITY.match(term)
+        if found:
+            key, op, value = found.groups()
+            checks.append((lambda k, v: lambda labels: labels.get(k) != v)(key, value) if op == "!=" else
+                          (lambda k, v: lambda labels: k in labels and labels[k] == v)(key, value))
+            continue
+        found = _LABEL_EXISTS.match(term)
+        if found:
+            negate, key = found.groups()
+            checks.append((lambda k: lambda labels: k not in labels)(key) if negate else
+                          (lambda k: lambda labels: k in labels)(key))
+            continue
+        raise ApiError(400, "BadRequest", "unable to parse requirement: %r" % term.strip())
+    return lambda labels: all(check(labels or {}) for check in checks)
+
+
+def field_terms(selector, supported):
+    """[(field, op, value)] of a field selector (`=`, `==`, `!=` only, as the real server);
+    400 "field label not supported" for a field outside `supported`."""
+    terms = []
+    for term in _split_terms(selector or ""):
+        found = _EQUALITY.match(term)
+        if not found:
+            raise ApiError(400, "BadRequest", "invalid selector: '%s'; can't understand '%s'" % (selector, term))
+        field, op, value = found.groups()
+        if field not in supported:
+            raise ApiError(400, "BadRequest", "field label not supported: %s" % field)
+        terms.append((field, op, value))
+    return terms
+
+
+def field_value(obj, field):
+    """The string a field selector compares with: missing -> "", booleans lower-case."""
+    value = obj
+    for part in field.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):   # status.podIPs: the first one, as the pod strategy does
+        value = value[0].get("ip") if value and isinstance(value[0], dict) else None
+    return "" if value is None else str(value)
+
+
+class Selector:
+    """A list/watch request's label and field selectors, checked against the resource."""
+
+    def __init__(self, labels, fields, supported):
+        self.labels = label_selector(labels)
+        self.fields = field_terms(fields, supported)
+
+    def name(self):
+        """The name a `metadata.name=X` term pins, else None."""
+        for field, op, value in self.fields:
+            if field == "metadata.name" and op != "!=":
+                return value
+        return None
+
+    def matches(self, obj):
+        if obj is None:
+            return False
+        meta = obj.get("metadata") or {}
+        if not self.labels(meta.get("labels") or {}):
+            return False
+        return all((field_value(obj, field) == value) == (op != "!=") for field, op, value in self.fields)
+
+
+def watch_event(kind, obj, prev, selector):
+    """What a watch with `selector` is sent for a stored change (k8s.io/apiserver cacher
+    cache_watcher.go convertToWatchEvent): an object entering the selection is ADDED, one leaving it
+    DELETED (its previous content, the new resourceVersion), one staying MODIFIED; else nothing."""
+    now = kind != "DELETED" and selector.matches(obj)
+    before = prev is not None and selector.matches(prev)
+    if now and not before:
+        return {"type": "ADDED", "object": copy.deepcopy(obj)}
+    if now:
+        return {"type": kind, "object": copy.deepcopy(obj)}
+    if before:
+        gone = copy.deepcopy(prev)
+        gone.setdefault("metadata", {})["resourceVersion"] = (obj.get("metadata") or {}).get("resourceVersion")
+        return {"type": "DELETED", "object": gone}
+    return None
+
+
+# --- patches ------------------------------------------------------------------------------------
+def patch_type(content_type, group):
+    """The patch a PATCH's Content-Type names (k8s.io/apiserver handlers/patch.go); 415 otherwise,
+    and for a strategic merge patch on a custom resource, as the real server."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    accepted = [JSON_PATCH, MERGE_PATCH, APPLY_PATCH]
+    if is_builtin(group):
+        accepted.insert(2, STRATEGIC_MERGE_PATCH)
+    if media not in accepted:
+        raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                       "accepted media types include: " + ", ".join(accepted))
+    if media == APPLY_PATCH:
+        raise ApiError(415, "UnsupportedMediaType", "server-side apply is not implemented by the API server "
+                       "double (tests/fakes/kmock_serve.py)")
+    return media
+
+
+def apply_patch(media, stored, patch):
+    """The object `stored` becomes under `patch` of type `media`; 400/422 for a malformed patch."""
+    if media == JSON_PATCH:
+        if not isinstance(patch, list):
+            raise ApiError(400, "BadRequest", "json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+        try:
+            return jsonpatch.apply_patch(copy.deepcopy(stored), patch)
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+            raise ApiError(422, "Invalid", "the server rejected our request due to an error in our request: %s" % exc)
+    if not isinstance(patch, dict):
+        raise ApiError(400, "BadRequest", "json: cannot unmarshal array into Go value of type map[string]interface {}")
+    if media == MERGE_PATCH:
+        return merge_patch(stored, patch)
+    return strategic_merge_patch(stored, patch)
+
+
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch: objects merge, null deletes, everything else (lists too) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def strategic_merge_patch(target, patch, field=None):
+    """A strategic merge patch (k8s.io/apimachinery/pkg/util/strategicpatch): as a merge patch,
+    except that lists in STRATEGIC_MERGE_KEYS merge item by item on their key and lists in
+    STRATEGIC_MERGE_SETS gain the patch's items. `$patch`/`$retainKeys` directives: 400 (not modelled)."""
+    if isinstance(patch, list):
+        if field in STRATEGIC_MERGE_SETS and isinstance(target, list):
+            return copy.deepcopy(target) + [item for item in patch if item not in target]
+        key = STRATEGIC_MERGE_KEYS.get(field)
+        if key is None or not isinstance(target, list):
+            return copy.deepcopy(patch)
+        result = copy.deepcopy(target)
+        for item in patch:
+            index = next((i for i, have in enumerate(result)
+                          if isinstance(have, dict) and isinstance(item, dict) and have.get(key) == item.get(key)), None)
+            if index is None:
+                result.append(copy.deepcopy(item))
+            else:
+                result[index] = strategic_merge_patch(result[index], item)
+        return result
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for name, value in patch.items():
+        if name.startswith("$"):
+            raise ApiError(400, "BadRequest", "the strategic merge patch directive %s is not modelled by the API "
+                           "server double (tests/fakes/kube_api_rules.py)" % name)
+        if value is None:
+            result.pop(name, None)
+        else:
+            result[name] = strategic_merge_patch(result.get(name), value, name)
+    return result
