@@ -1,8 +1,10 @@
 """Reliability suite: shared fixtures and the summary line (see summary.py).
 
 Fixtures: `lab` (a module-scoped gpusim node in a known, partly used state, node_lab.py),
-`failure_writes` (report the writes a failure path caused), `api_server` (the Kubernetes API
-server process, one per session) and, from the integration suite, `run_playbook`.
+`failure_writes` (the observers of the writes a failure path caused, observers.py), `api_server`
+(the Kubernetes API server process, one per session) and, from the integration suite, `run_playbook`.
+Every case observes writes through `failure_writes` or says why it has no failure path to observe
+(`@pytest.mark.no_failure_path(reason)`); a case that does neither fails.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pytest
 
 from ansible_collections.accelops.vgpu.tests.integration import conftest as integration
 from ansible_collections.accelops.vgpu.tests.reliability import node_lab
+from ansible_collections.accelops.vgpu.tests.reliability.observers import FailureWrites
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
 from ansible_collections.accelops.vgpu.tests.reliability.summary import Tally
 from gpusim.testing import GpuSimNode
@@ -25,6 +28,8 @@ TALLY = Tally("")
 
 def pytest_configure(config):
     TALLY.prefix = os.path.relpath(HERE, str(config.rootpath)).replace(os.sep, "/") + "/"
+    config.addinivalue_line("markers", "no_failure_path(reason): a reliability case with no failure-path writes "
+                                       "to observe, and why")
 
 
 def pytest_runtest_logreport(report):
@@ -43,13 +48,25 @@ def pytest_terminal_summary(terminalreporter, config):
 
 @pytest.fixture
 def failure_writes(request):
-    """observe(count, what): record the writes a failure path caused (the summary adds them up)."""
+    """observers.FailureWrites of this case: what its observers see goes into the summary."""
+    observers = FailureWrites(TALLY, request.node.nodeid)
+    yield observers
+    observers.finish()
+    if not observers.observed:
+        pytest.fail("%s asked for failure_writes but observed nothing" % request.node.nodeid)
 
-    def observe(count, what):
-        TALLY.record_writes(request.node.nodeid, count, what)
-        return count
 
-    return observe
+@pytest.fixture(autouse=True)
+def _writes_are_observed(request):
+    """A case either observes its failure path's writes or says why it has none."""
+    marker = request.node.get_closest_marker("no_failure_path")
+    if marker is not None:
+        if not marker.args:
+            pytest.fail("no_failure_path needs a reason")
+        TALLY.record_unobserved(request.node.nodeid, marker.args[0])
+    elif "failure_writes" not in request.fixturenames:
+        pytest.fail("%s observes no writes: use the failure_writes fixture, or mark it "
+                    "@pytest.mark.no_failure_path(reason)" % request.node.nodeid)
 
 
 @pytest.fixture(scope="module")

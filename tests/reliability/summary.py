@@ -1,10 +1,11 @@
 """The reliability summary: cases tried, passed, and writes observed on failure paths.
 
-Every case that drives a failure path reports how many writes it saw (gpusim write-log entries,
-mutating API requests, mutating commands) through the `failure_writes` fixture; the terminal
-summary and `.build/reports/reliability-summary.txt` carry the one line `make test` shows:
+Every case that drives a failure path observes the writes it caused (gpusim write-log entries,
+mutating API requests, mutating commands, files below the roots it gave) through the
+`failure_writes` fixture (observers.py); the others say why they have none. The terminal summary
+and `.build/reports/reliability-summary.txt` carry the line `make test` shows:
 
-    reliability: 92 cases, 92 passed, 0 writes on failure paths
+    reliability: 92 cases, 92 passed, 0 writes on failure paths (observed in 84 cases)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Tally:
         self.prefix = prefix          # node id prefix of this directory, e.g. "tests/reliability/"
         self.outcomes = {}            # node id -> passed / failed / xfailed / xpassed / skipped
         self.writes = {}              # node id -> writes seen on failure paths
+        self.unobserved = {}          # node id -> why the case has no failure path to observe
 
     def owns(self, nodeid):
         return nodeid.startswith(self.prefix)
@@ -28,6 +30,9 @@ class Tally:
     def record_writes(self, nodeid, count, what):
         entry = self.writes.setdefault(nodeid, [])
         entry.append((count, what))
+
+    def record_unobserved(self, nodeid, reason):
+        self.unobserved[nodeid] = reason
 
     def record_report(self, report):
         """pytest_runtest_logreport: one outcome per test; a failing setup or teardown counts too."""
@@ -49,8 +54,8 @@ class Tally:
         return sum(count for entries in self.writes.values() for count, dummy in entries)
 
     def lines(self):
-        line = "reliability: %d cases, %d passed, %d writes on failure paths" % (
-            len(self.outcomes), self.count("passed"), self.total_writes())
+        line = "reliability: %d cases, %d passed, %d writes on failure paths (observed in %d cases)" % (
+            len(self.outcomes), self.count("passed"), self.total_writes(), len(self.writes))
         extra = []
         for outcome in ("failed", "xfailed", "xpassed", "skipped"):
             if self.count(outcome):
@@ -58,6 +63,9 @@ class Tally:
         lines = [line]
         if extra:
             lines.append("reliability: also %s (xfailed = known bugs, see their reasons)" % ", ".join(extra))
+        if self.unobserved:
+            lines.append("reliability: %d cases with no failure path to observe: %s" % (
+                len(self.unobserved), "; ".join(sorted(set(self.unobserved.values())))))
         for nodeid, entries in sorted(self.writes.items()):
             for count, what in entries:
                 if count:

@@ -30,10 +30,9 @@ def test_node_input_is_refused_in_one_line_without_writes(row, lab, tmp_path, fa
         with pytest.raises(EngineError) as caught:
             node_lab.RUNNERS[row["run"]](lab, **args)
     finally:
-        attempts = lab.attempts()
+        attempts = failure_writes.gpusim(lab.node)
         if attempts:
             lab.restore()  # keep the shared node in its known state for the next rows
-    failure_writes(len(attempts), "gpusim write log: %s" % [(a["path"], a["value"]) for a in attempts[:4]])
     assert attempts == []
     one_line_naming(str(caught.value), row["names"].format(tmp=tmp_path))
     assert dict((vf, lab.vgpu_type(vf)) for vf in watched) == types_before
@@ -87,8 +86,7 @@ def test_cluster_input_is_refused_in_one_line_without_writes(row, api_server, tm
         api_server.forbid("GET", "kubevirts")
     kubeconfig = kubeconfig_variant(row["args"]["kubeconfig"], api_server, tmp_path)
     run = run_module(row["module"], dict(row["args"], kubeconfig=kubeconfig))
-    writes = api_server.writes()
-    failure_writes(len(writes), "mutating API requests: %s" % writes[:4])
+    writes = failure_writes.api(api_server)
     assert run.failed and writes == []
     one_line_naming(run.message, row["names"].format(kubeconfig=kubeconfig))
 
@@ -104,11 +102,10 @@ def runfile_dir(tmp_path_factory):
 def test_image_input_is_refused_in_one_line_without_writes(row, runfile_dir, failure_writes):
     runner, registry = build_host.QueryOnlyRunner(), build_host.NoRegistry()
     options = build_host.image_params(runfile_dir, **row["params"])
+    failure_writes.files(options["work_dir"])
     with pytest.raises(EngineError) as caught:
         ImageBuild(runner, options, registry_client=registry).apply()
-    created = build_host.files_below(options["work_dir"])
-    failure_writes(len(runner.mutations) + len(created), "commands %s, files %s" % (runner.mutations, created))
-    assert runner.mutations == [] and created == []
+    assert failure_writes.commands(runner) == [] and failure_writes.changed() == []
     one_line_naming(str(caught.value), row["names"].format(tmp=runfile_dir))
 
 
@@ -118,15 +115,13 @@ def test_driver_input_is_refused_in_one_line_without_writes(row, lab, runfile_di
     params = json.loads(json.dumps(row["params"]).replace("{dev}", lab.node.dev_root))
     options = build_host.driver_params(runfile_dir, lab.node.root, **params)
     lab.node.clear_log()
+    failure_writes.files(options["modprobe_dir"])
     manager = DriverManager(runner, options["sysfs_root"], options["modprobe_dir"], options["proc_root"],
                             options["dev_root"], options["modules_dir"])
     with pytest.raises(EngineError) as caught:
         manager.apply(options)
-    created = build_host.files_below(options["modprobe_dir"])
-    attempts = lab.attempts()
-    failure_writes(len(runner.mutations) + len(created) + len(attempts),
-                   "commands %s, files %s, gpusim %s" % (runner.mutations, created, attempts[:4]))
-    assert runner.mutations == [] and created == [] and attempts == []
+    assert failure_writes.commands(runner) == [] and failure_writes.changed() == []
+    assert failure_writes.gpusim(lab.node) == []
     assert lab.node.state()["nvidia"] == {"loaded": True, "version": build_host.DRIVER_LOADED}
     one_line_naming(str(caught.value), row["names"].format(tmp=runfile_dir))
 
@@ -142,8 +137,7 @@ def test_node_module_input_is_refused_in_one_line_without_writes(row, lab, runfi
     args = placeholders(row["args"], lab, runfile_dir)
     lab.node.clear_log()
     run = run_module(row["module"], args, env=lab.node.env)
-    attempts = lab.attempts()
-    failure_writes(len(attempts), "gpusim write log: %s" % attempts[:4])
+    attempts = failure_writes.gpusim(lab.node)
     assert run.failed and attempts == []
     one_line_naming(run.message, placeholders(row["names"], lab, runfile_dir))
 
@@ -152,9 +146,9 @@ def test_node_module_input_is_refused_in_one_line_without_writes(row, lab, runfi
 def test_role_input_is_refused_in_one_line_without_writes(row, lab, tmp_path, run_playbook, failure_writes):
     task = {"name": "role", "ansible.builtin.include_role": {"name": "accelops.vgpu." + row["role"]}}
     lab.node.clear_log()
+    failure_writes.files(tmp_path / "node")
     run = run_playbook([task], lab.node, extra_vars=placeholders(row["vars"], lab, tmp_path))
-    attempts, installed = lab.attempts(), build_host.files_below(tmp_path / "node")
-    failure_writes(len(attempts) + len(installed), "gpusim write log: %s, files: %s" % (attempts[:4], installed))
+    attempts, installed = failure_writes.gpusim(lab.node), failure_writes.changed()
     failed = [r for r in run.results if r.get("failed")]
     assert run.rc == 2 and len(failed) == 1, run
     assert attempts == [] and installed == []

@@ -56,10 +56,9 @@ def test_a_layout_that_cannot_fit_writes_nothing_before_the_vfs_exist(fresh, pyz
     try:
         failed, message = attempt(surface, fresh, pyz, tmp_path, layout)
     finally:
-        attempts = fresh.log()
+        attempts = failure_writes.gpusim(fresh)
         if attempts:
             fresh.ctl("reboot")
-    failure_writes(len(attempts), "gpusim write log: %s" % [(a["path"], a["value"]) for a in attempts[:4]])
     assert failed and attempts == [], message
     one_line_naming(message, PF)
     assert says in message, message
@@ -75,7 +74,6 @@ def test_a_gpu_nothing_can_describe_fails_closed(pyz, tmp_path, failure_writes):
         node.env["PATH"] = str(tools) + ":/usr/bin:/bin"   # sriov-manage, but no nvidia-smi
         proc = cli_runs.run_verb(pyz, node, "apply", "--config",
                                  cli_runs.write_layout(tmp_path, [{"profiles": {"H200X-70C": 2}}]))
-        attempts = node.log()
-    failure_writes(len(attempts), "gpusim write log: %s" % attempts[:4])
+        attempts = failure_writes.gpusim(node)
     assert proc.returncode == 2 and attempts == [], proc.stdout + proc.stderr
     one_line_naming(proc.stderr.rstrip("\n"), "cannot check the layout before its VFs are enabled")

@@ -1,6 +1,8 @@
 """A node root that is missing or not what it should be (a typo in a boot unit, a DaemonSet mount that
 went elsewhere) is one line naming it, in every node module, every node CLI verb and the agent, and
-nothing is written: never "no GPU, nothing to do", never "no VF is held"."""
+nothing is written: never "no GPU, nothing to do", never "no VF is held". Writes are observed in the
+lab node's write log and below the case's tmp_path, where the broken root (and all else it was
+given) lives: a write into the wrong root counts."""
 
 from __future__ import annotations
 
@@ -67,10 +69,10 @@ def test_every_node_module_fails_on_an_unusable_root_without_writes(lab, tmp_pat
                                                                     check):
     given, path = roots(lab, tmp_path, broken, module)
     lab.node.clear_log()
+    failure_writes.files(tmp_path)
     run = run_module(module, dict(module_args(module, tmp_path), **given), env=lab.node.env, check=check)
-    attempts = lab.attempts()
-    failure_writes(len(attempts), "gpusim write log: %s" % attempts[:4])
-    assert run.failed and attempts == [], run.message
+    attempts, written = failure_writes.gpusim(lab.node), failure_writes.changed()
+    assert run.failed and attempts == [] and written == [], run.message
     one_line_naming(run.message, expect(broken, path))
 
 
@@ -93,10 +95,10 @@ def test_every_cli_verb_exits_2_on_an_unusable_root_without_writes(lab, pyz, tmp
     given, path = roots(lab, tmp_path, broken)
     args = ["--config", cli_runs.write_layout(tmp_path, LAYOUT)] if verb != "export" else []
     lab.node.clear_log()
+    failure_writes.files(tmp_path)
     proc = run_cli(pyz, lab.node, verb, given, *args)
-    attempts = lab.attempts()
-    failure_writes(len(attempts), "gpusim write log: %s" % attempts[:4])
-    assert proc.returncode == 2 and proc.stdout == "" and attempts == [], proc.stdout + proc.stderr
+    attempts, written = failure_writes.gpusim(lab.node), failure_writes.changed()
+    assert proc.returncode == 2 and proc.stdout == "" and attempts == [] and written == [], proc.stdout + proc.stderr
     one_line_naming(proc.stderr.rstrip("\n"), expect(broken, path))
 
 
@@ -106,9 +108,9 @@ def test_the_agent_does_not_start_on_an_unusable_root(lab, pyz, tmp_path, failur
     env = {"NODE_NAME": "gpu-a", "CONFIG_FILE": cli_runs.write_layout(tmp_path, LAYOUT),
            "DEFAULT_VGPU_CONFIG": "default", "KUBECONFIG": str(tmp_path / "kubeconfig")}
     lab.node.clear_log()
+    failure_writes.files(tmp_path)
     proc = run_cli(pyz, lab.node, "agent", given, env=env)
-    attempts = lab.attempts()
-    failure_writes(len(attempts), "gpusim write log: %s" % attempts[:4])
-    assert proc.returncode == 2 and attempts == [], proc.stdout + proc.stderr
+    attempts, written = failure_writes.gpusim(lab.node), failure_writes.changed()
+    assert proc.returncode == 2 and attempts == [] and written == [], proc.stdout + proc.stderr
     one_line_naming(proc.stderr.rstrip("\n"), expect(broken, path))
     assert not os.path.exists(tmp_path / "kubeconfig")

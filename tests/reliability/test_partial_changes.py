@@ -25,10 +25,6 @@ def pyz(tmp_path_factory):
     return cli_runs.build(tmp_path_factory.mktemp("node-cli"))
 
 
-def type_writes(node):
-    return [e for e in node.log() if e["path"].endswith("/current_vgpu_type")]
-
-
 def test_vfs_enabled_on_one_gpu_then_the_other_fails_and_the_next_run_converges(
         gpusim_node, pyz, tmp_path, failure_writes):
     node = gpusim_node("l40s:2", fresh=True)
@@ -45,8 +41,8 @@ def test_vfs_enabled_on_one_gpu_then_the_other_fails_and_the_next_run_converges(
         node.env["PATH"] = env_path
     assert failed.returncode == 2, failed.stdout + failed.stderr
     one_line_naming(failed.stderr.rstrip("\n"), PF2)
-    written = type_writes(node)
-    failure_writes(len(written), "vGPU types written although enabling VFs failed: %s" % written[:4])
+    written = failure_writes.gpusim(node, keep=lambda e: e["path"].endswith("/current_vgpu_type"),
+                                    what="vGPU types written although enabling VFs failed")
     assert written == []
     assert [p["numvfs"] for p in node.state()["pfs"]] == [32, 0]  # the partial change: PF1 only
     again = cli_runs.run_verb(pyz, node, "apply", "--config", config)

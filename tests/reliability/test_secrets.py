@@ -1,6 +1,8 @@
 """Secrets (API tokens, a kubeconfig given as a dict, the registry password) never show up in
-ansible-playbook -vvv output, module results or the API server's request log; the registry auth
-file is 0600 in a private directory and gone afterwards."""
+ansible-playbook -vvv output or module results, and reach the API server only where they belong: in
+the Authorization header of what it received (seen there, so the check can fail), never in a body,
+a query string, another header or a stored object; the registry auth file is 0600 in a private
+directory and gone afterwards."""
 
 from __future__ import annotations
 
@@ -24,9 +26,24 @@ PASSWORD = "registry-pass-3c9e7a1f5b2d"
 L40S = {"pci_vendor_selector": "10de:26b9", "resource_name": "nvidia.com/NVIDIA_L40S-24Q"}
 
 
+pytestmark = pytest.mark.no_failure_path("secrets cases: they observe where a secret goes, not writes")
+
+
 def assert_secret_free(secret, *texts):
     for text in texts:
         assert secret not in text, "secret %r leaked: ...%s..." % (secret, text[max(0, text.find(secret) - 200):][:400])
+
+
+def assert_sent_only_as_bearer_token(secret, api):
+    """Every request the API server received carried `secret` as its Bearer token and nowhere else;
+    no stored object holds it."""
+    received = api.received()
+    assert received, "the API server received nothing"
+    for request in received:
+        headers = dict(request["headers"])
+        assert headers.pop("Authorization", None) == "Bearer " + secret, (request["method"], request["path"])
+        assert_secret_free(secret, request["path"], request["body"], json.dumps(headers))
+    assert_secret_free(secret, json.dumps(api.stored()))
 
 
 @pytest.fixture
@@ -43,7 +60,8 @@ def test_kubeconfig_dict_token_stays_out_of_verbose_output_and_results(api, tmp_
     assert run.returncode == 0 and "changed: [localhost]" in run.stdout, run.stdout[-2000:]
     direct = run_module("kubevirt_hostdevices", {"kubeconfig": kubeconfig, "pci_host_devices": [L40S]})
     assert not direct.failed, direct.message
-    assert_secret_free(TOKEN, run.stdout, run.stderr, direct.stdout, direct.stderr, json.dumps(api.log()))
+    assert_secret_free(TOKEN, run.stdout, run.stderr, direct.stdout, direct.stderr)
+    assert_sent_only_as_bearer_token(TOKEN, api)
 
 
 def test_api_key_stays_out_of_a_failure_in_verbose_output(api, tmp_path):
@@ -52,7 +70,8 @@ def test_api_key_stays_out_of_a_failure_in_verbose_output(api, tmp_path):
         "host": api.url, "api_key": API_KEY, "pci_host_devices": [L40S]}}
     run = run_playbook_verbose([task], tmp_path, python=sys.executable)
     assert run.returncode == 2 and "forbidden (HTTP 403)" in run.stdout, run.stdout[-2000:]
-    assert_secret_free(API_KEY, run.stdout, run.stderr, json.dumps(api.log()))
+    assert_secret_free(API_KEY, run.stdout, run.stderr)
+    assert_sent_only_as_bearer_token(API_KEY, api)
 
 
 @pytest.mark.parametrize("registry", ["docker.io", "127.0.0.1:1"], ids=["public-registry", "unreachable-registry"])

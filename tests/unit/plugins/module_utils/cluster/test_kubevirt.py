@@ -276,19 +276,24 @@ PCI_ENTRIES = st.builds(lambda name, vendor, dev, erp: dict(kv.pci_entry(name, "
                         NAMES, VENDORS, st.integers(0, 0xFFFF), st.booleans())
 
 
+def claimed_by_vendor(entry, exclusive):
+    """The oracle of `exclusive_pci_vendors`, independent of the code under test: the entry's
+    selector is VENDOR:DEVICE and VENDOR (any case) is one the caller claims exclusively."""
+    return entry["pciVendorSelector"].split(":")[0].upper() in {vendor.upper() for vendor in exclusive}
+
+
 def conflicting(current, desired, state, exclusive):
     """Whether a foreign entry (not exclusive-removed) shares a selector with one of ours."""
     names = {e["resourceName"] for e in desired}
     ours = {e["pciVendorSelector"].upper() for e in desired}
     return state == "present" and (len(ours) < len(desired) or any(
         e["resourceName"] not in names and e["pciVendorSelector"].upper() in ours
-        and not kv._is_exclusive(kv.PCI, e, exclusive) for e in current))  # pylint: disable=protected-access
+        and not claimed_by_vendor(e, exclusive) for e in current))
 
 
 def foreign_of(entries, ours, exclusive):
     ours_names = {e["resourceName"] for e in ours}
-    return [e for e in entries if e["resourceName"] not in ours_names
-            and not kv._is_exclusive(kv.PCI, e, exclusive)]  # pylint: disable=protected-access
+    return [e for e in entries if e["resourceName"] not in ours_names and not claimed_by_vendor(e, exclusive)]
 
 
 @settings(max_examples=60, deadline=None)
@@ -306,6 +311,8 @@ def test_merge_never_loses_duplicates_or_reorders_foreign_entries(current, desir
     after = apply_patch(cr, plan.patch)
     new = kv.managed_view(after)["permittedHostDevices"]["pciHostDevices"]
     assert foreign_of(new, desired, exclusive) == foreign_of(current, desired, exclusive)
+    names_of_ours = {d["resourceName"] for d in desired}
+    assert [e for e in new if claimed_by_vendor(e, exclusive) and e["resourceName"] not in names_of_ours] == []
     names = [e["resourceName"] for e in new if e["resourceName"] in {d["resourceName"] for d in desired}]
     if state == "present":
         assert sorted(names) == sorted(d["resourceName"] for d in desired) and len(names) == len(set(names))
