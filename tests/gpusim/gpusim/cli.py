@@ -49,6 +49,10 @@ def _parser():
     p_mig.add_argument("pf")
     p_mig.add_argument("enable", choices=["0", "1"])
 
+    p_block = ctl.add_parser("block-timeout", help="how long a write blocked on a held device waits (the kernel: "
+                                                   "for ever) before it fails with ETIMEDOUT; default 3")
+    p_block.add_argument("seconds", type=float)
+
     p_log = sub.add_parser("log", help="print the write log as JSON lines")
     p_log.add_argument("root")
     p_log.add_argument("--clear", action="store_true", help="print, then empty the log")
@@ -102,6 +106,8 @@ def _ctl(args):
         daemon.control(root, "driver %s%s" % (args.operation, " " + args.version if args.version else ""))
     elif args.action in ("mixed", "mig"):
         daemon.control(root, "%s %s %s" % (args.action, args.pf, args.enable))
+    elif args.action == "block-timeout":
+        daemon.control(root, "block-timeout %s" % args.seconds)
 
 
 def run(argv=None):

@@ -203,6 +203,9 @@ class SimFS(mfusepy.Operations):
              "ci-create": state.create_ci}[command](args[1], int(args[2]))
         elif command == "latency" and len(args) == 2 and args[1].isdigit():
             state.latency_ms = int(args[1])
+        elif command == "block-timeout" and len(args) == 2 and args[1].replace(".", "", 1).isdigit():
+            with state.lock:
+                state.block_timeout = float(args[1])
         else:
             raise SimError(errno.EINVAL, "unknown control command %r" % text[:80])
 

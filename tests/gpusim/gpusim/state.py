@@ -4,6 +4,13 @@ Independent of FUSE: tree.py exposes this state as files, fs.py serves them. Eve
 raises SimError(errno) exactly where the kernel (or the NVIDIA driver, as far as known) fails, and
 changes nothing in that case. `lock` guards all state; `Device.lock` is the kernel's device_lock,
 held across a slow sriov_numvfs store so one PF's latency never blocks another PF.
+
+Releasing a device a VM holds blocks, as in the kernel: removing a VF (sriov_numvfs=0) or unbinding
+a device whose VFIO device (or a VF's, an mdev's) a VM has open waits in vfio_unregister_group_dev()
+(drivers/vfio/vfio_main.c: "Device is currently in use, task ... blocked until device is released")
+until the VM lets go. The kernel waits for ever; gpusim waits `block_timeout` seconds (ctl
+block-timeout S) and then fails the write with ETIMEDOUT, so a code path that would hang on a host
+hangs in the tests for that long and then shows up as an error naming the holder.
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ from gpusim import layout, placement
 from gpusim.devices import UUID_RE, NVIDIA, Device, GpuInstance, Mdev, SimError, kstrtobool, kstrtoul
 from gpusim.models import DEFAULT_DRIVER_VERSION, DRIVERS, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MODELS, VENDOR_VFIO
 
+BLOCK_TIMEOUT_S = 3.0   # how long a store blocked on a held device waits before gpusim gives up
+KEPT_OVER_RESET = ("lock", "closed", "block_timeout")   # reset keeps these (the Condition is bound to the lock)
+
 
 RECENT, SETTLE = 1.0, 0.2   # seconds: see State._settled_count
 
@@ -27,6 +37,7 @@ class State:
         self.lock = threading.RLock()
         self.closed = threading.Condition(self.lock)   # notified when a VFIO node is closed
         self.last_open = {}                             # obj uid -> monotonic time of its latest open
+        self.block_timeout = BLOCK_TIMEOUT_S
         self.spec = spec
         self.initial = (latency_ms, driver_version)
         self.latency_ms = latency_ms
@@ -163,6 +174,23 @@ class State:
                 self.closed.wait(left)
             return self.open_counts.get(obj.uid, 0)
 
+    def _wait_released(self, dev, what):
+        """Block (the state lock released meanwhile, the device lock kept) until no VM holds `dev`,
+        a VF of it or their mdevs, as vfio_unregister_group_dev() does; after block_timeout seconds
+        fail with ETIMEDOUT (simulator only: the kernel would still be waiting). Call with self.lock."""
+        deadline = time.monotonic() + self.block_timeout
+        while self._busy_below(dev):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                holders = sorted(getattr(node, "address", None) or node.uuid
+                                 for node in [dev] + list(dev.vfs) + [m for n in [dev] + list(dev.vfs) for m in n.mdevs]
+                                 if self.held(node))
+                raise SimError(errno.ETIMEDOUT, "%s of %s blocked %.1f s: held by a VM (%s); the kernel blocks until "
+                               "the device is released (drivers/vfio/vfio_main.c), gpusim gave up"
+                               % (what, dev.address, self.block_timeout, ", ".join(holders)))
+            self.closed.wait(left)
+        self._alive(dev)
+
     def held(self, obj):
         return self._settled_count(obj) > 0
 
@@ -214,8 +242,7 @@ class State:
                 if not driver.sriov_configure:
                     raise SimError(errno.ENOENT, "driver does not support SR-IOV configuration via sysfs")
                 if count == 0:
-                    if self._busy_below(pf):
-                        raise SimError(errno.EBUSY, "a VF is in use by a VM (ASSUMPTION: real kernel blocks)")
+                    self._wait_released(pf, "disabling the VFs")
                     self._disable_vfs(pf)
                     return
                 if pf.vfs:
@@ -343,8 +370,9 @@ class State:
             dev = self._device_from(text)
             if dev.driver != driver:
                 raise SimError(errno.ENODEV, "%s is not bound to %s" % (dev.address, driver))
-            if self._busy_below(dev):
-                raise SimError(errno.EBUSY, "held by a VM (ASSUMPTION: the kernel would block)")
+            self._wait_released(dev, "unbinding from " + driver)
+            if dev.driver != driver:
+                raise SimError(errno.ENODEV, "%s is not bound to %s" % (dev.address, driver))
             self._detach(dev)
 
     def store_new_id(self, driver, text):
@@ -510,7 +538,7 @@ class State:
             for old in list(self.devices.values()) + list(self.mdevs.values()):
                 old.alive = False       # a store still sleeping on an old PF must not revive it
             for name, item in vars(fresh).items():
-                if name not in ("lock", "closed"):   # the Condition is bound to this lock
+                if name not in KEPT_OVER_RESET:
                     setattr(self, name, item)
             self.version = version + 1
 
@@ -520,6 +548,9 @@ class State:
                 return
             bound = [dev for dev in self.devices.values() if dev.driver == NVIDIA]
             if any(self._busy_below(dev) for dev in bound):
+                # no block here: a VM's open VFIO device holds a reference on the module, and rmmod /
+                # modprobe -r refuse a module in use at once ("Module nvidia is in use", kmod's
+                # refcount check; delete_module(2) itself would answer EWOULDBLOCK)
                 raise SimError(errno.EBUSY, "Module nvidia is in use")
             for dev in sorted(bound, key=lambda d: d.is_vf):
                 self._detach(dev)

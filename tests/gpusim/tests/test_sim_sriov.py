@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+import time
 
 from simhelpers import enable_vfs, read, rebind, write, write_fails
 
@@ -147,3 +149,54 @@ def test_driver_binding_rules(gpusim_node):
     assert not os.path.exists(node.device_path(l40s_vf, "nvidia"))
     write(node.device_path(l40s_vf, "driver_override"), "vfio-pci")
     write_fails(node.path("bus/pci/drivers/vfio-pci/bind"), l40s_vf, errno.EINVAL)   # kubevirt#17642
+
+
+def timed_write(path, value):
+    """(seconds, errno or None) of one write."""
+    started = time.monotonic()
+    try:
+        write(path, value)
+    except OSError as exc:
+        return time.monotonic() - started, exc.errno
+    return time.monotonic() - started, None
+
+
+def test_disabling_or_unbinding_under_a_vm_blocks_until_it_lets_go(gpusim_node):
+    """drivers/vfio/vfio_main.c vfio_unregister_group_dev(): the writer waits for the VM, then goes on."""
+    node = gpusim_node("l40s:1")
+    pf = node.pfs()[0]
+    vf = enable_vfs(node, pf)[0]
+    node.hold(vf)
+    releaser = threading.Timer(1.0, node.release, [vf])
+    releaser.start()
+    took, error = timed_write(node.path("bus/pci/drivers/nvidia/unbind"), pf)   # nvidia takes its VFs along
+    releaser.join()
+    assert error is None and took >= 0.9 and node.vfs(pf) == []
+    write(node.device_path(pf, "driver_override"), "pci-pf-stub")
+    write(node.path("bus/pci/drivers/pci-pf-stub/bind"), pf)
+    write(node.device_path(pf, "sriov_numvfs"), "4")
+    vf = node.vfs(pf)[0]
+    node.hold(vf)
+    releaser = threading.Timer(1.0, node.release, [vf])
+    releaser.start()
+    took, error = timed_write(node.device_path(pf, "sriov_numvfs"), "0")
+    releaser.join()
+    assert error is None and took >= 0.9 and node.vfs(pf) == []
+    assert [e["result"] for e in node.log() if e["path"].endswith(pf + "/sriov_numvfs")][-1] == "ok"
+
+
+def test_a_vm_that_never_lets_go_blocks_for_the_timeout_then_etimedout(gpusim_node):
+    node = gpusim_node("l40s:1")
+    pf = node.pfs()[0]
+    vf = enable_vfs(node, pf)[0]
+    node.hold(vf)
+    node.ctl("block-timeout", "0.5")
+    took, error = timed_write(node.path("bus/pci/drivers/nvidia/unbind"), vf)
+    assert error == errno.ETIMEDOUT and 0.45 <= took < 5, (took, error)
+    took, error = timed_write(node.path("bus/pci/drivers/nvidia/unbind"), pf)   # its VF is held
+    assert error == errno.ETIMEDOUT and 0.45 <= took < 5, (took, error)
+    assert node.vfs(pf)[0] == vf and list(node.state()["held"]) == [vf]   # nothing changed
+    assert [e["errno"] for e in node.log()[-2:]] == ["ETIMEDOUT", "ETIMEDOUT"]
+    node.release(vf)
+    took, error = timed_write(node.path("bus/pci/drivers/nvidia/unbind"), vf)
+    assert error is None and took < 0.45
