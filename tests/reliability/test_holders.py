@@ -52,8 +52,7 @@ def test_a_vm_that_opens_a_vf_during_the_wait_before_changes_stops_the_apply_bef
     message = str(caught.value)
     one_line_naming(message, TYPED)
     assert "nothing was written to GPU %s" % PF1 in message and "changed: none" in message
-    failure_writes(len(lab.attempts()), "writes after a VF became held during the wait: %s" % lab.attempts()[:4])
-    assert lab.attempts() == []
+    assert failure_writes.gpusim(lab.node, what="writes after a VF became held during the wait") == []
     assert vgpu_types.read_current(lab.sysfs, TYPED) == 1153       # still L40S-12Q
 
 
@@ -82,8 +81,9 @@ def test_a_vm_that_opens_a_vf_of_the_next_gpu_stops_that_gpu_before_its_first_wr
     assert caught.value.done == [PF1] and caught.value.not_done == [PF2]
     assert caught.value.result == {"changed": True, "gpus_changed": [PF1], "gpus_not_changed": [PF2]}
     assert "changed: %s; not changed: %s" % (PF1, PF2) in str(caught.value)
-    failure_writes(len(gpu_writes(lab, PF2)), "writes to %s after its VF became held" % PF2)
-    assert gpu_writes(lab, PF2) == [] and len(gpu_writes(lab, PF1)) == 3
+    on_pf2 = failure_writes.gpusim(lab.node, keep=lambda e: e in gpu_writes(lab, PF2),
+                                   what="writes to %s after its VF became held" % PF2)
+    assert on_pf2 == [] and len(gpu_writes(lab, PF1)) == 3
 
 
 @needs_root
@@ -96,8 +96,7 @@ def test_a_holder_in_its_own_mount_namespace_is_seen_through_the_modules_engine(
         node_lab.run_layout(lab, layout=TARGET)
     one_line_naming(str(caught.value), TYPED)
     assert "pid %d" % holder.pid in str(caught.value)
-    failure_writes(len(lab.attempts()), "writes while a VM in another mount namespace held %s" % TYPED)
-    assert lab.attempts() == []
+    assert failure_writes.gpusim(lab.node, what="writes while a VM in another mount namespace held %s" % TYPED) == []
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +110,7 @@ def test_a_holder_in_its_own_mount_namespace_is_seen_through_the_cli(lab, vfio_h
     proc = cli_runs.run_verb(pyz, lab.node, "apply", "--config", cli_runs.write_layout(tmp_path, TARGET))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     one_line_naming(proc.stderr.rstrip("\n"), TYPED)
-    failure_writes(len(lab.attempts()), "CLI writes while a VM in another mount namespace held %s" % TYPED)
-    assert lab.attempts() == []
+    assert failure_writes.gpusim(lab.node, what="CLI writes while a VM in another mount namespace held %s" % TYPED) == []
 
 
 @needs_root
@@ -131,8 +129,7 @@ def test_a_holder_of_another_uid_the_scanner_may_not_inspect_refuses_the_apply(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     one_line_naming(proc.stderr.rstrip("\n"), TYPED)
     assert "EBUSY" in proc.stderr
-    failure_writes(len(lab.attempts()), "writes while an uninspectable process held %s" % TYPED)
-    assert lab.attempts() == []
+    assert failure_writes.gpusim(lab.node, what="writes while an uninspectable process held %s" % TYPED) == []
     assert vgpu_types.read_current(lab.sysfs, TYPED) == 1153
 
 
@@ -149,5 +146,4 @@ def test_a_holder_in_its_own_mount_namespace_is_seen_through_the_modules(
     assert run.failed, run.stdout
     one_line_naming(run.message, TYPED)
     assert "pid %d" % holder.pid in run.message
-    failure_writes(len(lab.attempts()), "%s writes while a VM in another mount namespace held %s" % (module, TYPED))
-    assert lab.attempts() == []
+    assert failure_writes.gpusim(lab.node, what="%s writes while a VM in another mount namespace held %s" % (module, TYPED)) == []
