@@ -364,8 +364,7 @@ class StrictEmulator(KubernetesEmulator):
 
     def _not_found(self, request):
         res = request.resource
-        return rules.ApiError(404, "NotFound", '%s "%s" not found' % (rules.qualified(res.plural, res.group),
-                                                                    request.name))
+        return rules.ApiError(404, "NotFound", '%s "%s" not found' % (rules.qualified(res.plural, res.group), request.name))
 
     def _matching(self, request, selector):
         """[object] of the listed resource in the request's namespace that the selector selects."""

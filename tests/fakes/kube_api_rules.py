@@ -104,28 +104,31 @@ def _split_terms(selector):
 def label_selector(selector):
     """A predicate over a labels dict for a label selector (k8s.io/apimachinery/pkg/labels):
     `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`. 400 on anything else."""
-    checks = []
-    for term in _split_terms(selector or ""):
-        found = _LABEL_SET.match(term)
-        if found:
-            key, op, values = found.group(1), found.group(2), {v.strip() for v in found.group(3).split(",")}
-            checks.append((lambda k, vs: lambda labels: labels.get(k) in vs)(key, values) if op == "in" else
-                          (lambda k, vs: lambda labels: labels.get(k) not in vs)(key, values))
-            continue
-        found = _EQUALITY.match(term)
-        if found:
-            key, op, value = found.groups()
-            checks.append((lambda k, v: lambda labels: labels.get(k) != v)(key, value) if op == "!=" else
-                          (lambda k, v: lambda labels: k in labels and labels[k] == v)(key, value))
-            continue
-        found = _LABEL_EXISTS.match(term)
-        if found:
-            negate, key = found.groups()
-            checks.append((lambda k: lambda labels: k not in labels)(key) if negate else
-                          (lambda k: lambda labels: k in labels)(key))
-            continue
-        raise ApiError(400, "BadRequest", "unable to parse requirement: %r" % term.strip())
+    checks = [_label_requirement(term) for term in _split_terms(selector or "")]
     return lambda labels: all(check(labels or {}) for check in checks)
+
+
+def _label_requirement(term):
+    """A predicate over a labels dict for one requirement of a label selector."""
+    found = _LABEL_SET.match(term)
+    if found:
+        key, values = found.group(1), {v.strip() for v in found.group(3).split(",")}
+        if found.group(2) == "in":
+            return lambda labels: labels.get(key) in values
+        return lambda labels: labels.get(key) not in values
+    found = _EQUALITY.match(term)
+    if found:
+        key, op, value = found.groups()
+        if op == "!=":
+            return lambda labels: labels.get(key) != value
+        return lambda labels: key in labels and labels[key] == value
+    found = _LABEL_EXISTS.match(term)
+    if found:
+        negate, key = found.groups()
+        if negate:
+            return lambda labels: key not in labels
+        return lambda labels: key in labels
+    raise ApiError(400, "BadRequest", "unable to parse requirement: %r" % term.strip())
 
 
 def field_terms(selector, supported):

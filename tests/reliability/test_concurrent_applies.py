@@ -32,6 +32,7 @@ def first(gpusim_node, pyz, tmp_path):
     if apply.proc.poll() is None:
         apply.kill()
 
+
 pytestmark = pytest.mark.no_failure_path("concurrency cases: every write is the first apply's, and "
                                          "one_apply_worth_of_writes proves the second added none")
 

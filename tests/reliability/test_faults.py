@@ -82,8 +82,8 @@ def test_eio_while_enabling_vfs_is_retried_and_converges(gpusim_node, monkeypatc
     assert node_lab.run_sriov(lab, devices=[PF1, PF2]) == [PF1, PF2]
     assert [e["result"] for e in node.log() if e["path"] == numvfs] == ["error", "ok"]
     assert [e["result"] for e in node.log() if e["path"] == "bus/pci/devices/%s/sriov_numvfs" % PF1] == ["ok"]
-    typed = failure_writes.gpusim(node, keep=lambda e: e["path"].startswith("bus/pci/devices/") and "/nvidia/" in e["path"],
-                            what="vGPU writes while enabling")
+    typed = failure_writes.gpusim(node, what="vGPU writes while enabling",
+                                  keep=lambda e: e["path"].startswith("bus/pci/devices/") and "/nvidia/" in e["path"])
     assert typed == [], typed
     converges(lab, TARGET)
 
