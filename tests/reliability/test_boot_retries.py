@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from ansible_collections.accelops.vgpu.tests.reliability import cli_runs
 from ansible_collections.accelops.vgpu.tests.reliability.assertions import one_line_naming
 
@@ -36,8 +38,7 @@ def test_gives_up_after_the_bound_without_a_write_and_says_so(gpusim_node, tmp_p
     pyz = cli_runs.build(tmp_path)
     state = tmp_path / "boot-state.json"
     proc = boot_apply(pyz, node, cli_runs.write_layout(tmp_path, START), state, 3)
-    writes = node.writes()
-    failure_writes(len(writes), "gpusim writes while the boot unit retried: %s" % writes[:4])
+    writes = failure_writes.gpusim(node, keep=lambda e: e["result"] == "ok", what="gpusim writes while the boot unit retried")
     assert proc.returncode == 2 and writes == []
     last = proc.stderr.strip().splitlines()[-1]
     one_line_naming(last, PF)
@@ -46,6 +47,7 @@ def test_gives_up_after_the_bound_without_a_write_and_says_so(gpusim_node, tmp_p
     assert recorded["state"] == "failed" and recorded["attempts"] >= 2 and PF in recorded["error"]
 
 
+@pytest.mark.no_failure_path("a recovery case: the writes are the apply that succeeds once the manager is up")
 def test_a_retry_applies_once_the_manager_is_up(gpusim_node, tmp_path):
     node = booting(gpusim_node)
     pyz = cli_runs.build(tmp_path)
@@ -62,13 +64,15 @@ def test_a_retry_applies_once_the_manager_is_up(gpusim_node, tmp_path):
     assert cli_runs.run_verb(pyz, node, "assert", "--config", cli_runs.write_layout(tmp_path, START)).returncode == 0
 
 
-def test_a_layout_that_needs_a_held_vf_is_not_retried(gpusim_node, tmp_path):
+def test_a_layout_that_needs_a_held_vf_is_not_retried(gpusim_node, tmp_path, failure_writes):
     node = gpusim_node("l40s:1")
     pyz = cli_runs.build(tmp_path)
     assert boot_apply(pyz, node, cli_runs.write_layout(tmp_path, START, "start.json"), tmp_path / "s0.json",
                       10).returncode == 0
     node.hold(HELD)
+    node.clear_log()
     state = tmp_path / "boot-state.json"
     proc = boot_apply(pyz, node, cli_runs.write_layout(tmp_path, NEEDS_THE_HELD_VF), state, 60)
     assert proc.returncode == 2 and "attempt 1 failed" not in proc.stderr
     assert json.loads(state.read_text())["attempts"] == 1
+    assert failure_writes.gpusim(node, keep=lambda e: "/%s/" % HELD in e["path"], what="writes on the held VF") == []
