@@ -300,3 +300,19 @@ def test_reboot_then_the_boot_command_restores_mig_mode_gis_and_types(
     node.clear_log()
     assert json.loads(cli(pyz, node, config, "apply", "--json").stdout)["changed"] is False
     assert node.log() == []
+
+
+def test_a_gpu_left_in_mig_mode_without_vfs_gets_a_time_sliced_layout_in_one_apply(gpusim_node, pyz, tmp_path):
+    """A run stopped half-way (VFs disabled, MIG mode still on), or MIG mode set before the VFs: the next
+    apply enables the VFs, then takes the GPU out of MIG mode in a second round, then types the VFs. The
+    creatable lists in MIG mode name no time-sliced type, so they complete no type catalog."""
+    node = gpusim_node("h100-pcie:1")
+    pf = node.pfs()[0]
+    node.ctl("mig", pf, "1")
+    assert gpu_state(node)["mig_mode"] and node.vfs(pf) == []
+    layout = write_layout(tmp_path, {"H100-20C": 4})
+    done = cli(pyz, node, layout, "apply", "--json", "--lock-timeout", "60")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["vfs_enabled"] == [pf, pf]   # enabled, then enabled again around -mig 0
+    assert not gpu_state(node)["mig_mode"] and types_of(node, pf, 5) == [H100_20C] * 4 + ["0"]
+    assert cli(pyz, node, layout, "assert").returncode == 0

@@ -55,7 +55,10 @@ class VfioGpu:
         # Lists of a GPU without vGPUs show every supported type, the same on every VF: one read
         # does. Once some are set the lists collapse and differ (brief 1.4): they only name types,
         # so they are read only when the node cache (same driver) cannot name every set ID.
-        self.lists_complete = self.complete = not any(self.current.values())
+        # In MIG mode they show only MIG-backed types with a free GPU instance (none without GIs): never
+        # every supported type, so such a list completes nothing (the driver's list is asked instead).
+        self.lists_complete = self.complete = not any(self.current.values()) and not all(
+            mig_backed(t.name) for t in listed)
         known = dict((t.type_id, t) for t in known_types or [])
         if not self.lists_complete and known and all(i in known for i in self.current.values() if i):
             listed, self.complete = listed + list(known.values()), True
