@@ -71,6 +71,7 @@ class ProcessScan:
 
     def __init__(self, proc_root, path_prefixes=()):
         self.by_identity, self.by_path, self.uninspectable = {}, {}, {}
+        self.majors = set()     # majors of the character devices open anywhere
         if not os.path.isdir(proc_root):
             raise InUseError("proc_root %s is not a directory; cannot tell which devices VMs hold" % proc_root)
         pids = [entry for entry in _entries(proc_root) if entry.isdigit()]
@@ -98,7 +99,10 @@ class ProcessScan:
                 if self._failed(pid, path, exc, errno.EINVAL) is False:
                     return None
                 continue
-            self.by_identity.setdefault(identity(info), set()).add(pid)
+            key = identity(info)
+            self.by_identity.setdefault(key, set()).add(pid)
+            if key[0] == "rdev":
+                self.majors.add(os.major(key[1]))
             if target.startswith(path_prefixes):
                 self.by_path.setdefault(target, set()).add(pid)
         return None
@@ -143,6 +147,25 @@ def _sysfs_devt(sysfs, rel):
     return ("rdev", os.makedev(int(major), int(minor)))
 
 
+class DevtReader:
+    """Reads `dev` attributes, one kind ("group", "cdev") at a time. All nodes of a kind share one
+    major (drivers/vfio: one alloc_chrdev_region for the groups, one for the cdevs), so once that
+    major is known not to be open anywhere, no fd can match a node of that kind and the attributes
+    of the others need not be read (each is a FUSE round trip on gpusim). `read()` -> (key, exists)."""
+
+    def __init__(self, sysfs, majors):
+        self.sysfs, self.majors, self.unseen = sysfs, majors, set()
+
+    def read(self, kind, rel):
+        if kind in self.unseen:
+            return None, True
+        devt = _sysfs_devt(self.sysfs, rel)
+        if devt and os.major(devt[1]) not in self.majors:
+            self.unseen.add(kind)
+            return None, True
+        return devt, bool(devt)
+
+
 def _node_identity(path):
     try:
         info = os.stat(path)
@@ -152,27 +175,33 @@ def _node_identity(path):
 
 
 class VfioDevice:
-    """A PCI function's or mdev's VFIO interfaces: its group node and iommufd cdevs, by identity."""
+    """A PCI function's or mdev's VFIO interfaces: its group node and iommufd cdevs, by identity.
+    `groups`: the names listed in sysfs `class/vfio` (read once per scan)."""
 
-    def __init__(self, sysfs, dev_roots, base):
+    def __init__(self, sysfs, dev_roots, base, groups, devts):
         self.group = sysfs.link_name(base + "/iommu_group")
         self.keys, self.nodes = set(), []
         if self.group:
             # no-IOMMU groups are named noiommu-<N> (drivers/vfio/group.c vfio_group_alloc)
             for name in (self.group, "noiommu-" + self.group):
-                self._add(_sysfs_devt(sysfs, "%s/%s/dev" % (VFIO_CLASS, name)), dev_roots, name)
+                listed = name in groups
+                devt, exists = devts.read("group", "%s/%s/dev" % (VFIO_CLASS, name)) if listed else (None, False)
+                self._add(devt, exists, dev_roots, name, listed or name == self.group)
         for name in sysfs.listdir(base + "/vfio-dev"):
             if name.startswith("vfio"):
-                self._add(_sysfs_devt(sysfs, "%s/vfio-dev/%s/dev" % (base, name)), dev_roots, "devices/" + name)
+                devt, exists = devts.read("cdev", "%s/vfio-dev/%s/dev" % (base, name))
+                self._add(devt, exists, dev_roots, "devices/" + name)
 
-    def _add(self, devt, dev_roots, node):
+    def _add(self, devt, exists, dev_roots, node, look=True):
+        found = False
         if devt:
             self.keys.add(devt)
-        for root in dev_roots:
+        for root in dev_roots if look else ():
             key = _node_identity(os.path.join(root, "vfio", node))
             if key:
                 self.keys.add(key)
-        if devt or any(os.path.lexists(os.path.join(root, "vfio", node)) for root in dev_roots):
+                found = True
+        if exists or found:
             self.nodes.append(node)
 
     @property
@@ -182,7 +211,7 @@ class VfioDevice:
 
     def paths(self, dev_roots):
         """Link paths to compare, only when nothing identifies the device (see the module doc)."""
-        if self.keys or not self.group:
+        if self.keys or self.nodes or not self.group:
             return []
         return [os.path.join(root, "vfio", self.group) for root in dev_roots]
 
@@ -237,9 +266,10 @@ def held_devices(sysfs, dev_root="/dev", proc_root="/proc", scope=None, sources=
     scan = ProcessScan(proc_root, tuple(os.path.join(root, "vfio", "") for root in roots))
     in_scope = _scope(sysfs, scope) if scan.uninspectable else None
     probed, held = {}, {}
+    groups, devts = set(sysfs.listdir(VFIO_CLASS)), DevtReader(sysfs, scan.majors)
     for root in (PCI_DEVICES, MDEV_DEVICES):
         for name in sysfs.listdir(root):
-            device = VfioDevice(sysfs, roots, "%s/%s" % (root, name))
+            device = VfioDevice(sysfs, roots, "%s/%s" % (root, name), groups, devts)
             found = sorted(scan.holders_of(device.keys, device.paths(roots)))
             if not found and scan.uninspectable and device.has_vfio and device.group:
                 if not in_scope(name):
