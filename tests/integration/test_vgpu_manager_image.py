@@ -22,7 +22,7 @@ REPO = "accelops/vgpu-manager"
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/docker-registry"), reason="needs docker-registry")
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONTAINERS_CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "containers.conf")
 
 
@@ -157,7 +157,7 @@ def manager(build, tmp_path):
     enabled), /dev and /proc plus the fake tools, all mounted at /fake; the layout directory at
     /etc/accelops-vgpu. `start()` runs (or restarts) the container until "ready", `stop()` sends SIGTERM."""
     cli = tmp_path / "accelops-vgpu.pyz"
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "build-node-cli.py"), str(cli)], check=True,
+    subprocess.run([sys.executable, os.path.join(CHECKOUT, "tools", "build-node-cli.py"), str(cli)], check=True,
                    stdout=subprocess.DEVNULL)
     run = build(vgpu_manager_image_push=False, vgpu_manager_image_os_tag="entrypoint",
                 vgpu_manager_image_node_cli=str(cli))
