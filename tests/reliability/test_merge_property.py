@@ -69,14 +69,22 @@ def takes_devices_of_ours(cr, pci):
                for e in cr["spec"]["configuration"]["permittedHostDevices"][PCI])
 
 
-def stored_after(cr, plan):
-    """The CR as the API server stores it after our JSON merge patch (lists are replaced whole)."""
-    result = copy.deepcopy(cr)
-    conf = (plan.patch or {}).get("spec", {}).get("configuration", {})
-    result["spec"]["configuration"]["permittedHostDevices"].update(conf.get("permittedHostDevices", {}))
-    if "developerConfiguration" in conf:
-        result["spec"]["configuration"]["developerConfiguration"] = conf["developerConfiguration"]
+def merge_patched(target, patch):
+    """RFC 7386 JSON merge patch as the API server applies it: objects merge, null deletes, lists are replaced whole."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patched(result.get(key), value)
     return result
+
+
+def stored_after(cr, plan):
+    """The CR as the API server stores it after our JSON merge patch (metadata and spec alike)."""
+    return merge_patched(cr, plan.patch or {})
 
 
 def foreign(entries, ours):
