@@ -24,7 +24,10 @@ import queue
 import re
 import threading
 
-import grpc
+try:
+    import grpc
+except ImportError:  # the agent image ships grpcio; transport.require_grpc() says so before any use
+    grpc = None
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import transport

@@ -23,7 +23,10 @@ import stat
 import threading
 from concurrent import futures
 
-import grpc
+try:
+    import grpc
+except ImportError:  # the agent image ships grpcio; the controller and ansible-test's import check do not
+    grpc = None
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import deviceplugin_v1beta1_pb2 as dp_pb2
@@ -38,6 +41,12 @@ REGISTER_TIMEOUT = 10.0
 
 class TransportError(EngineError):
     """A socket that cannot be served, or a registration the kubelet refused or never answered."""
+
+
+def require_grpc(what):
+    """TransportError naming `what` when grpcio/protobuf are missing (only the agent image has them)."""
+    if grpc is None or not hasattr(dp_pb2, "RegisterRequest"):
+        raise TransportError("%s needs the Python packages grpcio and protobuf (the agent image ships them)" % what)
 
 
 def socket_identity(path):
@@ -57,6 +66,7 @@ class UnixGrpcServer:
     """One gRPC server on one unix socket. `add_servicers(server)` registers the services on it."""
 
     def __init__(self, path, add_servicers, max_workers=4):
+        require_grpc("gRPC server on %s" % path)
         self.path = check_socket_path(path)
         self.add_servicers, self.max_workers = add_servicers, max_workers
         self.server, self.identity = None, None
@@ -103,6 +113,7 @@ def register_device_plugin(kubelet_socket, endpoint, resource_name, pre_start_re
                            preferred_allocation=False, timeout=REGISTER_TIMEOUT):
     """v1beta1.Registration/Register: the plugin serving `endpoint` (a file name in device-plugins/) offers
     `resource_name`. TransportError names the resource and the socket when the kubelet refuses or is away."""
+    require_grpc("device plugin %s" % resource_name)
     request = dp_pb2.RegisterRequest(
         version=DEVICE_PLUGIN_API_VERSION, endpoint=endpoint, resource_name=resource_name,
         options=dp_pb2.DevicePluginOptions(pre_start_required=pre_start_required,

@@ -4,74 +4,113 @@
 # source: deviceplugin_v1beta1.proto
 # Protobuf Python Version: 4.25.1
 """Generated protocol buffer code."""
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import descriptor_pool as _descriptor_pool
-from google.protobuf import symbol_database as _symbol_database
-from google.protobuf.internal import builder as _builder
-# @@protoc_insertion_point(imports)
+# protobuf/grpcio ship in the agent image only (ansible-test and the controller lack them): without them
+# this module defines nothing, and the agent's device plugin / DRA driver refuse to start.
+try:
+    from google.protobuf import descriptor as _descriptor
+    from google.protobuf import descriptor_pool as _descriptor_pool
+    from google.protobuf import symbol_database as _symbol_database
+    from google.protobuf.internal import builder as _builder
+except ImportError:
+    _descriptor = None
 
-_sym_db = _symbol_database.Default()
+if _descriptor is not None:
+    # @@protoc_insertion_point(imports)
 
+    _sym_db = _symbol_database.Default()
 
+    DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
+        b'\n\x1a\x64\x65viceplugin_v1beta1.proto\x12\x07v1beta1\"]\n\x13\x44\x65vicePluginOptions\x12\x1a\n'
+        b'\x12pre_start_required\x18\x01 \x01(\x08\x12*\n\"get_preferred_allocation_available\x18\x02 \x01('
+        b'\x08\"z\n\x0fRegisterRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 '
+        b'\x01(\t\x12\x15\n\rresource_name\x18\x03 \x01(\t\x12-\n\x07options\x18\x04 \x01(\x0b\x32\x1c.v1beta1'
+        b'.DevicePluginOptions\"\x07\n\x05\x45mpty\"8\n\x14ListAndWatchResponse\x12 \n\x07\x64\x65vices\x18'
+        b'\x01 \x03(\x0b\x32\x0f.v1beta1.Device\"0\n\x0cTopologyInfo\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11'
+        b'.v1beta1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"M\n\x06\x44\x65vice\x12\n\n'
+        b'\x02ID\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\'\n\x08topology\x18\x03 \x01(\x0b\x32'
+        b'\x15.v1beta1.TopologyInfo\"/\n\x18PreStartContainerRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 '
+        b'\x03(\t\"\x1b\n\x19PreStartContainerResponse\"f\n\x1aPreferredAllocationRequest\x12H\n\x12\x63ontain'
+        b'er_requests\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerPreferredAllocationRequest\"{\n#ContainerPreferr'
+        b'edAllocationRequest\x12\x1b\n\x13\x61vailable_deviceIDs\x18\x01 \x03(\t\x12\x1e\n\x16must_include_de'
+        b'viceIDs\x18\x02 \x03(\t\x12\x17\n\x0f\x61llocation_size\x18\x03 \x01(\x05\"i\n\x1bPreferredAllocatio'
+        b'nResponse\x12J\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32-.v1beta1.ContainerPreferredAllocati'
+        b'onResponse\"9\n$ContainerPreferredAllocationResponse\x12\x11\n\tdeviceIDs\x18\x01 \x03(\t\"P\n\x0f'
+        b'\x41llocateRequest\x12=\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32!.v1beta1.ContainerAllocateR'
+        b'equest\"/\n\x18\x43ontainerAllocateRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 \x03(\t\"\x19\n\tC'
+        b'DIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"S\n\x10\x41llocateResponse\x12?\n\x13\x63ontainer_respon'
+        b'ses\x18\x01 \x03(\x0b\x32\".v1beta1.ContainerAllocateResponse\"\xf1\x02\n\x19\x43ontainerAllocateRes'
+        b'ponse\x12:\n\x04\x65nvs\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerAllocateResponse.EnvsEntry\x12\x1e\n'
+        b'\x06mounts\x18\x02 \x03(\x0b\x32\x0e.v1beta1.Mount\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13'
+        b'.v1beta1.DeviceSpec\x12H\n\x0b\x61nnotations\x18\x04 \x03(\x0b\x32\x33.v1beta1.ContainerAllocateResp'
+        b'onse.AnnotationsEntry\x12\'\n\x0b\x63\x64i_devices\x18\x05 \x03(\x0b\x32\x12.v1beta1.CDIDevice\x1a+'
+        b'\n\tEnvsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32'
+        b'\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38'
+        b'\x01\"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01('
+        b'\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 '
+        b'\x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t2F\n\x0cRegistr'
+        b'ation\x12\x36\n\x08Register\x12\x18.v1beta1.RegisterRequest\x1a\x0e.v1beta1.Empty\"\x00\x32\xa3\x03'
+        b'\n\x0c\x44\x65vicePlugin\x12H\n\x16GetDevicePluginOptions\x12\x0e.v1beta1.Empty\x1a\x1c.v1beta1.Devi'
+        b'cePluginOptions\"\x00\x12\x41\n\x0cListAndWatch\x12\x0e.v1beta1.Empty\x1a\x1d.v1beta1.ListAndWatchRe'
+        b'sponse\"\x00\x30\x01\x12\x65\n\x16GetPreferredAllocation\x12#.v1beta1.PreferredAllocationRequest\x1a'
+        b'$.v1beta1.PreferredAllocationResponse\"\x00\x12\x41\n\x08\x41llocate\x12\x18.v1beta1.AllocateRequest'
+        b'\x1a\x19.v1beta1.AllocateResponse\"\x00\x12\\\n\x11PreStartContainer\x12!.v1beta1.PreStartContainerR'
+        b'equest\x1a\".v1beta1.PreStartContainerResponse\"\x00\x62\x06proto3')
 
-
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64\x65viceplugin_v1beta1.proto\x12\x07v1beta1\"]\n\x13\x44\x65vicePluginOptions\x12\x1a\n\x12pre_start_required\x18\x01 \x01(\x08\x12*\n\"get_preferred_allocation_available\x18\x02 \x01(\x08\"z\n\x0fRegisterRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x15\n\rresource_name\x18\x03 \x01(\t\x12-\n\x07options\x18\x04 \x01(\x0b\x32\x1c.v1beta1.DevicePluginOptions\"\x07\n\x05\x45mpty\"8\n\x14ListAndWatchResponse\x12 \n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0f.v1beta1.Device\"0\n\x0cTopologyInfo\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.v1beta1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"M\n\x06\x44\x65vice\x12\n\n\x02ID\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\'\n\x08topology\x18\x03 \x01(\x0b\x32\x15.v1beta1.TopologyInfo\"/\n\x18PreStartContainerRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 \x03(\t\"\x1b\n\x19PreStartContainerResponse\"f\n\x1aPreferredAllocationRequest\x12H\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerPreferredAllocationRequest\"{\n#ContainerPreferredAllocationRequest\x12\x1b\n\x13\x61vailable_deviceIDs\x18\x01 \x03(\t\x12\x1e\n\x16must_include_deviceIDs\x18\x02 \x03(\t\x12\x17\n\x0f\x61llocation_size\x18\x03 \x01(\x05\"i\n\x1bPreferredAllocationResponse\x12J\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32-.v1beta1.ContainerPreferredAllocationResponse\"9\n$ContainerPreferredAllocationResponse\x12\x11\n\tdeviceIDs\x18\x01 \x03(\t\"P\n\x0f\x41llocateRequest\x12=\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32!.v1beta1.ContainerAllocateRequest\"/\n\x18\x43ontainerAllocateRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 \x03(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"S\n\x10\x41llocateResponse\x12?\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32\".v1beta1.ContainerAllocateResponse\"\xf1\x02\n\x19\x43ontainerAllocateResponse\x12:\n\x04\x65nvs\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerAllocateResponse.EnvsEntry\x12\x1e\n\x06mounts\x18\x02 \x03(\x0b\x32\x0e.v1beta1.Mount\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13.v1beta1.DeviceSpec\x12H\n\x0b\x61nnotations\x18\x04 \x03(\x0b\x32\x33.v1beta1.ContainerAllocateResponse.AnnotationsEntry\x12\'\n\x0b\x63\x64i_devices\x18\x05 \x03(\x0b\x32\x12.v1beta1.CDIDevice\x1a+\n\tEnvsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t2F\n\x0cRegistration\x12\x36\n\x08Register\x12\x18.v1beta1.RegisterRequest\x1a\x0e.v1beta1.Empty\"\x00\x32\xa3\x03\n\x0c\x44\x65vicePlugin\x12H\n\x16GetDevicePluginOptions\x12\x0e.v1beta1.Empty\x1a\x1c.v1beta1.DevicePluginOptions\"\x00\x12\x41\n\x0cListAndWatch\x12\x0e.v1beta1.Empty\x1a\x1d.v1beta1.ListAndWatchResponse\"\x00\x30\x01\x12\x65\n\x16GetPreferredAllocation\x12#.v1beta1.PreferredAllocationRequest\x1a$.v1beta1.PreferredAllocationResponse\"\x00\x12\x41\n\x08\x41llocate\x12\x18.v1beta1.AllocateRequest\x1a\x19.v1beta1.AllocateResponse\"\x00\x12\\\n\x11PreStartContainer\x12!.v1beta1.PreStartContainerRequest\x1a\".v1beta1.PreStartContainerResponse\"\x00\x62\x06proto3')
-
-_globals = globals()
-_builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'deviceplugin_v1beta1_pb2', _globals)
-if _descriptor._USE_C_DESCRIPTORS == False:
-  DESCRIPTOR._options = None
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._options = None
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_options = b'8\001'
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._options = None
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_options = b'8\001'
-  _globals['_DEVICEPLUGINOPTIONS']._serialized_start=39
-  _globals['_DEVICEPLUGINOPTIONS']._serialized_end=132
-  _globals['_REGISTERREQUEST']._serialized_start=134
-  _globals['_REGISTERREQUEST']._serialized_end=256
-  _globals['_EMPTY']._serialized_start=258
-  _globals['_EMPTY']._serialized_end=265
-  _globals['_LISTANDWATCHRESPONSE']._serialized_start=267
-  _globals['_LISTANDWATCHRESPONSE']._serialized_end=323
-  _globals['_TOPOLOGYINFO']._serialized_start=325
-  _globals['_TOPOLOGYINFO']._serialized_end=373
-  _globals['_NUMANODE']._serialized_start=375
-  _globals['_NUMANODE']._serialized_end=397
-  _globals['_DEVICE']._serialized_start=399
-  _globals['_DEVICE']._serialized_end=476
-  _globals['_PRESTARTCONTAINERREQUEST']._serialized_start=478
-  _globals['_PRESTARTCONTAINERREQUEST']._serialized_end=525
-  _globals['_PRESTARTCONTAINERRESPONSE']._serialized_start=527
-  _globals['_PRESTARTCONTAINERRESPONSE']._serialized_end=554
-  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_start=556
-  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_end=658
-  _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_start=660
-  _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_end=783
-  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_start=785
-  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_end=890
-  _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_start=892
-  _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_end=949
-  _globals['_ALLOCATEREQUEST']._serialized_start=951
-  _globals['_ALLOCATEREQUEST']._serialized_end=1031
-  _globals['_CONTAINERALLOCATEREQUEST']._serialized_start=1033
-  _globals['_CONTAINERALLOCATEREQUEST']._serialized_end=1080
-  _globals['_CDIDEVICE']._serialized_start=1082
-  _globals['_CDIDEVICE']._serialized_end=1107
-  _globals['_ALLOCATERESPONSE']._serialized_start=1109
-  _globals['_ALLOCATERESPONSE']._serialized_end=1192
-  _globals['_CONTAINERALLOCATERESPONSE']._serialized_start=1195
-  _globals['_CONTAINERALLOCATERESPONSE']._serialized_end=1564
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_start=1469
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_end=1512
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_start=1514
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_end=1564
-  _globals['_MOUNT']._serialized_start=1566
-  _globals['_MOUNT']._serialized_end=1635
-  _globals['_DEVICESPEC']._serialized_start=1637
-  _globals['_DEVICESPEC']._serialized_end=1713
-  _globals['_REGISTRATION']._serialized_start=1715
-  _globals['_REGISTRATION']._serialized_end=1785
-  _globals['_DEVICEPLUGIN']._serialized_start=1788
-  _globals['_DEVICEPLUGIN']._serialized_end=2207
-# @@protoc_insertion_point(module_scope)
+    _globals = globals()
+    _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
+    _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'deviceplugin_v1beta1_pb2', _globals)
+    if not _descriptor._USE_C_DESCRIPTORS:
+        DESCRIPTOR._options = None
+        _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._options = None
+        _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_options = b'8\001'
+        _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._options = None
+        _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_options = b'8\001'
+        _globals['_DEVICEPLUGINOPTIONS']._serialized_start = 39
+        _globals['_DEVICEPLUGINOPTIONS']._serialized_end = 132
+        _globals['_REGISTERREQUEST']._serialized_start = 134
+        _globals['_REGISTERREQUEST']._serialized_end = 256
+        _globals['_EMPTY']._serialized_start = 258
+        _globals['_EMPTY']._serialized_end = 265
+        _globals['_LISTANDWATCHRESPONSE']._serialized_start = 267
+        _globals['_LISTANDWATCHRESPONSE']._serialized_end = 323
+        _globals['_TOPOLOGYINFO']._serialized_start = 325
+        _globals['_TOPOLOGYINFO']._serialized_end = 373
+        _globals['_NUMANODE']._serialized_start = 375
+        _globals['_NUMANODE']._serialized_end = 397
+        _globals['_DEVICE']._serialized_start = 399
+        _globals['_DEVICE']._serialized_end = 476
+        _globals['_PRESTARTCONTAINERREQUEST']._serialized_start = 478
+        _globals['_PRESTARTCONTAINERREQUEST']._serialized_end = 525
+        _globals['_PRESTARTCONTAINERRESPONSE']._serialized_start = 527
+        _globals['_PRESTARTCONTAINERRESPONSE']._serialized_end = 554
+        _globals['_PREFERREDALLOCATIONREQUEST']._serialized_start = 556
+        _globals['_PREFERREDALLOCATIONREQUEST']._serialized_end = 658
+        _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_start = 660
+        _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_end = 783
+        _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_start = 785
+        _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_end = 890
+        _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_start = 892
+        _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_end = 949
+        _globals['_ALLOCATEREQUEST']._serialized_start = 951
+        _globals['_ALLOCATEREQUEST']._serialized_end = 1031
+        _globals['_CONTAINERALLOCATEREQUEST']._serialized_start = 1033
+        _globals['_CONTAINERALLOCATEREQUEST']._serialized_end = 1080
+        _globals['_CDIDEVICE']._serialized_start = 1082
+        _globals['_CDIDEVICE']._serialized_end = 1107
+        _globals['_ALLOCATERESPONSE']._serialized_start = 1109
+        _globals['_ALLOCATERESPONSE']._serialized_end = 1192
+        _globals['_CONTAINERALLOCATERESPONSE']._serialized_start = 1195
+        _globals['_CONTAINERALLOCATERESPONSE']._serialized_end = 1564
+        _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_start = 1469
+        _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_end = 1512
+        _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_start = 1514
+        _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_end = 1564
+        _globals['_MOUNT']._serialized_start = 1566
+        _globals['_MOUNT']._serialized_end = 1635
+        _globals['_DEVICESPEC']._serialized_start = 1637
+        _globals['_DEVICESPEC']._serialized_end = 1713
+        _globals['_REGISTRATION']._serialized_start = 1715
+        _globals['_REGISTRATION']._serialized_end = 1785
+        _globals['_DEVICEPLUGIN']._serialized_start = 1788
+        _globals['_DEVICEPLUGIN']._serialized_end = 2207
+    # @@protoc_insertion_point(module_scope)

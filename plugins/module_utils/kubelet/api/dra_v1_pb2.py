@@ -4,48 +4,72 @@
 # source: dra_v1.proto
 # Protobuf Python Version: 4.25.1
 """Generated protocol buffer code."""
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import descriptor_pool as _descriptor_pool
-from google.protobuf import symbol_database as _symbol_database
-from google.protobuf.internal import builder as _builder
-# @@protoc_insertion_point(imports)
+# protobuf/grpcio ship in the agent image only (ansible-test and the controller lack them): without them
+# this module defines nothing, and the agent's device plugin / DRA driver refuse to start.
+try:
+    from google.protobuf import descriptor as _descriptor
+    from google.protobuf import descriptor_pool as _descriptor_pool
+    from google.protobuf import symbol_database as _symbol_database
+    from google.protobuf.internal import builder as _builder
+except ImportError:
+    _descriptor = None
 
-_sym_db = _symbol_database.Default()
+if _descriptor is not None:
+    # @@protoc_insertion_point(imports)
 
+    _sym_db = _symbol_database.Default()
 
+    DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
+        b'\n\x0c\x64ra_v1.proto\x12\x1ek8s.io.kubelet.pkg.apis.dra.v1\"T\n\x1bNodePrepareResourcesRequest\x12'
+        b'\x35\n\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim\"\xe4\x01\n\x1cNodeP'
+        b'repareResourcesResponse\x12X\n\x06\x63laims\x18\x01 \x03(\x0b\x32H.k8s.io.kubelet.pkg.apis.dra.v1.No'
+        b'dePrepareResourcesResponse.ClaimsEntry\x1aj\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12'
+        b'J\n\x05value\x18\x02 \x01(\x0b\x32;.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourceResponse:\x02'
+        b'\x38\x01\"e\n\x1bNodePrepareResourceResponse\x12\x37\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32&.k8s.i'
+        b'o.kubelet.pkg.apis.dra.v1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x83\x01\n\x06\x44\x65vice\x12'
+        b'\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice'
+        b'_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\x12\x15\n\x08share_id\x18'
+        b'\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\"V\n\x1dNodeUnprepareResourcesRequest\x12\x35\n'
+        b'\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim\"\xea\x01\n\x1eNodeUnprepa'
+        b'reResourcesResponse\x12Z\n\x06\x63laims\x18\x01 \x03(\x0b\x32J.k8s.io.kubelet.pkg.apis.dra.v1.NodeUn'
+        b'prepareResourcesResponse.ClaimsEntry\x1al\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12L'
+        b'\n\x05value\x18\x02 \x01(\x0b\x32=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourceResponse:\x02'
+        b'\x38\x01\".\n\x1dNodeUnprepareResourceResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"5\n\x05\x43laim'
+        b'\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 '
+        b'\x01(\t2\xbd\x02\n\tDRAPlugin\x12\x93\x01\n\x14NodePrepareResources\x12;.k8s.io.kubelet.pkg.apis.dra'
+        b'.v1.NodePrepareResourcesRequest\x1a<.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse\"'
+        b'\x00\x12\x99\x01\n\x16NodeUnprepareResources\x12=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResour'
+        b'cesRequest\x1a>.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesResponse\"\x00\x62\x06proto3')
 
-
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x64ra_v1.proto\x12\x1ek8s.io.kubelet.pkg.apis.dra.v1\"T\n\x1bNodePrepareResourcesRequest\x12\x35\n\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim\"\xe4\x01\n\x1cNodePrepareResourcesResponse\x12X\n\x06\x63laims\x18\x01 \x03(\x0b\x32H.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse.ClaimsEntry\x1aj\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12J\n\x05value\x18\x02 \x01(\x0b\x32;.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourceResponse:\x02\x38\x01\"e\n\x1bNodePrepareResourceResponse\x12\x37\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32&.k8s.io.kubelet.pkg.apis.dra.v1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x83\x01\n\x06\x44\x65vice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\"V\n\x1dNodeUnprepareResourcesRequest\x12\x35\n\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim\"\xea\x01\n\x1eNodeUnprepareResourcesResponse\x12Z\n\x06\x63laims\x18\x01 \x03(\x0b\x32J.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesResponse.ClaimsEntry\x1al\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12L\n\x05value\x18\x02 \x01(\x0b\x32=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourceResponse:\x02\x38\x01\".\n\x1dNodeUnprepareResourceResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"5\n\x05\x43laim\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t2\xbd\x02\n\tDRAPlugin\x12\x93\x01\n\x14NodePrepareResources\x12;.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesRequest\x1a<.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse\"\x00\x12\x99\x01\n\x16NodeUnprepareResources\x12=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesRequest\x1a>.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesResponse\"\x00\x62\x06proto3')
-
-_globals = globals()
-_builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dra_v1_pb2', _globals)
-if _descriptor._USE_C_DESCRIPTORS == False:
-  DESCRIPTOR._options = None
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._options = None
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._options = None
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
-  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_start=48
-  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_end=132
-  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_start=135
-  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_end=363
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=257
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=363
-  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_start=365
-  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_end=466
-  _globals['_DEVICE']._serialized_start=469
-  _globals['_DEVICE']._serialized_end=600
-  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_start=602
-  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_end=688
-  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_start=691
-  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_end=925
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=817
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=925
-  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_start=927
-  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_end=973
-  _globals['_CLAIM']._serialized_start=975
-  _globals['_CLAIM']._serialized_end=1028
-  _globals['_DRAPLUGIN']._serialized_start=1031
-  _globals['_DRAPLUGIN']._serialized_end=1348
-# @@protoc_insertion_point(module_scope)
+    _globals = globals()
+    _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
+    _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dra_v1_pb2', _globals)
+    if not _descriptor._USE_C_DESCRIPTORS:
+        DESCRIPTOR._options = None
+        _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._options = None
+        _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
+        _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._options = None
+        _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
+        _globals['_NODEPREPARERESOURCESREQUEST']._serialized_start = 48
+        _globals['_NODEPREPARERESOURCESREQUEST']._serialized_end = 132
+        _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_start = 135
+        _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_end = 363
+        _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start = 257
+        _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end = 363
+        _globals['_NODEPREPARERESOURCERESPONSE']._serialized_start = 365
+        _globals['_NODEPREPARERESOURCERESPONSE']._serialized_end = 466
+        _globals['_DEVICE']._serialized_start = 469
+        _globals['_DEVICE']._serialized_end = 600
+        _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_start = 602
+        _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_end = 688
+        _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_start = 691
+        _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_end = 925
+        _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start = 817
+        _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end = 925
+        _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_start = 927
+        _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_end = 973
+        _globals['_CLAIM']._serialized_start = 975
+        _globals['_CLAIM']._serialized_end = 1028
+        _globals['_DRAPLUGIN']._serialized_start = 1031
+        _globals['_DRAPLUGIN']._serialized_end = 1348
+    # @@protoc_insertion_point(module_scope)

@@ -4,48 +4,72 @@
 # source: dra_v1beta1.proto
 # Protobuf Python Version: 4.25.1
 """Generated protocol buffer code."""
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import descriptor_pool as _descriptor_pool
-from google.protobuf import symbol_database as _symbol_database
-from google.protobuf.internal import builder as _builder
-# @@protoc_insertion_point(imports)
+# protobuf/grpcio ship in the agent image only (ansible-test and the controller lack them): without them
+# this module defines nothing, and the agent's device plugin / DRA driver refuse to start.
+try:
+    from google.protobuf import descriptor as _descriptor
+    from google.protobuf import descriptor_pool as _descriptor_pool
+    from google.protobuf import symbol_database as _symbol_database
+    from google.protobuf.internal import builder as _builder
+except ImportError:
+    _descriptor = None
 
-_sym_db = _symbol_database.Default()
+if _descriptor is not None:
+    # @@protoc_insertion_point(imports)
 
+    _sym_db = _symbol_database.Default()
 
+    DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
+        b'\n\x11\x64ra_v1beta1.proto\x12#k8s.io.kubelet.pkg.apis.dra.v1beta1\"Y\n\x1bNodePrepareResourcesReque'
+        b'st\x12:\n\x06\x63laims\x18\x01 \x03(\x0b\x32*.k8s.io.kubelet.pkg.apis.dra.v1beta1.Claim\"\xee\x01\n'
+        b'\x1cNodePrepareResourcesResponse\x12]\n\x06\x63laims\x18\x01 \x03(\x0b\x32M.k8s.io.kubelet.pkg.apis.'
+        b'dra.v1beta1.NodePrepareResourcesResponse.ClaimsEntry\x1ao\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18'
+        b'\x01 \x01(\t\x12O\n\x05value\x18\x02 \x01(\x0b\x32@.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareR'
+        b'esourceResponse:\x02\x38\x01\"j\n\x1bNodePrepareResourceResponse\x12<\n\x07\x64\x65vices\x18\x01 '
+        b'\x03(\x0b\x32+.k8s.io.kubelet.pkg.apis.dra.v1beta1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"_\n'
+        b'\x06\x44\x65vice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12'
+        b'\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\"[\n'
+        b'\x1dNodeUnprepareResourcesRequest\x12:\n\x06\x63laims\x18\x01 \x03(\x0b\x32*.k8s.io.kubelet.pkg.apis'
+        b'.dra.v1beta1.Claim\"\xf4\x01\n\x1eNodeUnprepareResourcesResponse\x12_\n\x06\x63laims\x18\x01 \x03('
+        b'\x0b\x32O.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourcesResponse.ClaimsEntry\x1aq\n\x0b'
+        b'\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12Q\n\x05value\x18\x02 \x01(\x0b\x32\x42.k8s.io.kub'
+        b'elet.pkg.apis.dra.v1beta1.NodeUnprepareResourceResponse:\x02\x38\x01\".\n\x1dNodeUnprepareResourceRe'
+        b'sponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"5\n\x05\x43laim\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12'
+        b'\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t2\xd1\x02\n\tDRAPlugin\x12\x9d\x01\n'
+        b'\x14NodePrepareResources\x12@.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourcesRequest\x1a'
+        b'\x41.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourcesResponse\"\x00\x12\xa3\x01\n\x16NodeUnp'
+        b'repareResources\x12\x42.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourcesRequest\x1a\x43.k8'
+        b's.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourcesResponse\"\x00\x62\x06proto3')
 
-
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x64ra_v1beta1.proto\x12#k8s.io.kubelet.pkg.apis.dra.v1beta1\"Y\n\x1bNodePrepareResourcesRequest\x12:\n\x06\x63laims\x18\x01 \x03(\x0b\x32*.k8s.io.kubelet.pkg.apis.dra.v1beta1.Claim\"\xee\x01\n\x1cNodePrepareResourcesResponse\x12]\n\x06\x63laims\x18\x01 \x03(\x0b\x32M.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourcesResponse.ClaimsEntry\x1ao\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12O\n\x05value\x18\x02 \x01(\x0b\x32@.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourceResponse:\x02\x38\x01\"j\n\x1bNodePrepareResourceResponse\x12<\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32+.k8s.io.kubelet.pkg.apis.dra.v1beta1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"_\n\x06\x44\x65vice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\"[\n\x1dNodeUnprepareResourcesRequest\x12:\n\x06\x63laims\x18\x01 \x03(\x0b\x32*.k8s.io.kubelet.pkg.apis.dra.v1beta1.Claim\"\xf4\x01\n\x1eNodeUnprepareResourcesResponse\x12_\n\x06\x63laims\x18\x01 \x03(\x0b\x32O.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourcesResponse.ClaimsEntry\x1aq\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12Q\n\x05value\x18\x02 \x01(\x0b\x32\x42.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourceResponse:\x02\x38\x01\".\n\x1dNodeUnprepareResourceResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"5\n\x05\x43laim\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t2\xd1\x02\n\tDRAPlugin\x12\x9d\x01\n\x14NodePrepareResources\x12@.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourcesRequest\x1a\x41.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourcesResponse\"\x00\x12\xa3\x01\n\x16NodeUnprepareResources\x12\x42.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourcesRequest\x1a\x43.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourcesResponse\"\x00\x62\x06proto3')
-
-_globals = globals()
-_builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dra_v1beta1_pb2', _globals)
-if _descriptor._USE_C_DESCRIPTORS == False:
-  DESCRIPTOR._options = None
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._options = None
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._options = None
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
-  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_start=58
-  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_end=147
-  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_start=150
-  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_end=388
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=277
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=388
-  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_start=390
-  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_end=496
-  _globals['_DEVICE']._serialized_start=498
-  _globals['_DEVICE']._serialized_end=593
-  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_start=595
-  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_end=686
-  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_start=689
-  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_end=933
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=820
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=933
-  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_start=935
-  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_end=981
-  _globals['_CLAIM']._serialized_start=983
-  _globals['_CLAIM']._serialized_end=1036
-  _globals['_DRAPLUGIN']._serialized_start=1039
-  _globals['_DRAPLUGIN']._serialized_end=1376
-# @@protoc_insertion_point(module_scope)
+    _globals = globals()
+    _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
+    _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dra_v1beta1_pb2', _globals)
+    if not _descriptor._USE_C_DESCRIPTORS:
+        DESCRIPTOR._options = None
+        _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._options = None
+        _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
+        _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._options = None
+        _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
+        _globals['_NODEPREPARERESOURCESREQUEST']._serialized_start = 58
+        _globals['_NODEPREPARERESOURCESREQUEST']._serialized_end = 147
+        _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_start = 150
+        _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_end = 388
+        _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start = 277
+        _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end = 388
+        _globals['_NODEPREPARERESOURCERESPONSE']._serialized_start = 390
+        _globals['_NODEPREPARERESOURCERESPONSE']._serialized_end = 496
+        _globals['_DEVICE']._serialized_start = 498
+        _globals['_DEVICE']._serialized_end = 593
+        _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_start = 595
+        _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_end = 686
+        _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_start = 689
+        _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_end = 933
+        _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start = 820
+        _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end = 933
+        _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_start = 935
+        _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_end = 981
+        _globals['_CLAIM']._serialized_start = 983
+        _globals['_CLAIM']._serialized_end = 1036
+        _globals['_DRAPLUGIN']._serialized_start = 1039
+        _globals['_DRAPLUGIN']._serialized_end = 1376
+    # @@protoc_insertion_point(module_scope)

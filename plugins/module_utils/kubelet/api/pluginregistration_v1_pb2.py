@@ -4,32 +4,43 @@
 # source: pluginregistration_v1.proto
 # Protobuf Python Version: 4.25.1
 """Generated protocol buffer code."""
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import descriptor_pool as _descriptor_pool
-from google.protobuf import symbol_database as _symbol_database
-from google.protobuf.internal import builder as _builder
-# @@protoc_insertion_point(imports)
+# protobuf/grpcio ship in the agent image only (ansible-test and the controller lack them): without them
+# this module defines nothing, and the agent's device plugin / DRA driver refuse to start.
+try:
+    from google.protobuf import descriptor as _descriptor
+    from google.protobuf import descriptor_pool as _descriptor_pool
+    from google.protobuf import symbol_database as _symbol_database
+    from google.protobuf.internal import builder as _builder
+except ImportError:
+    _descriptor = None
 
-_sym_db = _symbol_database.Default()
+if _descriptor is not None:
+    # @@protoc_insertion_point(imports)
 
+    _sym_db = _symbol_database.Default()
 
+    DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
+        b'\n\x1bpluginregistration_v1.proto\x12\x12pluginregistration\"V\n\nPluginInfo\x12\x0c\n\x04type\x18'
+        b'\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x1a\n'
+        b'\x12supported_versions\x18\x04 \x03(\t\">\n\x12RegistrationStatus\x12\x19\n\x11plugin_registered\x18'
+        b'\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x1c\n\x1aRegistrationStatusResponse\"\r\n\x0bIn'
+        b'foRequest2\xd2\x01\n\x0cRegistration\x12L\n\x07GetInfo\x12\x1f.pluginregistration.InfoRequest\x1a'
+        b'\x1e.pluginregistration.PluginInfo\"\x00\x12t\n\x18NotifyRegistrationStatus\x12&.pluginregistration.'
+        b'RegistrationStatus\x1a..pluginregistration.RegistrationStatusResponse\"\x00\x62\x06proto3')
 
-
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpluginregistration_v1.proto\x12\x12pluginregistration\"V\n\nPluginInfo\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x1a\n\x12supported_versions\x18\x04 \x03(\t\">\n\x12RegistrationStatus\x12\x19\n\x11plugin_registered\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x1c\n\x1aRegistrationStatusResponse\"\r\n\x0bInfoRequest2\xd2\x01\n\x0cRegistration\x12L\n\x07GetInfo\x12\x1f.pluginregistration.InfoRequest\x1a\x1e.pluginregistration.PluginInfo\"\x00\x12t\n\x18NotifyRegistrationStatus\x12&.pluginregistration.RegistrationStatus\x1a..pluginregistration.RegistrationStatusResponse\"\x00\x62\x06proto3')
-
-_globals = globals()
-_builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pluginregistration_v1_pb2', _globals)
-if _descriptor._USE_C_DESCRIPTORS == False:
-  DESCRIPTOR._options = None
-  _globals['_PLUGININFO']._serialized_start=51
-  _globals['_PLUGININFO']._serialized_end=137
-  _globals['_REGISTRATIONSTATUS']._serialized_start=139
-  _globals['_REGISTRATIONSTATUS']._serialized_end=201
-  _globals['_REGISTRATIONSTATUSRESPONSE']._serialized_start=203
-  _globals['_REGISTRATIONSTATUSRESPONSE']._serialized_end=231
-  _globals['_INFOREQUEST']._serialized_start=233
-  _globals['_INFOREQUEST']._serialized_end=246
-  _globals['_REGISTRATION']._serialized_start=249
-  _globals['_REGISTRATION']._serialized_end=459
-# @@protoc_insertion_point(module_scope)
+    _globals = globals()
+    _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
+    _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pluginregistration_v1_pb2', _globals)
+    if not _descriptor._USE_C_DESCRIPTORS:
+        DESCRIPTOR._options = None
+        _globals['_PLUGININFO']._serialized_start = 51
+        _globals['_PLUGININFO']._serialized_end = 137
+        _globals['_REGISTRATIONSTATUS']._serialized_start = 139
+        _globals['_REGISTRATIONSTATUS']._serialized_end = 201
+        _globals['_REGISTRATIONSTATUSRESPONSE']._serialized_start = 203
+        _globals['_REGISTRATIONSTATUSRESPONSE']._serialized_end = 231
+        _globals['_INFOREQUEST']._serialized_start = 233
+        _globals['_INFOREQUEST']._serialized_end = 246
+        _globals['_REGISTRATION']._serialized_start = 249
+        _globals['_REGISTRATION']._serialized_end = 459
+    # @@protoc_insertion_point(module_scope)
