@@ -90,7 +90,14 @@ def cluster_seed(node_name):
                                           "verbs": verbs},
         "v1/nodes": {"kind": "Node", "singular": "node", "namespaced": False, "verbs": verbs},
         # the node agent's Events (GitOps part of the demo)
-        "v1/events": {"kind": "Event", "singular": "event", "namespaced": True, "verbs": ["create", "list"]}},
+        "v1/events": {"kind": "Event", "singular": "event", "namespaced": True, "verbs": ["create", "list"]},
+        # the conformance run's namespace and test VMIs (the API double, like a real server, serves only what
+        # is declared: KubeVirt's CRD declares VirtualMachineInstances)
+        "v1/namespaces": {"kind": "Namespace", "singular": "namespace", "namespaced": False,
+                          "verbs": ["get", "list", "create", "delete"]},
+        "kubevirt.io/v1/virtualmachineinstances": {"kind": "VirtualMachineInstance",
+                                                   "singular": "virtualmachineinstance", "namespaced": True,
+                                                   "verbs": ["get", "list", "create", "delete", "patch"]}},
         "objects": [
             {"resource": "kubevirt.io/v1/kubevirts", "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt},
             {"resource": "nvidia.com/v1/clusterpolicies", "name": "cluster-policy", "body": policy},
