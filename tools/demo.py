@@ -84,7 +84,7 @@ def cluster_seed(node_name):
     node = {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node_name, "resourceVersion": "1", "labels": {"kubernetes.io/hostname": node_name}}}
     verbs = ["get", "list", "patch"]
-    return {"resources": {
+    resources = {
         "kubevirt.io/v1/kubevirts": {"kind": "KubeVirt", "singular": "kubevirt", "namespaced": True, "verbs": verbs},
         "nvidia.com/v1/clusterpolicies": {"kind": "ClusterPolicy", "singular": "clusterpolicy", "namespaced": False,
                                           "verbs": verbs},
@@ -95,13 +95,14 @@ def cluster_seed(node_name):
         # is declared: KubeVirt's CRD declares VirtualMachineInstances)
         "v1/namespaces": {"kind": "Namespace", "singular": "namespace", "namespaced": False,
                           "verbs": ["get", "list", "create", "delete"]},
-        "kubevirt.io/v1/virtualmachineinstances": {"kind": "VirtualMachineInstance",
-                                                   "singular": "virtualmachineinstance", "namespaced": True,
-                                                   "verbs": ["get", "list", "create", "delete", "patch"]}},
-        "objects": [
-            {"resource": "kubevirt.io/v1/kubevirts", "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt},
-            {"resource": "nvidia.com/v1/clusterpolicies", "name": "cluster-policy", "body": policy},
-            {"resource": "v1/nodes", "name": node_name, "body": node}]}
+        "kubevirt.io/v1/virtualmachineinstances": {
+            "kind": "VirtualMachineInstance", "singular": "virtualmachineinstance", "namespaced": True,
+            "verbs": ["get", "list", "create", "delete", "patch"]}}
+    objects = [
+        {"resource": "kubevirt.io/v1/kubevirts", "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt},
+        {"resource": "nvidia.com/v1/clusterpolicies", "name": "cluster-policy", "body": policy},
+        {"resource": "v1/nodes", "name": node_name, "body": node}]
+    return {"resources": resources, "objects": objects}
 
 
 def start_api_server(state_dir, node_name):
