@@ -1,6 +1,9 @@
 """Write the cluster-side manifests of the agent path for a GitOps repo, from the agent's layouts:
 
-    .venv/bin/python tools/gitops-patches.py MANIFESTS OUTDIR [--naming model|profile]
+    .venv/bin/python tools/gitops-patches.py MANIFESTS OUTDIR [--naming model|profile] [--provider kubevirt|agent]
+
+--provider agent: the chart runs the agent's device plugin (devicePlugin.enabled): one externalResourceProvider
+entry per profile (implies --naming profile), as role kubevirt_vgpu writes with kubevirt_vgpu_provider: agent.
 
 MANIFESTS: a file with the agent's ConfigMap (deploy/install.yaml, or `helm template` output), or a
 vgpu-device-manager document (JSON/YAML). OUTDIR gets
@@ -55,10 +58,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("manifests")
     parser.add_argument("outdir")
-    parser.add_argument("--naming", choices=("model", "profile"), default="model")
+    parser.add_argument("--naming", choices=("model", "profile"), default=None,
+                        help="resource names per GPU model or per profile (default: model; profile with --provider agent)")
+    parser.add_argument("--provider", choices=("kubevirt", "agent"), default="kubevirt")
     args = parser.parse_args(argv)
+    naming = args.naming or ("profile" if args.provider == "agent" else "model")
     try:
-        ops = gitops_patches.kubevirt_patch(document_of(args.manifests), naming=args.naming)
+        ops = gitops_patches.kubevirt_patch(document_of(args.manifests), naming=naming, provider=args.provider)
     except (gitops_patches.GitopsPatchError, OSError, ValueError) as exc:
         sys.stderr.write("gitops-patches: %s\n" % exc)
         return 2

@@ -78,22 +78,26 @@ def resources_of(document):
     return layouts
 
 
-def kubevirt_pci_entries(document, naming="model"):
+def kubevirt_pci_entries(document, naming="model", provider="kubevirt"):
     """The pciHostDevices entries (KubeVirt spelling) the layouts need; GitopsPatchError when KubeVirt cannot
     serve them (several profiles of one GPU model with naming=profile). naming=model (the agent path's choice: a
-    relabel changes the profile, not the resource) is one resource per GPU model."""
-    plan = kubevirt.plan_cluster_resources(resources_of(document), naming=naming)
+    relabel changes the profile, not the resource) is one resource per GPU model. provider=agent (the chart's
+    devicePlugin.enabled: the agent's device plugin serves every vGPU) is one `externalResourceProvider: true`
+    entry per profile the layouts name, as role kubevirt_vgpu writes with kubevirt_vgpu_provider: agent (same
+    planner); it needs naming=profile."""
+    plan = kubevirt.plan_cluster_resources(resources_of(document), naming=naming, provider=provider)
     if plan["errors"]:
         raise GitopsPatchError("; ".join(plan["errors"]))
-    entries = [kubevirt.pci_entry(e["resource_name"], e["pci_vendor_selector"]) for e in plan["pci_host_devices"]]
+    entries = [kubevirt.pci_entry(e["resource_name"], e["pci_vendor_selector"], e.get("external_resource_provider"))
+               for e in plan["pci_host_devices"]]
     kubevirt.validate_entries(kubevirt.PCI, entries, "present")
     return sorted(entries, key=lambda e: e["resourceName"])
 
 
-def kubevirt_patch(document, naming="model", feature_gate=True):
+def kubevirt_patch(document, naming="model", feature_gate=True, provider="kubevirt"):
     """JSON 6902 operations (a kustomize `patches:` entry's patch) appending the entries and the feature gate."""
     ops = [{"op": "add", "path": KUBEVIRT_PATH + "/permittedHostDevices/pciHostDevices/-", "value": entry}
-           for entry in kubevirt_pci_entries(document, naming)]
+           for entry in kubevirt_pci_entries(document, naming, provider)]
     if feature_gate and ops:
         ops.append({"op": "add", "path": KUBEVIRT_PATH + "/developerConfiguration/featureGates/-",
                     "value": kubevirt.HOST_DEVICES_GATE})

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
+import yaml
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import gitops_patches
 
@@ -34,6 +40,18 @@ def test_per_profile_naming_takes_one_profile_per_gpu_model():
         gitops_patches.kubevirt_patch(document(a=L40S_24Q, b=L40S_8Q), naming="profile")
 
 
+def test_agent_provider_is_one_external_entry_per_profile_of_one_model():
+    """The chart's device plugin serves each profile: 24Q and 8Q of one L40S model side by side (issue 21)."""
+    ops = gitops_patches.kubevirt_patch(document(a=L40S_24Q, b=L40S_8Q, c=H100), naming="profile", provider="agent")
+    assert [op["value"] for op in ops] == [
+        {"resourceName": "nvidia.com/NVIDIA_H100-20C", "pciVendorSelector": "10DE:2331", "externalResourceProvider": True},
+        {"resourceName": "nvidia.com/NVIDIA_L40S-24Q", "pciVendorSelector": "10DE:26B9", "externalResourceProvider": True},
+        {"resourceName": "nvidia.com/NVIDIA_L40S-8Q", "pciVendorSelector": "10DE:26B9", "externalResourceProvider": True},
+        "HostDevices"]
+    with pytest.raises(gitops_patches.GitopsPatchError, match="resource naming must be profile"):
+        gitops_patches.kubevirt_patch(document(a=L40S_24Q), naming="model", provider="agent")
+
+
 @pytest.mark.parametrize("entries, message", [
     ([{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}],
      "layout x entry 1 has no device-filter: the GPU model (PCI ID) cannot be told from the layout"),
@@ -55,3 +73,17 @@ def test_layouts_the_patches_cannot_come_from_fail_naming_them(entries, message)
 
 def test_the_cluster_policy_patch_turns_only_the_vgpu_device_manager_off():
     assert gitops_patches.cluster_policy_patch()["spec"] == {"vgpuDeviceManager": {"enabled": False}}
+
+
+def test_the_tool_writes_the_agent_providers_patch(tmp_path):
+    """tools/gitops-patches.py --provider agent: per-profile external entries, naming profile implied."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))))
+    layouts = tmp_path / "layouts.json"
+    layouts.write_text(json.dumps(document(a=L40S_24Q, b=L40S_8Q)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "tools", "gitops-patches.py"), str(layouts),
+                           str(tmp_path / "out"), "--provider", "agent"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    ops = yaml.safe_load((tmp_path / "out" / "kubevirt-permitted-host-devices.yaml").read_text())
+    assert [op["value"]["resourceName"] for op in ops[:-1]] == ["nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/NVIDIA_L40S-8Q"]
+    assert all(op["value"]["externalResourceProvider"] is True for op in ops[:-1])
