@@ -43,6 +43,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent.manager_probe 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.node_watch import Backoff, NodeWatcher
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.http_endpoint import HttpEndpoint
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.telemetry import Telemetry, node_vgpu_counts
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV, node_lock
@@ -365,13 +366,10 @@ class Agent:
         path = self.settings.status_file
         if not path:
             return
-        tmp = path + ".tmp"
-        try:
-            with open(tmp, "w") as handle:
-                json.dump({"state": state, "config": config, "reason": reason, "time": _now(),
-                           "pid": os.getpid(), "checks": self.checks,
-                           "manager_restarts": self.manager_restarts}, handle)
-            os.replace(tmp, path)
+        try:   # read by the probes and people: never half a file; rewritten every reconcile, so no fsync
+            write_file(path, json.dumps({"state": state, "config": config, "reason": reason, "time": _now(),
+                                         "pid": os.getpid(), "checks": self.checks,
+                                         "manager_restarts": self.manager_restarts}), sync=RENAME)
         except OSError as exc:
             log("cannot write the status file %s: %s" % (path, exc.strerror))
 

@@ -21,8 +21,8 @@ import errno
 import hashlib
 import os
 import stat
-import tempfile
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 
 CHUNK = 1 << 16
@@ -103,21 +103,8 @@ def _makedirs(directory):
 
 
 def _write(entry, content):
-    directory = os.path.dirname(entry["path"])
-    _makedirs(directory)
-    handle, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(entry["path"]), dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(content)
-            out.flush()
-            os.fchmod(out.fileno(), _mode(entry))
-            os.fchown(out.fileno(), 0, 0)
-            os.fsync(out.fileno())
-        os.replace(tmp, entry["path"])
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    _makedirs(os.path.dirname(entry["path"]))
+    write_file(entry["path"], content, _mode(entry), owner=(0, 0))
 
 
 def install(entries, check_mode=False):

@@ -25,7 +25,7 @@ import json
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.atomic_file import write_file
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
 
 FIRST_DELAY, MAX_DELAY = 2.0, 60.0

@@ -18,7 +18,7 @@ import json
 import os
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.atomic_file import write_file
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import write_file
 
 NODE_DIR = "/etc/accelops-vgpu"
 FILE_NAME = "agent-applied.json"

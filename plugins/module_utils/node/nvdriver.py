@@ -34,7 +34,7 @@ import re
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_busy
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.atomic_file import write_file
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import InUseError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 

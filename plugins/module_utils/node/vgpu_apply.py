@@ -32,6 +32,7 @@ from collections import OrderedDict
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, layout_fit, mig, pci, sriov, vgpu_mdev, vgpu_vfio
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import model_name
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint as dra_checkpoint
@@ -119,11 +120,8 @@ class TypeNames:
             self.cache["complete"].append(pf)
 
     def save(self):
-        tmp = self.path + ".tmp"
         try:
-            with open(tmp, "w") as handle:
-                json.dump(self.cache, handle, sort_keys=True)
-            os.rename(tmp, self.path)
+            write_file(self.path, json.dumps(self.cache, sort_keys=True), sync=RENAME)
         except OSError:
             pass  # a lost cache only means asking nvidia-smi next time
 

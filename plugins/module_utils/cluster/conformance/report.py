@@ -13,6 +13,7 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance import monitoring
 
 SCHEMA = "accelops.vgpu/conformance/v1"
@@ -87,8 +88,5 @@ def write(report, report_dir, name):
     texts = {"json": json.dumps(report, indent=2, sort_keys=False) + "\n", "markdown": markdown(report),
              "junit": junit(report)}
     for kind, path in files.items():
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(texts[kind])
-        os.replace(tmp, path)
+        write_file(path, texts[kind])
     return files

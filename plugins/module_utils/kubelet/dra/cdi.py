@@ -11,47 +11,19 @@ edits are the VFIO device nodes, as KubeVirt's own device plugins hand them out
 `/dev/vfio/devices/vfio<N>`. cdiVersion 0.5.0: the oldest version that covers what is used and the
 one the kubelet plugin helper writes for metadata, so every runtime with CDI loads it.
 
-Files are replaced atomically (a temporary file in the same directory, then rename): a reader or a
-kill -9 never sees half a spec. Only the checkpoint is also fsynced (a reboot empties /var/run/cdi and
-makes the driver write everything again anyway).
+Files are replaced atomically (atomic_file.write_file, no fsync: a reader or a kill -9 never sees half a
+spec, and a reboot empties /var/run/cdi and makes the driver write everything again anyway).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 
 CDI_VERSION = "0.5.0"
 CLASS = "claim"
-
-
-def write_atomic(path, text, mode=0o644, durable=False):
-    """Replace `path` with `text` in one rename; `durable` also fsyncs the file and its directory (the
-    checkpoint: it must survive a power loss; CDI specs and metadata files are rewritten after a reboot)."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-            if durable:
-                out.flush()
-                os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if durable:
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def remove(path):
@@ -87,5 +59,5 @@ def claim_spec(driver, claim_uid, devices):
 
 def write_claim_spec(cdi_dir, driver, claim_uid, devices):
     path = spec_path(cdi_dir, driver, claim_uid)
-    write_atomic(path, json.dumps(claim_spec(driver, claim_uid, devices), indent=2, sort_keys=True) + "\n")
+    write_file(path, json.dumps(claim_spec(driver, claim_uid, devices), indent=2, sort_keys=True) + "\n", sync=RENAME)
     return path

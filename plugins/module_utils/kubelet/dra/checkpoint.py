@@ -13,7 +13,7 @@ and the node's boot ID, since a reboot empties /var/run/cdi.
      "claims": {"<uid>": {"namespace", "name", "state", "bootID", "devices": [{"requests", "pool",
                  "device", "key", "typeID", "cdiIDs"}]}}}
 
-Written atomically and durably (cdi.write_atomic: temporary file, fsync, rename, fsync of the directory), so
+Written atomically and durably (atomic_file.write_file DURABLE: temporary file, fsync, rename, fsync of the directory), so
 a kill -9 leaves the old or the new checkpoint, never a mix. A file whose checksum does not match
 is an error naming it (nothing is then prepared or unprepared: guessing could hand a held vGPU out).
 """
@@ -24,8 +24,8 @@ import hashlib
 import json
 import os
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import DURABLE, RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.cdi import write_atomic
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import DEFAULT_KUBELET_DIR, KubeletPaths
 
@@ -86,8 +86,8 @@ class Checkpoint:
         are encoded once, for the checksum and the file. Atomic either way: a kill -9 loses nothing written."""
         claims = _canonical(self.claims)
         digest = hashlib.sha256(claims.encode()).hexdigest()
-        write_atomic(self.path, '{"checksum":"%s","claims":%s,"version":%d}\n' % (digest, claims, VERSION),
-                     mode=0o600, durable=durable)
+        write_file(self.path, '{"checksum":"%s","claims":%s,"version":%d}\n' % (digest, claims, VERSION),
+                   mode=0o600, sync=DURABLE if durable else RENAME)
 
     def get(self, uid):
         return self.claims.get(uid)

@@ -26,7 +26,8 @@ import json
 import os
 import shutil
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.cdi import CDI_VERSION, write_atomic
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.cdi import CDI_VERSION
 
 API_VERSIONS = ("metadata.resource.k8s.io/v1alpha1",)   # newest first
 SUBDIR = "dra-device-metadata"
@@ -71,13 +72,14 @@ def write_request(plugin_dir, cdi_dir, driver, ref, request, entries, pod_claim_
     host = file_path(plugin_dir, ref.namespace, ref.name, request)
     # the request named in the file is the allocation's (a subrequest keeps its `/sub`), as the helper does
     named = entries[0][0] if len({entry[0] for entry in entries}) == 1 else request
-    write_atomic(host, "".join(json.dumps(obj, indent=2, sort_keys=True) + "\n"
-                               for obj in document(ref, named, entries, driver, pod_claim_name)))
+    write_file(host, "".join(json.dumps(obj, indent=2, sort_keys=True) + "\n"
+                             for obj in document(ref, named, entries, driver, pod_claim_name)), sync=RENAME)
     spec = {"cdiVersion": CDI_VERSION, "kind": "%s/metadata" % driver, "devices": [{
         "name": "%s_%s" % (ref.uid, request),
         "containerEdits": {"mounts": [{"hostPath": host, "containerPath": container_path(
             driver, ref.name, request, pod_claim_name), "options": ["ro", "bind"]}]}}]}
-    write_atomic(spec_path(cdi_dir, driver, ref.uid, request), json.dumps(spec, indent=2, sort_keys=True) + "\n")
+    write_file(spec_path(cdi_dir, driver, ref.uid, request), json.dumps(spec, indent=2, sort_keys=True) + "\n",
+               sync=RENAME)
     return cdi_id(driver, ref.uid, request)
 
 
