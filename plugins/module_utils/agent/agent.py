@@ -85,6 +85,7 @@ class Agent:
         self.telemetry = telemetry or Telemetry(settings, clock)  # metrics and probe state (agent/telemetry.py)
         self.device_plugin = device_plugin  # kubelet.vgpu_device_plugin.VgpuDevicePlugin, or None
         self.dra_plugin = dra_plugin        # kubelet.dra.agent_plugin.VgpuDraPlugin, or None
+        self.applied = None         # (sysfs, apply result) of the last reconcile when it applied; else None
         self.config = ConfigSource(settings.config_file)
         self.stop, self.wake, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self.latest = None          # the node as last listed/watched
@@ -199,7 +200,8 @@ class Agent:
         self.api_backoff.reset()
         self.reconciled, self.next_resync = wanted, self.clock() + self.settings.resync_interval
         if self.dra_plugin is not None:     # the node as it is now, applied or not, reaches the slices
-            self.dra_plugin.reconciled(((node or {}).get("metadata") or {}).get("uid"))
+            applied = self.applied
+            self.dra_plugin.reconciled(_meta_field(node, "uid"), *(applied or (None, None)))
         if state == vdm.FAILED and self.restart_pending:
             # the manager may still be coming back: retry sooner than the resync, backing off
             self.next_resync = self.clock() + self.restart_backoff.next()
@@ -226,6 +228,7 @@ class Agent:
             if paused and s.operand_namespace:   # also labels a failed or killed earlier try paused
                 self._wait_for_operands(paused)
 
+        self.applied = None   # (sysfs, apply result) of a successful apply: the kubelet plugins' inventory
         try:
             engine = self.engine()
             self._plugin_check(engine)
@@ -244,6 +247,7 @@ class Agent:
             reason = vdm.reason_text("internal error: %s: %s" % (type(exc).__name__, exc))
         else:
             self.probe.arm(result)
+            self.applied = (engine.sysfs, result)
             if self.device_plugin is not None:
                 self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])

@@ -30,13 +30,12 @@ import json
 import os
 from collections import OrderedDict
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, layout_fit, mig, pci, sriov, vgpu_mdev, vgpu_vfio
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, layout_fit, mig, pci, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_mdev, vgpu_vfio
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import model_name
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint as dra_checkpoint
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import DEFAULT_KUBELET_DIR
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_dir, lock_name, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
     GpuPlan, LayoutError, nvidia_gpus, resolve, type_size_gb)
@@ -171,10 +170,10 @@ class Node:
     """One node seen through its roots; `apply()` runs the whole flow."""
 
     def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None,
-                 mig_options=None, kubelet_dir=DEFAULT_KUBELET_DIR):
+                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR):
         self.sysfs, self.runner = sysfs, runner
         # vGPUs of DRA claims prepared on this node are held like a VM's (kubelet/dra/checkpoint.py)
-        self.holder_sources = (dra_checkpoint.holders_source(kubelet_dir),)
+        self.holder_sources = (claim_holders.holders_source(kubelet_dir),)
         self.smi, self.mig_options = mig.Smi(runner), mig_options or mig.MigOptions()  # MIG-backed vGPU (node/mig.py)
         self.dev_root, self.proc_root = dev_root, proc_root
         self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage

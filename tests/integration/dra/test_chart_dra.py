@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import NodeView
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
@@ -91,4 +91,4 @@ def test_rbac_is_exactly_what_the_driver_does(gpusim_node, dra_api, tmp_path):
             named = parts[-2] == resource
             used.add((resource, VERBS[entry["method"]] if named or entry["method"] != "GET" else "list"))
     assert used == resource_rules(render("dra.enabled=true"))
-    assert checkpoint.holders_of(str(tmp_path / "plugin")) == {}
+    assert claim_holders.holders_of(str(tmp_path / "plugin")) == {}

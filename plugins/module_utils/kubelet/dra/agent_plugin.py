@@ -5,10 +5,13 @@
 kubelet over gRPC, device health. The agent imports this module only with DRA_DRIVER=true.
 
 The agent calls, from its reconcile thread:
-- `reconciled(node_uid)` after every reconcile (applied, re-asserted or failed): one read of the
-  node's vGPUs (node/facts, the engine's type names) is published as this node's pool (a layout change
-  reaches the API in the same reconcile) and fed to the health stream; an API error is logged and the
-  next reconcile tries again;
+- `reconciled(node_uid, sysfs, result)` after every reconcile: the node's vGPUs are published as this node's
+  pool (a layout change reaches the API in the same reconcile) and fed to the health stream. After an apply
+  (changed or re-asserted) they are the apply result's (devices.from_apply: the reconcile's own inventory, no
+  second scan); after a failure, which may have changed part of the node, one full read (node/facts).
+  The API is only written when the devices differ from the last publish; a LIST that also removes stale or
+  foreign-changed slices of this node runs on the first publish, after an API error and every
+  FULL_PUBLISH_INTERVAL. An API error is logged and the next reconcile tries again;
 - `close()` at SIGTERM: the sockets go (the kubelet stops calling); the slices stay for the next pod
   (a rolling update republishes them; the Node's deletion removes them through their owner reference).
 A thread serves the sockets again when one was deleted.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError, KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
@@ -37,8 +41,11 @@ def node_view(make_engine):
     return dra_devices.NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {}, make_engine().names))
 
 
+FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed
+
+
 class VgpuDraPlugin:
-    def __init__(self, settings, api, make_engine, node_lock, log, watch_interval=1.0):
+    def __init__(self, settings, api, make_engine, node_lock, log, watch_interval=1.0, clock=time.monotonic):
         self.settings, self.api, self.make_engine, self.log = settings, api, make_engine, log
         self.paths = KubeletPaths(settings.kubelet_dir)
         self.publisher = SlicePublisher(api, settings.node_name)
@@ -48,6 +55,8 @@ class VgpuDraPlugin:
                                 boot_id=read_boot_id(settings.proc_root))
         self.service = DraService(self.driver, self.paths)
         self.watch_interval = watch_interval
+        self.clock = clock
+        self.full_publish_due = None   # clock time of the next listing publish; None: at the next publish
         self._stop = threading.Event()
 
     def start(self):
@@ -68,17 +77,24 @@ class VgpuDraPlugin:
                 except Exception as exc:  # pylint: disable=broad-exception-caught
                     self.log("DRA driver: cannot serve the kubelet: %s" % exc)
 
-    def reconciled(self, node_uid=None):
-        current = self.view.devices()
+    def reconciled(self, node_uid=None, sysfs=None, result=None):
+        if result is not None:
+            current = self.view.remember(dra_devices.from_apply(sysfs, result))
+        else:
+            current = self.view.devices()
         self.service.update_health(current)
         if node_uid and not self.publisher.node_uid:
             self.publisher.node_uid = node_uid
+        full = self.full_publish_due is None or self.clock() >= self.full_publish_due
         try:
-            plan = self.publisher.publish(current, force=True)
+            plan = self.publisher.publish(current, force=full)
         except (KubeApiError, KubeUnavailable) as exc:
+            self.full_publish_due = None
             self.log("DRA driver: cannot publish the ResourceSlices of node %s: %s" % (self.settings.node_name, exc))
             return
-        if not plan.empty:
+        if full:
+            self.full_publish_due = self.clock() + FULL_PUBLISH_INTERVAL
+        if plan is not None and not plan.empty:
             self.log("DRA driver: published %d vGPU(s) in %d ResourceSlice(s)" % (
                 len(current), len(plan.updates) + len(plan.creates) or 1))
 

@@ -27,11 +27,11 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PCI_DEVICES
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 
-DRIVER = "vgpu.accelops.io"
+DRIVER = claim_holders.DRIVER     # vgpu.accelops.io
 STANDARD = "resource.kubernetes.io/"
 PCI_BUS_ID, PCIE_ROOT = STANDARD + "pciBusID", STANDARD + "pcieRoot"
 MDEV_UUID = "mdevUUID"          # unqualified: KubeVirt's key (pkg/dra/metadata/types.go)
@@ -201,6 +201,31 @@ def inventory(sysfs, facts):
     return sorted(found, key=lambda device: device.name)
 
 
+def from_apply(sysfs, result):
+    """[VgpuDevice] of the node from an apply result (`gpus[].vgpus[]`, the type names from `resources[]`): the
+    reconcile's own inventory, as the device plugin uses it, so publishing costs no second scan of the node.
+    Same devices as `inventory()` reads for the GPUs the layout selects."""
+    names = dict(((r["profile"], r["framework"]), r["type_name"]) for r in result.get("resources") or ())
+    place = _GpuPlace(sysfs)
+    found = []
+    for gpu in result.get("gpus") or ():
+        for vgpu in gpu.get("vgpus") or ():
+            profile = vgpu.get("after")
+            type_name = names.get((profile, gpu.get("framework")))
+            if not profile or not type_name:
+                continue
+            if vgpu.get("uuid"):
+                number = _MDEV_TYPE.match(str(vgpu.get("type_id") or ""))
+                found.append(VgpuDevice(name=device_name(profile, vgpu["uuid"]), framework="mdev",
+                                        address=vgpu["address"], type_id=int(number.group(1)) if number else None,
+                                        mdev_uuid=vgpu["uuid"], **_common(place, gpu, profile, type_name)))
+            else:
+                found.append(VgpuDevice(name=device_name(profile, vgpu["address"]), framework="vendor-vfio",
+                                        address=vgpu["address"], type_id=vgpu.get("type_id"),
+                                        **_common(place, gpu, profile, type_name)))
+    return sorted(found, key=lambda device: device.name)
+
+
 class NodeView:
     """The DRA driver's reads of the node. `devices()` reads everything (facts -> inventory) and
     remembers it; `current(names)` answers for a few devices with a few reads each (prepare's check:
@@ -212,7 +237,10 @@ class NodeView:
         self.known = {}
 
     def devices(self):
-        found = inventory(self.sysfs, self.read_facts())
+        return self.remember(inventory(self.sysfs, self.read_facts()))
+
+    def remember(self, found):
+        """`found` (a full inventory, e.g. from_apply's) becomes what `current()` answers from."""
         self.known = {device.name: device for device in found}
         return found
 

@@ -33,7 +33,8 @@ from collections import namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, claims, metadata
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, HOLDER, STARTED, Checkpoint
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, STARTED, Checkpoint
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import HOLDER
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
 

@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import re
 
@@ -89,3 +90,28 @@ def test_the_driver_view_checks_a_few_devices_without_reading_the_node_again(tmp
     node.set_type("0000:41:00.4", 1156)                               # retyped behind the view's back
     assert "l40s-24q-0000-41-00-4" not in view.current(["l40s-24q-0000-41-00-4"]) and len(reads) == 1
     assert view.current(["l40s-48q-0000-41-00-4"]) and len(reads) == 2   # a name never seen: one full read
+
+
+def test_the_apply_result_gives_the_devices_a_full_read_of_the_node_gives(gpusim_node, monkeypatch, tmp_path):
+    """The agent publishes from the reconcile's own result (no second scan); it must be the sysfs truth: vendor-VFIO
+    VFs, mdevs on a GPU and mdevs on VFs (A16), each with its type, parent, pcieRoot and NUMA node."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, vgpu_apply
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import from_layout
+    from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+
+    node = gpusim_node("l40s:1,t4:1,a16:1")
+    for name in ("PATH", "GPUSIM_ROOT"):
+        monkeypatch.setenv(name, node.env[name])
+    engine = vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
+    layout = [{"device_filter": "10de:26b9", "profiles": {"L40S-24Q": 2}},
+              {"device_filter": "10de:1eb8", "profiles": {"T4-4Q": 2}},
+              {"device_filter": "10de:25b6", "profiles": {"A16-8Q": 2}}]
+    result = vgpu_apply.apply(engine, from_layout(layout), enable_vfs=True)
+    from_result = devices.from_apply(engine.sysfs, result)
+    read = devices.inventory(engine.sysfs, facts.gather(engine.sysfs, {}, engine.names))
+    assert {d.framework for d in from_result} == {"vendor-vfio", "mdev"}
+    assert len(from_result) == 2 + 2 + 8
+    # the one difference: the engine names the product from the driver's types (A16), the PCI ID alone cannot
+    assert {d.product for d in from_result if d.parent_gpu == "0000:46:00.0"} == {"A16"}
+    assert {d.product for d in read if d.parent_gpu == "0000:46:00.0"} == {"A2/A16"}
+    assert from_result == [dataclasses.replace(d, product="A16") if d.product == "A2/A16" else d for d in read]

@@ -10,6 +10,7 @@ from dra_node import A16_UUID, build, view
 from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, metadata
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 
 NODE = "gpu-node-1"
@@ -153,7 +154,7 @@ def test_unprepare_removes_every_file_and_the_hold_and_is_idempotent(tmp_path):
     assert not any(UID1 in name or "vm-a-gpu" in name for name in env.files())
     assert env.driver.holders() == {"0000:41:00.5": ["DRA claim vms/vm-b-gpu"]}
     assert env.driver.unprepare([ref(one)]) == {UID1: ""} and env.start().unprepare([ref(one)]) == {UID1: ""}
-    assert checkpoint.holders_of(env.plugin_dir) == {"0000:41:00.5": ["DRA claim vms/vm-b-gpu"]}
+    assert claim_holders.holders_of(env.plugin_dir) == {"0000:41:00.5": ["DRA claim vms/vm-b-gpu"]}
 
 
 def test_a_reboot_prepares_again_from_the_api(tmp_path):
@@ -183,7 +184,7 @@ def test_a_damaged_checkpoint_is_an_error_naming_it(tmp_path):
     doc["claims"][UID1]["devices"] = []
     with open(path, "w") as handle:
         json.dump(doc, handle)
-    with pytest.raises(checkpoint.CheckpointError, match="checkpoint %s: checksum mismatch" % path):
+    with pytest.raises(claim_holders.CheckpointError, match="checkpoint %s: checksum mismatch" % path):
         env.start()
 
 

@@ -1,0 +1,88 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Which vGPUs prepared DRA claims hold: the node layer's reading of the DRA driver's checkpoint.
+
+The driver (kubelet/dra/checkpoint.py, in the agent) writes `<kubelet dir>/plugins/vgpu.accelops.io/checkpoint.json`;
+the node engine, the CLI, the boot unit and the modules only read it, through this module, so the node layer never
+imports the kubelet layer above it. The format, the checksum and the holder names live here, once:
+
+    {"version": 1, "checksum": "<sha256 of the canonical claims JSON>",
+     "claims": {"<uid>": {"namespace", "name", "state", "bootID", "devices": [{..., "key", ...}]}}}
+
+A checkpoint that cannot be read or trusted is an error naming the file: unknown is held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+
+DRIVER = "vgpu.accelops.io"             # this collection's DRA driver name
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet"   # the kubelet's --root-dir default
+FILE_NAME = "checkpoint.json"
+VERSION = 1
+HOLDER = "DRA claim %s/%s"      # how a prepared claim reads in the safety checks' messages
+
+
+class CheckpointError(EngineError):
+    """The checkpoint cannot be read or trusted; the message names the file."""
+
+
+def canonical(claims):
+    return json.dumps(claims, sort_keys=True, separators=(",", ":"))
+
+
+def checksum(canonical_claims):
+    return hashlib.sha256(canonical_claims.encode()).hexdigest()
+
+
+def checkpoint_path(plugin_dir):
+    return os.path.join(plugin_dir, FILE_NAME)
+
+
+def plugin_dir(kubelet_dir=DEFAULT_KUBELET_DIR, driver=DRIVER):
+    """`<kubelet dir>/plugins/<driver>`: the driver's service socket and checkpoint (kubelet/paths.py agrees)."""
+    return os.path.join(kubelet_dir, "plugins", driver)
+
+
+def read_claims(path):
+    """The verified `claims` of the checkpoint at `path`; {} when there is none."""
+    try:
+        with open(path) as handle:
+            doc = json.load(handle)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise CheckpointError("checkpoint %s cannot be read: %s" % (path, exc)) from None
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("claims"), dict):
+        raise CheckpointError("checkpoint %s: not a version %d checkpoint" % (path, VERSION))
+    if doc.get("checksum") != checksum(canonical(doc["claims"])):
+        raise CheckpointError("checkpoint %s: checksum mismatch (edited or damaged); move it away only when "
+                              "no pod on this node uses a vGPU claim" % path)
+    return doc["claims"]
+
+
+def holders(claims):
+    """{device key (VF address or mdev UUID): ["DRA claim ns/name", ...]} of every recorded claim,
+    prepared or half-way (a half-way claim may be completed by the kubelet's retry)."""
+    held = {}
+    for entry in claims.values():
+        for device in entry.get("devices") or ():
+            held.setdefault(device["key"], []).append(HOLDER % (entry["namespace"], entry["name"]))
+    return {key: sorted(set(names)) for key, names in held.items()}
+
+
+def holders_of(driver_dir):
+    """The holders recorded in the checkpoint of the driver directory `driver_dir`; no checkpoint: {}."""
+    return holders(read_claims(checkpoint_path(driver_dir)))
+
+
+def holders_source(kubelet_dir=DEFAULT_KUBELET_DIR, driver=DRIVER):
+    """An inuse.held_devices() source: the vGPUs of the claims prepared under `kubelet_dir`, read at
+    every call (the driver may run in another process). A damaged checkpoint raises: unknown is held."""
+    directory = plugin_dir(kubelet_dir or DEFAULT_KUBELET_DIR, driver)
+    return lambda: holders_of(directory)

@@ -1,0 +1,132 @@
+"""The agent's DRA plugin after each reconcile: which inventory it publishes and when it asks the API (no gRPC here:
+the sockets are never started)."""
+
+from types import SimpleNamespace
+
+import pytest
+from dra_node import L40S, build, node_facts
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeUnavailable
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+
+NODE = "gpu-node-1"
+
+
+class SliceApi:
+    """Stores slices like the API server (resourceVersion per write) and counts calls."""
+
+    def __init__(self):
+        self.slices, self.calls, self.version, self.down = {}, [], 0, False
+
+    def _call(self, name):
+        self.calls.append(name)
+        if self.down:
+            raise KubeUnavailable("connection refused")
+
+    def _stored(self, body):
+        self.version += 1
+        body = dict(body, metadata=dict(body["metadata"], resourceVersion=str(self.version)))
+        self.slices[body["metadata"]["name"]] = body
+        return body
+
+    def list_resource_slices(self, node_name, driver):
+        self._call("list")
+        return [s for s in self.slices.values() if s["spec"]["nodeName"] == node_name and s["spec"]["driver"] == driver]
+
+    def create_resource_slice(self, body):
+        self._call("create")
+        return self._stored(body)
+
+    def replace_resource_slice(self, body):
+        self._call("replace")
+        return self._stored(body)
+
+    def delete_resource_slice(self, name, resource_version=None):
+        self._call("delete")
+        self.slices.pop(name, None)
+
+    def get_resource_claim(self, namespace, name):
+        raise AssertionError("no claim is prepared in these tests")
+
+    def published(self):
+        return sorted(d["name"] for s in self.slices.values() for d in s["spec"]["devices"])
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    node = build(tmp_path / "node")
+    sysfs = Sysfs(str(node.sys))
+    reads = []
+
+    def make_engine():
+        return SimpleNamespace(sysfs=sysfs, names=None)
+
+    settings = SimpleNamespace(node_name=NODE, kubelet_dir=str(tmp_path / "kubelet"), cdi_dir=str(tmp_path / "cdi"),
+                               proc_root=str(node.proc))
+    api, clock = SliceApi(), [1000.0]
+    dra = agent_plugin.VgpuDraPlugin(settings, api, make_engine, None, lambda line: None, clock=lambda: clock[0])
+    real_read = dra.view.read_facts
+
+    def counted_read():
+        reads.append(1)
+        return real_read()
+
+    dra.view.read_facts = counted_read
+    return SimpleNamespace(node=node, sysfs=sysfs, api=api, dra=dra, reads=reads, clock=clock)
+
+
+def apply_result(node):
+    """What the engine returns for this node's two L40S-24Q VFs (only the fields from_apply reads)."""
+    vfs = [vf["address"] for vf in node_facts(node)["vfs"] if vf["pf"] == L40S and vf.get("vgpu_type_id")]
+    return {"resources": [{"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q", "framework": "vendor-vfio"}],
+            "gpus": [{"address": L40S, "model": "L40S", "framework": "vendor-vfio", "pci_id": "10de:26b9",
+                      "vgpus": [{"address": vf, "before": "L40S-24Q", "after": "L40S-24Q", "type_id": 1155}
+                                for vf in vfs]}]}
+
+
+def test_an_applied_reconcile_publishes_the_apply_result_without_reading_the_node(plugin):
+    result = apply_result(plugin.node)
+    plugin.dra.reconciled("uid-1", plugin.sysfs, result)
+    assert plugin.reads == []
+    assert plugin.api.published() == ["l40s-24q-0000-41-00-4", "l40s-24q-0000-41-00-5"]
+    # prepare's check answers from that same inventory, no full read either
+    assert sorted(plugin.dra.view.current(["l40s-24q-0000-41-00-4"])) == ["l40s-24q-0000-41-00-4"]
+    assert plugin.reads == []
+
+
+def test_a_failed_reconcile_reads_the_node_it_may_have_changed_in_part(plugin):
+    plugin.dra.reconciled("uid-1")
+    assert plugin.reads == [1]
+    assert plugin.api.published() == sorted(d.name for d in devices.inventory(plugin.sysfs, node_facts(plugin.node)))
+
+
+def test_the_api_is_asked_only_when_something_changed_after_an_error_or_at_the_full_interval(plugin):
+    result = apply_result(plugin.node)
+    plugin.dra.reconciled("uid-1", plugin.sysfs, result)
+    assert plugin.api.calls == ["list", "create"]          # the first publish lists (stale slices go)
+    del plugin.api.calls[:]
+    plugin.dra.reconciled("uid-1", plugin.sysfs, result)    # a resync that re-asserted the same layout
+    assert plugin.api.calls == []
+
+    # someone deletes our slice: a full publish within FULL_PUBLISH_INTERVAL puts it back
+    plugin.api.slices.clear()
+    plugin.clock[0] += agent_plugin.FULL_PUBLISH_INTERVAL
+    plugin.dra.reconciled("uid-1", plugin.sysfs, result)
+    assert plugin.api.calls == ["list", "create"] and len(plugin.api.published()) == 2
+    del plugin.api.calls[:]
+
+    # a layout change is written at once, without waiting for the interval
+    plugin.node.set_type("0000:41:00.5", 0)
+    result["gpus"][0]["vgpus"].pop()
+    plugin.dra.reconciled("uid-1", plugin.sysfs, result)
+    assert plugin.api.calls == ["list", "replace"] and plugin.api.published() == ["l40s-24q-0000-41-00-4"]
+    del plugin.api.calls[:]
+
+    # an API error: the next reconcile lists again even though the devices did not change since
+    plugin.api.down = True
+    result["gpus"][0]["vgpus"] = []
+    plugin.dra.reconciled("uid-1", plugin.sysfs, result)
+    plugin.api.down = False
+    plugin.dra.reconciled("uid-1", plugin.sysfs, result)
+    assert plugin.api.calls == ["list", "list", "replace"] and plugin.api.published() == []   # an empty pool: one slice
