@@ -98,3 +98,18 @@ def test_quick_device_plugin_bench_times_the_update_and_allocate(tmp_path):
     assert p6["allocate_ms"]["calls"] == 100 and 0 < p6["allocate_ms"]["median"] <= p6["allocate_ms"]["p99"]
     assert p6["idle"]["sysfs_writes"] == 0 and 10 < p6["rss_mb"] <= 200
     assert "| P6 device plugin (agent + test kubelet) |" in (out / "bench.md").read_text()
+
+
+def test_small_dra_bench_prepares_every_claim_and_the_slices_follow_the_layout(tmp_path):
+    """P7 on one GPU (32 vGPUs, 8 claims, one layout round trip): every prepare succeeds (the bench exits non-zero on
+    a per-claim error or on slices that do not show the node's vGPUs) and the numbers are plausible."""
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "tests.bench.dra", "--gpus", "1", "--claims", "8", "--runs", "1",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    p7 = json.loads((out / "dra.json").read_text())
+    assert p7["vgpus"] == 32
+    assert [p7[phase]["n"] for phase in ("prepare_first", "prepare_again", "unprepare")] == [8, 8, 8]
+    assert 0 < p7["prepare_again"]["p50_ms"] <= p7["prepare_again"]["max_ms"]
+    assert p7["slice_update"]["n"] == p7["slice_update_full_read_gpusim"]["n"] == 2
+    assert p7["targets"]["slice_update_s<=1"] == (p7["slice_update"]["max_s"] <= 1.0)
