@@ -76,9 +76,33 @@ def holders(claims):
     return {key: sorted(set(names)) for key, names in held.items()}
 
 
+def claimed_types(claims):
+    """{device key: vGPU type ID} the claims were prepared with (a device recorded twice with two IDs: left out,
+    nobody can say which one to restore)."""
+    types, conflicting = {}, set()
+    for entry in claims.values():
+        for device in entry.get("devices") or ():
+            type_id = device.get("typeID")
+            if not isinstance(type_id, int) or isinstance(type_id, bool):
+                continue
+            if types.setdefault(device["key"], type_id) != type_id:
+                conflicting.add(device["key"])
+    return {key: type_id for key, type_id in types.items() if key not in conflicting}
+
+
+def is_claim_holder(holder):
+    """Whether a holder description (inuse.held_devices) is a prepared claim, not a process."""
+    return isinstance(holder, str) and holder.startswith(HOLDER.split("%", 1)[0])
+
+
 def holders_of(driver_dir):
     """The holders recorded in the checkpoint of the driver directory `driver_dir`; no checkpoint: {}."""
     return holders(read_claims(checkpoint_path(driver_dir)))
+
+
+def claimed_types_of(kubelet_dir=DEFAULT_KUBELET_DIR, driver=DRIVER):
+    """claimed_types() of the checkpoint under `kubelet_dir`; none there: {}."""
+    return claimed_types(read_claims(checkpoint_path(plugin_dir(kubelet_dir or DEFAULT_KUBELET_DIR, driver))))
 
 
 def holders_source(kubelet_dir=DEFAULT_KUBELET_DIR, driver=DRIVER):

@@ -173,6 +173,7 @@ class Node:
                  mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR):
         self.sysfs, self.runner = sysfs, runner
         # vGPUs of DRA claims prepared on this node are held like a VM's (kubelet/dra/checkpoint.py)
+        self.kubelet_dir = kubelet_dir
         self.holder_sources = (claim_holders.holders_source(kubelet_dir),)
         self.smi, self.mig_options = mig.Smi(runner), mig_options or mig.MigOptions()  # MIG-backed vGPU (node/mig.py)
         self.dev_root, self.proc_root = dev_root, proc_root
@@ -192,7 +193,10 @@ class Node:
         if not changing:
             return
         now = self.held([gpu.address for gpu, dummy in changing])
-        newly = dict((name, found) for name, found in now.items() if name not in self.planned_held)
+        # a holder the plan did not see (a VF a claim held at plan time is written only to restore its type:
+        # a VM that opened it since must stop that write too)
+        newly = dict((name, found) for name, found in now.items()
+                     if not set(found) <= set(self.planned_held.get(name) or ()))
         if not newly:
             return
         parents = inuse.mdev_parents(self.sysfs)
@@ -201,6 +205,12 @@ class Node:
                 if name in newly:
                     raise HeldSincePlan(gpu.address, name, newly[name], list(done),
                                         [p.address for dummy, p in changing if p.address not in done])
+
+    def claimed_types(self, held):
+        """{device: type ID} of the prepared DRA claims, read only when a claim holds something."""
+        if not any(claim_holders.is_claim_holder(h) for found in held.values() for h in found):
+            return {}
+        return claim_holders.claimed_types_of(self.kubelet_dir)
 
     def view(self, gpu, framework, held, vfs=None):
         if framework == vgpu_vfio.FRAMEWORK:
@@ -226,6 +236,7 @@ class Node:
         gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs, vfs_of))
         selection = resolve(entries, list(gpus.values()), self.sysfs)
         held = self.planned_held = self.held(list(selection))
+        claimed = self.claimed_types(held)
         plans = []
         for address, gpu_entries in selection.items():
             gpu = gpus[address]
@@ -237,6 +248,8 @@ class Node:
                 plans.append((gpu, framework, None, self._pending_plan(gpu, gpu_entries, state, enable_vfs, mixed_size)))
                 continue
             view = self.view(gpu, framework, held, vfs_of.get(address))
+            if framework == vgpu_vfio.FRAMEWORK:
+                view.restorable = vgpu_vfio.restorable(view, claimed)
             mig_state = (mig.prepare(self.sysfs, self.smi, view, gpu_entries, self.mig_options, self.names)
                          if framework == vgpu_vfio.FRAMEWORK else None)
             plan = BACKENDS[framework].plan(view, gpu_entries, mixed_size, state == "absent")

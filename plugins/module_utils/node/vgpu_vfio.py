@@ -19,7 +19,7 @@ layout that needs it changed fails naming it, before any write.
 
 from __future__ import annotations
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import describe
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.mig import mig_backed
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
@@ -41,6 +41,7 @@ class VfioGpu:
         self.sysfs, self.gpu = sysfs, gpu
         self.vfs = PciDevice(sysfs, gpu.address).virtfns() if vfs is None else list(vfs)
         self.held = dict((vf, held[vf]) for vf in self.vfs if vf in held)
+        self.restorable = {}   # VF -> type ID a prepared DRA claim holds it with, lost since (see restorable())
         self.current, self.catalog = {}, {}
         first = self.vfs[0] if self.vfs else None
         listed = []
@@ -121,6 +122,19 @@ def _whole_gpu_offered(listed, known_types):
     return any(t in whole for t in listed)
 
 
+def restorable(view, claimed_types):
+    """{VF: type ID} of VFs whose only holders are prepared DRA claims (no process has them open), which have no
+    type now and were prepared with one (`claimed_types`, node/claim_holders): a vGPU-manager restart reset them
+    under the claim. Setting that type again gives the claim back what it was prepared with; nothing else may
+    write a held VF."""
+    found = {}
+    for vf, holders in view.held.items():
+        type_id = claimed_types.get(vf)
+        if type_id and not view.current.get(vf) and holders and all(map(claim_holders.is_claim_holder, holders)):
+            found[vf] = type_id
+    return found
+
+
 def plan(view, entries, mixed_size=False, absent=False):
     """A GpuPlan for one vendor-VFIO GPU; raises LayoutError before anything is written."""
     gpu = view.gpu
@@ -177,6 +191,12 @@ def _assign(address, view, before, wanted, absent, result):
                 raise LayoutError("VF %s of GPU %s is held by a VM (%s) and has %s; the layout needs it changed"
                                   % (vf, address, describe(view.held[vf]),
                                      current.short if current else "type %d" % view.current[vf]))
+    for vf, type_id in sorted(view.restorable.items()):
+        if not absent and after[vf] is None and remaining.get(type_id, 0) > 0:
+            after[vf] = view.type_of(type_id)
+            remaining[type_id] -= 1
+            result.warnings.append("VF %s of GPU %s lost its vGPU type under %s (vGPU manager restarted?); %s set "
+                                   "again" % (vf, address, describe(view.held[vf]), after[vf].short))
     free = [vf for vf in view.vfs if after[vf] is None and vf not in view.held]
     fills = sorted(((t, n) for t, n in wanted.items()), key=lambda item: -(type_size_gb(item[0]) or 0))
     for vgpu_type, dummy in fills:

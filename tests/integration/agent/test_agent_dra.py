@@ -68,6 +68,15 @@ def test_slices_follow_the_node_claims_prepare_and_a_prepared_vgpu_is_held(gpusi
     assert answer[UID]["devices"][0]["cdi"][0] == "%s/claim=%s-%s" % (DRIVER, UID, device_name("L40S-24Q", first))
     assert os.path.exists(os.path.join(cdi_dir, "%s-claim_%s.json" % (DRIVER, UID)))
 
+    # the vGPU manager restarts (every VF untyped): the agent re-applies and the prepared claim's own VF gets its
+    # type back (it is held by the claim: no other write may touch it, and no other VF may take its place)
+    agent.forget_status()
+    node.ctl("manager-restart")
+    wait_for("the claim's VF typed again", lambda: node.read(
+        "bus/pci/devices/%s/nvidia/current_vgpu_type" % first).strip() == str(L40S_24Q) or None, timeout=15)
+    agent.wait("success", "default")
+    assert sorted(published_devices(cluster.api)) == [device_name("L40S-24Q", vf) for vf in vfs[:2]]
+
     # a relabel that would retype the prepared vGPU fails before any write, naming the claim
     agent.forget_status()
     before = node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % first)

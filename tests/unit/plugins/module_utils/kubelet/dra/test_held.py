@@ -66,3 +66,52 @@ def test_another_kubelet_dir_knows_no_claim(tmp_path, capsys):
     os.makedirs(str(tmp_path / "other"))
     code, dummy4, err = apply(capsys, tmp_path, node, str(tmp_path / "other"), {"L40S-48Q": 1})
     assert code == 0, err
+
+
+VF4_ADDRESS, VF5_ADDRESS = "0000:41:00.4", "0000:41:00.5"
+
+
+def test_a_vgpu_manager_restart_that_reset_a_prepared_vgpu_gets_its_type_back(tmp_path, capsys):
+    """The claim was prepared with L40S-24Q on VF .4; the manager restart left the VF untyped. The layout still wants
+    L40S-24Q: the claim's own VF gets it again (not another free VF), and only that VF is written."""
+    node, kubelet_dir, dummy, dummy2 = prepared(tmp_path)
+    node.set_type(VF4_ADDRESS, 0)
+    code, dummy3, err = apply(capsys, tmp_path, node, kubelet_dir, {"L40S-24Q": 2})
+    assert code == 0, err
+    assert types(node) == {VF4_ADDRESS: "1155", VF5_ADDRESS: "1155"}
+
+
+def test_a_reset_prepared_vgpu_the_layout_no_longer_wants_stays_untouched(tmp_path, capsys):
+    node, kubelet_dir, dummy, dummy2 = prepared(tmp_path)
+    node.set_type(VF4_ADDRESS, 0)
+    code, dummy3, err = apply(capsys, tmp_path, node, kubelet_dir, {"L40S-48Q": 1})
+    assert code == 0, err
+    assert types(node) == {VF4_ADDRESS: "0", VF5_ADDRESS: "1156"}     # VF .4 still the claim's, never typed 48Q
+
+
+def test_a_reset_prepared_vgpu_a_process_has_open_is_not_written(tmp_path, capsys):
+    """A process on the VF besides the claim: nobody can say what it expects (unsure = held): no restore."""
+    node, kubelet_dir, dummy, dummy2 = prepared(tmp_path)
+    node.set_type(VF4_ADDRESS, 0)
+    node.hold(node.group_of(VF4_ADDRESS))
+    code, dummy3, err = apply(capsys, tmp_path, node, kubelet_dir, {"L40S-24Q": 2})
+    assert code == 2 and "no free VF left for L40S-24Q" in err, err
+    assert types(node) == {VF4_ADDRESS: "0", VF5_ADDRESS: "1155"}
+
+
+def test_a_process_that_opens_the_claimed_vf_after_the_plan_stops_its_restore(tmp_path):
+    """The VF was held (by the claim) when planned; a holder that appears later is new all the same."""
+    import pytest
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import from_layout
+    from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+
+    node, kubelet_dir, dummy, dummy2 = prepared(tmp_path)
+    node.set_type(VF4_ADDRESS, 0)
+    engine = vgpu_apply.Node(Sysfs(str(node.sys)), CommandRunner(), str(node.dev), str(node.proc),
+                             cache_dir=str(tmp_path / "cache"), kubelet_dir=kubelet_dir)
+    with pytest.raises(vgpu_apply.HeldSincePlan, match="VF %s became held" % VF4_ADDRESS):
+        vgpu_apply.apply(engine, from_layout([{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}}]),
+                         lock_timeout=5, before_changes=lambda: node.hold(node.group_of(VF4_ADDRESS)))
+    assert types(node) == {VF4_ADDRESS: "0", VF5_ADDRESS: "1155"}
