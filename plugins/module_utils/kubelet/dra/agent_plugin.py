@@ -8,7 +8,9 @@ The agent calls, from its reconcile thread:
 - `reconciled(node_uid, sysfs, result)` after every reconcile: the node's vGPUs are published as this node's
   pool (a layout change reaches the API in the same reconcile) and fed to the health stream. After an apply
   (changed or re-asserted) they are the apply result's (devices.from_apply: the reconcile's own inventory, no
-  second scan); after a failure, which may have changed part of the node, one full read (node/facts).
+  second scan, the GPUs the layout selects: the agent serves what it programs, as its device plugin does); after
+  a failure, which may have changed part of the node, the devices last published that are still what they were
+  (a few reads each; one full read of the node only when nothing was published yet).
   The API is only written when the devices differ from the last publish; a LIST that also removes stale or
   foreign-changed slices of this node runs on the first publish, after an API error and every
   FULL_PUBLISH_INTERVAL. An API error is logged and the next reconcile tries again;
@@ -81,7 +83,7 @@ class VgpuDraPlugin:
         if result is not None:
             current = self.view.remember(dra_devices.from_apply(sysfs, result))
         else:
-            current = self.view.devices()
+            current = self.view.still_there()
         self.service.update_health(current)
         if node_uid and not self.publisher.node_uid:
             self.publisher.node_uid = node_uid

@@ -244,6 +244,13 @@ class NodeView:
         self.known = {device.name: device for device in found}
         return found
 
+    def still_there(self):
+        """The remembered devices that are still what they were (a few reads each); a full read when nothing
+        is remembered yet."""
+        if not self.known:
+            return self.devices()
+        return self.remember([device for name, device in sorted(self.known.items()) if still_there(self.sysfs, device)])
+
     def current(self, names):
         if any(name not in self.known for name in names):
             self.devices()

@@ -95,10 +95,21 @@ def test_an_applied_reconcile_publishes_the_apply_result_without_reading_the_nod
     assert plugin.reads == []
 
 
-def test_a_failed_reconcile_reads_the_node_it_may_have_changed_in_part(plugin):
+def test_a_failed_first_reconcile_reads_the_whole_node(plugin):
     plugin.dra.reconciled("uid-1")
     assert plugin.reads == [1]
     assert plugin.api.published() == sorted(d.name for d in devices.inventory(plugin.sysfs, node_facts(plugin.node)))
+
+
+def test_a_failed_reconcile_keeps_what_was_published_and_is_still_there(plugin):
+    """A failed apply may have changed part of the node: devices it cleared go, nothing new is offered before an
+    apply verified it, and the node is not read again."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
+    plugin.node.set_type("0000:41:00.5", 0)          # cleared by the apply that then failed
+    plugin.dra.reconciled("uid-1")
+    assert plugin.reads == []
+    assert plugin.api.published() == ["l40s-24q-0000-41-00-4"]
+    assert [h.device for h in plugin.dra.service.hub.health] == ["l40s-24q-0000-41-00-4"]
 
 
 def test_the_api_is_asked_only_when_something_changed_after_an_error_or_at_the_full_interval(plugin):
