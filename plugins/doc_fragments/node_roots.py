@@ -31,4 +31,14 @@ options:
         A directory that does not exist fails the task.
     type: path
     default: /proc
+  kubelet_dir:
+    description:
+      - The kubelet's root directory (its C(--root-dir)). A vGPU that a DRA claim prepared there by the
+        C(vgpu.accelops.io) driver uses (C(<kubelet_dir>/plugins/vgpu.accelops.io/checkpoint.json)) counts as
+        held, like one a VM holds open.
+      - Set it where the kubelet keeps another directory, for example C(/var/lib/k0s/kubelet) (k0s) or
+        C(/var/snap/microk8s/common/var/lib/kubelet) (MicroK8s); otherwise the claims prepared there are not seen.
+      - When not set, C(/var/lib/kubelet), which may be absent (a host without a kubelet has no claims). A directory
+        that is set must exist, or the task fails (a typo must not make every claimed vGPU look free).
+    type: path
 """

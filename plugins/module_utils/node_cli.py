@@ -43,7 +43,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent, 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
     boot_retry, handover, mig, vgpu_apply, vgpu_busy, vgpu_layout)
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_kubelet_dir, check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 
@@ -71,10 +71,10 @@ def _parser():
     roots.add_argument("--sysfs-root", default="/sys", help="node sysfs (default /sys)")
     roots.add_argument("--dev-root", default="/dev", help="node /dev, for VFIO device nodes (default /dev)")
     roots.add_argument("--proc-root", default="/proc", help="node /proc, to find open VFIO handles (default /proc)")
-    roots.add_argument("--kubelet-dir", default=os.environ.get("KUBELET_DIR") or "/var/lib/kubelet",
+    roots.add_argument("--kubelet-dir", default=os.environ.get("KUBELET_DIR") or None,
                        help="the kubelet's root directory: vGPUs of DRA claims prepared there "
-                            "(plugins/vgpu.accelops.io/checkpoint.json) count as held (env KUBELET_DIR, "
-                            "default /var/lib/kubelet)")
+                            "(plugins/vgpu.accelops.io/checkpoint.json) count as held; one given must exist "
+                            "(env KUBELET_DIR, default /var/lib/kubelet, which may be absent)")
     roots.add_argument("--json", action="store_true", help="print the result as JSON")
     layout = argparse.ArgumentParser(add_help=False)
     layout.add_argument("--config", "-f", default=os.environ.get("ACCELOPS_VGPU_CONFIG"),
@@ -137,7 +137,7 @@ def _node(args):
         if hasattr(args, "mig_mode_order") else None
     return vgpu_apply.Node(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
                            sriov_manage_path=getattr(args, "sriov_manage", None), mig_options=options,
-                           kubelet_dir=args.kubelet_dir)
+                           kubelet_dir=check_kubelet_dir(args.kubelet_dir))
 
 
 def _entries(args):

@@ -14,8 +14,8 @@ description:
     before vGPU profiles are programmed on their VFs, or a network card.
   - Plans every selected PF first and writes nothing unless the whole plan is valid.
   - Changing an existing non-zero count (to zero, or to another count, which the kernel only allows
-    through zero) destroys the existing VFs. The module refuses when a VM holds one of them, and when
-    one has a vGPU type or an mdev unless O(force=true).
+    through zero) destroys the existing VFs. The module refuses when a VM holds one of them or a prepared
+    DRA claim uses one (under O(kubelet_dir)), and when one has a vGPU type or an mdev unless O(force=true).
   - Changed PFs are applied in parallel; the module then waits until C(sriov_numvfs) is right and every
     VF is ready (its C(virtfn) link exists; on NVIDIA GPUs also its C(nvidia/) directory or its
     C(mdev_supported_types)).
@@ -75,7 +75,7 @@ options:
   force:
     description:
       - Allow discarding vGPU types and mdevs of VFs that a change of the VF count destroys.
-      - Never discards a VF that a VM holds open; that is always an error.
+      - Never discards a VF that a VM holds open or a prepared DRA claim uses; that is always an error.
     type: bool
     default: false
   sriov_manage_path:

@@ -12,7 +12,7 @@ version_added: 0.1.0
 description:
   - Reads sysfs and returns the node's GPUs (PCI base class 0x03), the virtual functions (VFs) of those GPUs
     and the mediated devices (mdevs), with the vGPU framework in use, the vGPU types set and creatable,
-    and which VFs and mdevs a running VM holds.
+    and which VFs and mdevs a running VM holds or a prepared DRA claim uses (under O(kubelet_dir)).
   - Read-only. Works on a live C(/sys) and on a copy of one; attributes that are missing or unreadable
     are reported as V(null).
 author:

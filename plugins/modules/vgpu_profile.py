@@ -16,8 +16,9 @@ description:
     deterministic UUIDs. The framework is detected per GPU.
   - Per-VF difference, not "clear all" - VFs that already have a wanted profile are kept, only
     unwanted vGPUs are cleared, free VFs are filled in VF order.
-  - A vGPU that a VM holds (an open VFIO device node) is never changed; a layout that needs it
-    changed fails naming it, before any write. The whole layout is validated before the first write.
+  - A vGPU that a VM holds (an open VFIO device node) or that a prepared DRA claim uses (under
+    O(kubelet_dir)) is never changed; a layout that needs it changed fails naming it (the claim), before
+    any write. The whole layout is validated before the first write.
   - VFs must be enabled first (M(accelops.vgpu.sriov_vfs)), or by this module with O(enable_vfs).
   - Can also install the files that re-apply the layout at boot (O(boot_files)) in the same run.
   - Takes the node's apply lock, shared with the other node modules and the node CLI.
@@ -429,7 +430,8 @@ def main():
             entries = vgpu_layout.entries(params["config"], params["selected"], params["layout"])
         options = mig.MigOptions(params["mig_mode_order"], params["mig_compute_instances"], params["mig_gi_cleanup"])
         engine = vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root,
-                                 sriov_manage_path=params["sriov_manage_path"], mig_options=options)
+                                 sriov_manage_path=params["sriov_manage_path"], mig_options=options,
+                                 kubelet_dir=node.kubelet_dir)
         result = vgpu_apply.apply(engine, entries,
                                   state=params["state"], mixed_size=params["mixed_size"],
                                   check_mode=module.check_mode, lock_timeout=params["lock_timeout"],

@@ -23,9 +23,13 @@ Semantics (each as a real API server; a request the double cannot model fails lo
   object bumps metadata.resourceVersion (a no-op changes nothing, sends no event); a stale
   resourceVersion -> 409 `Conflict`; changing the name -> 400; uid/creationTimestamp are kept;
   `?dryRun=All` answers the result and stores nothing;
-- DELETE: 404 when absent; finalizers -> deletionTimestamp (202) and the object goes when a write
-  removes the last finalizer; deleting a Namespace deletes its objects (no namespace controller:
-  at once); `?dryRun=All` stores nothing;
+- DELETE (every resource): DeleteOptions from the body, else from the query (`dryRun`,
+  `propagationPolicy`, `orphanDependents`), invalid ones -> 422; 404 when absent; `preconditions`
+  (uid, resourceVersion) not met -> 409 `Conflict`, nothing changed; `dryRun: [All]` stores nothing;
+  the garbage collector's work for the propagation policy happens at once (dependents by
+  ownerReferences deleted, or orphaned); finalizers -> deletionTimestamp (200) and the object goes
+  when a write removes the last finalizer; deleting a Namespace deletes its objects (no namespace
+  controller: at once); details in StrictEmulator._delete;
 - list and watch (`?watch=true`): one global resourceVersion counter bumped by every write, lists
   carrying the current one; `labelSelector` (=, ==, !=, in, notin, exists, !exists) and
   `fieldSelector` (=, ==, !=) on metadata.name/namespace plus the resource's selectable fields;
@@ -46,8 +50,9 @@ Semantics (each as a real API server; a request the double cannot model fails lo
 Test controls (JSON over HTTP, never logged):
     POST /_ctl/reset     {"resources": {"kubevirt.io/v1/kubevirts": {"kind": ..., "namespaced": true}},
                           "objects": [{"resource": ..., "namespace": ..., "name": ..., "body": {...}}]}
-    POST /_ctl/conflict  {"count": 1, "patch": {...}}  the next `count` writes lose a race: the stored
-                          object first gets `patch` (merge) and a new resourceVersion, then 409
+    POST /_ctl/conflict  {"count": 1, "patch": {...}}  the next `count` writes (PATCH, PUT, DELETE) lose
+                          a race: the stored object first gets `patch` (merge) and a new
+                          resourceVersion, then the write's resourceVersion (precondition) -> 409
     POST /_ctl/forbid    {"method": "PATCH", "plural": "kubevirts"}  -> 403 for matching requests
     POST /_ctl/fail      {"method": "GET", "plural": "pods", "count": 1, "status": 429, "retry_after": 2}
                           the next `count` matching requests fail with `status` (a Status body; with
@@ -115,7 +120,7 @@ NAME_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"   # generateName's alphabet (apiserv
 
 
 def _api_error(exc):
-    return KubernetesError(status=exc.status, reason=exc.reason, message=exc.message)
+    return KubernetesError(status=exc.status, reason=exc.reason, message=exc.message, details=exc.details)
 
 
 def _now():
@@ -470,22 +475,82 @@ class StrictEmulator(KubernetesEmulator):
         return aiohttp.web.json_response(obj, status=201)
 
     def _delete(self, request):
-        """DELETE: finalizers defer it (deletionTimestamp, 202); a Namespace takes its objects along."""
+        """DELETE as k8s.io/apiserver answers it (handlers/delete.go, registry/rest/delete.go
+        BeforeDelete, the generic registry's Store.Delete), for every resource: the DeleteOptions
+        (body, else query) validated (422); 404 when absent; a lost race (/_ctl/conflict) lands;
+        the preconditions checked (409 `Conflict`, nothing changed, dry run or not); with dry run
+        the object is answered, nothing stored; else the garbage collector's work for the
+        propagation policy is done at once (_collect_garbage), then finalizers defer the removal
+        (deletionTimestamp, 200) or the object goes. The answer is the object (200; 202 only with
+        orphanDependents=false on an object that stays, as handlers/delete.go). With Foreground or
+        Orphan a real server first keeps the owner with the `foregroundDeletion`/`orphan` finalizer
+        until the collector is done: the answer shows that state, the watch sees it as MODIFIED, then
+        the object goes (DELETED) within the same request."""
+        options = rules.delete_options(request.body, request.data, request.url.query)
         key = (request.resource, request.namespace, request.name)
-        before = self.stored(key)
-        if before is None:
+        if self.stored(key) is None:
             raise self._not_found(request)
-        if request.params.get("dryRun") == "All":
+        self._lose_race(key)
+        before = self.stored(key)
+        info = self._declared(request)
+        kind = (info.kind if info is not None and info.kind else None) or before.get("kind") or request.resource.plural
+        rules.check_preconditions(options["preconditions"], before, kind, request.resource.group)
+        if options["dryRun"]:
             return aiohttp.web.json_response(before)
+        policy = options["propagationPolicy"] or ("Orphan" if options["orphanDependents"] else "Background")
+        self._collect_garbage(before, policy == "Orphan")
+        status = 202 if options["orphanDependents"] is False else 200
         if (before.get("metadata") or {}).get("finalizers"):
             if before["metadata"].get("deletionTimestamp"):
-                return aiohttp.web.json_response(before, status=202)
-            after = copy.deepcopy(before)
-            after["metadata"].update({"deletionTimestamp": _now(), "resourceVersion": self.bump()})
-            self.store(key, after)
-            self.record("MODIFIED", key, after, before)
-            return aiohttp.web.json_response(after, status=202)
-        return aiohttp.web.json_response(self._remove(key, before))
+                return aiohttp.web.json_response(before, status=status)
+            return aiohttp.web.json_response(self._mark_deleting(key, before), status=status)
+        if policy == "Background":
+            return aiohttp.web.json_response(self._remove(key, before))
+        pending = self._mark_deleting(key, before, ["foregroundDeletion" if policy == "Foreground" else "orphan"])
+        self._remove(key, pending)
+        return aiohttp.web.json_response(pending)
+
+    def _mark_deleting(self, key, before, finalizers=None):
+        """Store `before` with a deletionTimestamp (and `finalizers`, when given): MODIFIED."""
+        after = copy.deepcopy(before)
+        after["metadata"].update({"deletionTimestamp": _now(), "resourceVersion": self.bump()})
+        if finalizers:
+            after["metadata"]["finalizers"] = finalizers
+        self.store(key, after)
+        self.record("MODIFIED", key, after, before)
+        return after
+
+    def _collect_garbage(self, owner, orphan):
+        """kube-controller-manager's garbage collector for a deleted `owner`, at once: a dependent
+        (metadata.ownerReferences naming its uid) that still has another existing owner, or any
+        dependent under the Orphan policy, loses that reference; the others are deleted
+        (recursively, their finalizers deferring them as a DELETE would)."""
+        uid = (owner.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        live = {(obj.raw.get("metadata") or {}).get("uid") for obj in self.objects.values() if not obj.deleted}
+        for key in list(self.objects):
+            before = self.stored(key)
+            if before is None:
+                continue
+            refs = (before.get("metadata") or {}).get("ownerReferences") or []
+            if not any(ref.get("uid") == uid for ref in refs):
+                continue
+            kept = [ref for ref in refs if ref.get("uid") != uid]
+            if orphan or any(ref.get("uid") in live for ref in kept):
+                after = copy.deepcopy(before)
+                after["metadata"]["ownerReferences"] = kept
+                if not kept:
+                    del after["metadata"]["ownerReferences"]
+                after["metadata"]["resourceVersion"] = self.bump()
+                self.store(key, after)
+                self.record("MODIFIED", key, after, before)
+                continue
+            self._collect_garbage(before, False)
+            if not before["metadata"].get("finalizers"):
+                self._remove(key, before)
+            elif not before["metadata"].get("deletionTimestamp"):
+                self._mark_deleting(key, before)
 
     def _remove(self, key, before, gone=None):
         """Forget the object (a DELETED event: `gone`, by default `before` with a new resourceVersion);
@@ -501,16 +566,20 @@ class StrictEmulator(KubernetesEmulator):
                 self._remove(inner, self.objects[inner].raw)
         return gone
 
+    def _lose_race(self, key):
+        """/_ctl/conflict: someone else writes the object between our client's read and its write
+        (PATCH, PUT, DELETE) while the count lasts."""
+        if self.conflicts["count"] > 0:
+            self.conflicts["count"] -= 1
+            self._patch_as_other_client({"resource": key[0], "namespace": key[1], "name": key[2],
+                                         "patch": self.conflicts["patch"] or {}})
+
     def _write(self, request, method):
         key = (request.resource, request.namespace, request.name)
         if self.stored(key) is None:
             raise self._not_found(request)
         media = rules.patch_type(request.headers.get("Content-Type"), request.resource.group) if method == "PATCH" else None
-        if self.conflicts["count"] > 0:
-            # Someone else wrote between our client's read and its write.
-            self.conflicts["count"] -= 1
-            self._patch_as_other_client({"resource": key[0], "namespace": key[1], "name": key[2],
-                                         "patch": self.conflicts["patch"] or {}})
+        self._lose_race(key)
         before = self.stored(key)
         current = before["metadata"].get("resourceVersion")
         if method == "PUT":

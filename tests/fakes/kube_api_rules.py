@@ -11,11 +11,14 @@ Extension points (a new resource the double must serve strictly):
 - STRATEGIC_MERGE_KEYS: the `patchMergeKey` of list fields a strategic merge patch merges by key
   (from the Go types' `patchStrategy:"merge" patchMergeKey:...` tags); other lists are replaced.
 - is_builtin(): built-in groups take strategic merge patches, custom resources answer 415.
+- delete_options() / check_preconditions(): a DELETE's DeleteOptions as the real server reads and
+  checks them (generic: every resource).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import jsonpatch
@@ -59,11 +62,11 @@ APPLY_PATCH = "application/apply-patch+yaml"
 
 
 class ApiError(Exception):
-    """A request the real server refuses: HTTP status, Status reason, message."""
+    """A request the real server refuses: HTTP status, Status reason, message, Status details."""
 
-    def __init__(self, status, reason, message):
+    def __init__(self, status, reason, message, details=None):
         super().__init__(message)
-        self.status, self.reason, self.message = status, reason, message
+        self.status, self.reason, self.message, self.details = status, reason, message, details
 
 
 def resource_key(group, version, plural):
@@ -275,3 +278,69 @@ def strategic_merge_patch(target, patch, field=None):
         else:
             result[name] = strategic_merge_patch(result.get(name), value, name)
     return result
+
+
+# --- DELETE -------------------------------------------------------------------------------------
+PROPAGATION_POLICIES = ("Foreground", "Background", "Orphan")
+
+
+def _invalid_delete_options(field, detail):
+    """422 as errors.NewInvalid(GroupKind{meta.k8s.io, DeleteOptions}, "", errs) words it."""
+    return ApiError(422, "Invalid", 'DeleteOptions.meta.k8s.io "" is invalid: %s: %s' % (field, detail))
+
+
+def delete_options(body, data, query):
+    """The DeleteOptions of a DELETE (k8s.io/apiserver endpoints/handlers/delete.go DeleteResource):
+    from the body when there is one (the query is then ignored, as there), else from the query
+    (`dryRun`, `propagationPolicy`, `orphanDependents`, `gracePeriodSeconds`); validated as
+    apimachinery's meta/v1/validation ValidateDeleteOptions does (422). `query`: a multidict.
+    Returns {"dryRun": bool, "propagationPolicy": str or None, "orphanDependents": bool or None,
+    "preconditions": {"uid"?, "resourceVersion"?}}."""
+    if body:
+        if not isinstance(data, dict):
+            raise ApiError(400, "BadRequest", "the body of the request is not a JSON object")
+        if data.get("kind", "DeleteOptions") != "DeleteOptions":
+            raise ApiError(400, "BadRequest", "decoded object cannot be converted to DeleteOptions (kind %s)"
+                           % data["kind"])
+        options = dict(data)
+    else:
+        options = {"dryRun": query.getall("dryRun", [])}
+        for name in ("propagationPolicy", "orphanDependents", "gracePeriodSeconds"):
+            if name in query:
+                options[name] = query[name]
+        if "orphanDependents" in options:
+            options["orphanDependents"] = options["orphanDependents"] in ("true", "1")
+    dry_run = options.get("dryRun") or []
+    preconditions = options.get("preconditions") or {}
+    if not isinstance(dry_run, list) or not isinstance(preconditions, dict):
+        raise ApiError(400, "BadRequest", "DeleteOptions: dryRun must be a list and preconditions an object")
+    policy, orphan = options.get("propagationPolicy"), options.get("orphanDependents")
+    if orphan is not None and policy is not None:
+        raise _invalid_delete_options("propagationPolicy", 'Invalid value: "%s": orphanDependents and '
+                                      'deletionPropagation cannot be both set' % policy)
+    if policy is not None and policy not in PROPAGATION_POLICIES:
+        raise _invalid_delete_options("propagationPolicy", 'Unsupported value: "%s": supported values: "Foreground", '
+                                      '"Background", "Orphan", "nil"' % policy)
+    if any(value != "All" for value in dry_run):
+        raise _invalid_delete_options("dryRun", 'Unsupported value: []string{%s}: supported values: "All"'
+                                      % ", ".join(json.dumps(value) for value in dry_run))
+    return {"dryRun": bool(dry_run), "propagationPolicy": policy, "orphanDependents": orphan,
+            "preconditions": {k: v for k, v in preconditions.items() if k in ("uid", "resourceVersion") and v is not None}}
+
+
+def check_preconditions(preconditions, obj, kind, group):
+    """409 `Conflict` when the stored `obj` does not meet a DELETE's preconditions, worded as
+    k8s.io/apiserver registry/rest/delete.go BeforeDelete does (the check the generic registry's
+    Store.Delete makes on the object it just read; UID first, then resourceVersion). The storage
+    layer's own check (etcd3 store.go, "Precondition failed: ...") only fires when a write falls
+    between that read and the delete, which this single-threaded double cannot interleave."""
+    meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    checks = (("uid", "UID", "The object might have been deleted and then recreated"),
+              ("resourceVersion", "ResourceVersion", "The object might have been modified"))
+    for field, label, hint in checks:
+        if field in preconditions and preconditions[field] != meta.get(field, ""):
+            message = "the %s in the precondition (%s) does not match the %s in record (%s). %s" % (
+                label, preconditions[field], label, meta.get(field, ""), hint)
+            raise ApiError(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": %s' % (
+                qualified(kind, group), name, message), {"name": name, "group": group, "kind": kind})

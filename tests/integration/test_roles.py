@@ -15,6 +15,8 @@ import sys
 import pytest
 from gpusim.models import MODELS
 
+from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # nodes.yml's default path: the layout role alone enables the VFs it needs (vgpu_profiles_enable_vfs).
 ROLE_TASKS = [
@@ -209,6 +211,31 @@ def test_mixed_sizes_come_back_after_a_reboot(gpusim_node, run_playbook, tmp_pat
     pf = node.pfs("l40s")[0]
     types = sorted(int(node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf)) for vf in node.vfs(pf))
     assert [type_id for type_id in types if type_id] == sorted([TYPE_IDS["L40S-12Q"]] * 2 + [TYPE_IDS["L40S-24Q"]])
+
+
+def test_a_dra_claim_under_the_roles_kubelet_dir_holds_its_vgpu_and_the_boot_unit_reads_it_too(
+        gpusim_node, run_playbook, tmp_path):
+    node = gpusim_node("l40s:1")
+    root, kubelet_dir = tmp_path / "root", tmp_path / "var/lib/k0s/kubelet"
+    kubelet_dir.mkdir(parents=True)
+    assert run_playbook(ROLE_TASKS, node, extra_vars=role_vars(node, root, vgpu_profiles_kubelet_dir=str(
+        kubelet_dir))).rc == 0
+    command = boot_command(root)
+    assert command[command.index("--kubelet-dir") + 1] == str(kubelet_dir)
+    vf = node.vfs(node.pfs("l40s")[0])[0]
+    claim = prepare_claim(kubelet_dir, vf, TYPE_IDS["L40S-24Q"])
+    node.clear_log()
+    run = run_playbook(ROLE_TASKS, node, extra_vars=role_vars(
+        node, root, vgpu_profiles_selected="large", vgpu_profiles_kubelet_dir=str(kubelet_dir)))
+    failed = [result for result in run.results if result.get("failed")]
+    assert run.rc != 0 and len(failed) == 1 and vf in failed[0]["msg"] and claim in failed[0]["msg"], run
+    assert node.log() == []
+    # the boot unit's apply, asked for "large", refuses too: it reads the claims under the same kubelet dir
+    command = boot_command(root)
+    command[command.index("--selected") + 1] = "large"
+    assert run_cli(command, node) == 2
+    assert node.log() == []
+    assert node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf) == str(TYPE_IDS["L40S-24Q"])
 
 
 def test_absent_removes_the_vgpus_and_the_boot_files(gpusim_node, run_playbook, tmp_path):

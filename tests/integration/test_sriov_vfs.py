@@ -6,6 +6,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, s
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_path, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim
 from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.node.fake_node import Rendezvous
 
 SPEC = "l40s:2,nic:1"
@@ -74,6 +75,22 @@ def test_n_to_m_with_a_held_vf_fails_naming_it_even_with_force(gpusim_node, run_
     assert result["failed"] and result["msg"] == (
         "%s: VF %s is held by a VM (pid %d); refusing to change 4 -> 6 VFs" % (nic, vf, pid))
     assert sysfs_writes(node) == [] and numvfs(node, nic) == 4
+
+
+def test_a_vf_a_dra_claim_uses_under_another_kubelet_dir_is_never_discarded(gpusim_node, run_playbook, tmp_path):
+    node = gpusim_node("l40s:1")
+    pf = node.pfs("l40s")[0]
+    run_playbook([{"name": "enable", "accelops.vgpu.sriov_vfs": {"devices": "all"}}], node)
+    vf = node.vfs(pf)[3]
+    node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf, 1155)
+    kubelet_dir = tmp_path / "var/snap/microk8s/common/var/lib/kubelet"
+    claim = prepare_claim(kubelet_dir, vf, 1155)
+    node.clear_log()
+    run = run_playbook([{"name": "disable", "accelops.vgpu.sriov_vfs": {
+        "devices": [pf], "state": "absent", "force": True, "kubelet_dir": str(kubelet_dir)}}], node)
+    assert run.task("disable")["msg"] == "%s: VF %s is held by a VM (%s); refusing to change 32 -> 0 VFs" % (
+        pf, vf, claim)
+    assert sysfs_writes(node) == []
 
 
 def test_force_discards_profiles_but_not_held_vfs(gpusim_node, run_playbook):

@@ -8,6 +8,8 @@ import sys
 
 import yaml
 
+from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim
+
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 CONFIGS = os.path.join(DATA, "vgpu-configs.yaml")
 
@@ -57,6 +59,25 @@ def test_l40s_profiles_are_applied_once_and_then_left_alone(gpusim_node, run_pla
     assert again.rc == 0, again
     assert [again.task(t)["changed"] for t in ("vfs", "profiles")] == [False, False]
     assert node.log() == []
+
+
+def test_a_vf_a_dra_claim_uses_under_another_kubelet_dir_blocks_the_resize_in_check_mode_too(
+        gpusim_node, run_playbook, tmp_path):
+    node = gpusim_node("l40s:2")
+    assert run_playbook(enable_and_apply(vdm("default")), node).rc == 0
+    kubelet_dir = tmp_path / "var/lib/k0s/kubelet"                  # k0s keeps the kubelet's files there
+    claim = prepare_claim(kubelet_dir, "0000:42:00.4", 1155)
+    node.clear_log()
+    for check in (True, False):
+        task = {"name": "resize", "accelops.vgpu.vgpu_profile": vdm("L40S-12Q", kubelet_dir=str(kubelet_dir))}
+        blocked = run_playbook([dict(task, check_mode=check)], node)
+        msg = blocked.task("resize")["msg"]
+        assert blocked.rc != 0 and "\n" not in msg and "0000:42:00.4" in msg and claim in msg, msg
+    missing = run_playbook([{"name": "typo", "accelops.vgpu.vgpu_profile": vdm(
+        "L40S-12Q", kubelet_dir=str(tmp_path / "var/lib/k0s/kublet"))}], node)
+    assert missing.task("typo")["msg"] == "kubelet_dir %s: no such directory" % (tmp_path / "var/lib/k0s/kublet")
+    assert node.log() == []                                          # three refusals, not one write
+    assert node.read("bus/pci/devices/0000:42:00.4/nvidia/current_vgpu_type") == "1155"
 
 
 def test_resize_writes_only_what_changes_and_a_held_vf_blocks_it(gpusim_node, run_playbook):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
@@ -32,6 +32,7 @@ NODE_ROOTS_ARGSPEC = dict(
     sysfs_root=dict(type="path", default="/sys"),
     dev_root=dict(type="path", default="/dev"),
     proc_root=dict(type="path", default="/proc"),
+    kubelet_dir=dict(type="path", default=None),
 )
 
 
@@ -46,10 +47,12 @@ class NodeContext:
     """Engine objects for a module's node: Sysfs, a runner on module.run_command, held devices."""
 
     def __init__(self, module):
-        """Fails the module (one line) when a node root is missing or unusable (roots.check_roots)."""
+        """Fails the module (one line) when a node root is missing or unusable (roots.check_roots,
+        roots.check_kubelet_dir)."""
         params = module.params
         try:
             roots.check_roots(params["sysfs_root"], params["dev_root"], params["proc_root"])
+            self.kubelet_dir = roots.check_kubelet_dir(params.get("kubelet_dir"))
         except EngineError as err:
             module.fail_json(msg=one_line(err))
         self.sysfs = Sysfs(params["sysfs_root"])
@@ -59,8 +62,10 @@ class NodeContext:
         self.check_mode = module.check_mode
 
     def held(self):
-        """{address or mdev uuid: [pid]} of devices VMs hold (one /proc scan per call)."""
-        return inuse.held_devices(self.sysfs, self.dev_root, self.proc_root)
+        """{address or mdev uuid: [holder]} of devices VMs hold (one /proc scan per call) and of those
+        DRA claims prepared under the kubelet directory use (node/claim_holders.py)."""
+        return inuse.held_devices(self.sysfs, self.dev_root, self.proc_root, None,
+                                  (claim_holders.holders_source(self.kubelet_dir),))
 
     def apply_lock(self, timeout):
         """The node's apply lock, waited for up to `timeout` s; nothing to lock in check mode."""

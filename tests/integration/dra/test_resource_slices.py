@@ -95,3 +95,40 @@ def test_withdraw_removes_every_slice_of_the_node(gpusim_node, dra_api, tmp_path
     publisher.withdraw()
     with urllib.request.urlopen(dra_api.url + "/apis/resource.k8s.io/v1/resourceslices", timeout=10) as resp:
         assert json.load(resp)["items"] == []
+
+
+def slice_requests(api):
+    """(method, what) of the ResourceSlice requests the double saw: LIST, or the slice name."""
+    return [(r["method"], "LIST" if r["path"].endswith("/resourceslices") else r["path"].rsplit("/", 1)[1])
+            for r in api.log() if "/resourceslices" in r["path"]]
+
+
+def test_a_delete_that_loses_a_race_lists_again_and_ends_with_exactly_its_slices(gpusim_node, dra_api, tmp_path):
+    gpu_node = gpusim_node("l40s:1")
+    program(gpu_node, [L40S_24Q], per_pf=2)
+    stale = slices.desired_slices(NODE, sysfs_devices(gpu_node, tmp_path), 1)[0]
+    stale["metadata"]["name"] = "gpu-a-old-random-name"
+    dra_api.reset(dra_state([(SLICES, None, stale)]))
+    # between the publisher's list and its delete, another writer moves the stale slice to generation 7
+    dra_api.conflict(count=1, patch={"spec": {"pool": {"generation": 7}}})
+    SlicePublisher(client(dra_api, tmp_path), NODE, NODE_UID).publish(sysfs_devices(gpu_node, tmp_path))
+    assert slice_requests(dra_api) == [("GET", "LIST"), ("DELETE", "gpu-a-old-random-name"),   # 409: changed
+                                       ("GET", "LIST"), ("DELETE", "gpu-a-old-random-name"),
+                                       ("POST", "LIST")]
+    found = stored_slices(dra_api)
+    assert [item["metadata"]["name"] for item in found] == [slices.slice_name(NODE, 0)]
+    assert found[0]["spec"]["pool"]["generation"] == 8      # planned from the fresh list: above the other writer's
+    assert sorted(published_devices(dra_api)) == sorted(device.name for device in sysfs_devices(gpu_node, tmp_path))
+
+
+def test_withdraw_that_loses_a_race_lists_again_and_removes_every_slice(gpusim_node, dra_api, tmp_path):
+    gpu_node = gpusim_node("l40s:1")
+    program(gpu_node, [L40S_24Q], per_pf=2)
+    publisher = SlicePublisher(client(dra_api, tmp_path), NODE, NODE_UID)
+    publisher.publish(sysfs_devices(gpu_node, tmp_path))
+    dra_api.control("log/clear", {})
+    dra_api.conflict(count=1, patch={"metadata": {"labels": {"touched": "by-someone-else"}}})
+    publisher.withdraw()
+    name = slices.slice_name(NODE, 0)
+    assert slice_requests(dra_api) == [("GET", "LIST"), ("DELETE", name), ("GET", "LIST"), ("DELETE", name)]
+    assert stored_slices(dra_api) == []

@@ -7,8 +7,9 @@
     publisher.publish(devices)            # list, plan (slices.plan), delete / update / create
     publisher.publish(devices, force=False) -> None when the devices are the ones last published
 
-A write that loses a race (409: someone changed or deleted a slice since it was listed) starts
-over from a fresh list, a few times; a delete of a slice already gone (404) is done. Any other API
+A write that loses a race (409: someone changed a slice since it was listed; a delete carries the
+listed resourceVersion as its precondition) starts over from a fresh list, a few times, in
+`publish` and `withdraw` alike; a delete of a slice already gone (404) is done. Any other API
 error propagates (KubeApiError / KubeUnavailable): the caller retries on its own schedule.
 """
 
@@ -48,12 +49,7 @@ class SlicePublisher:
 
     def _execute(self, plan):
         for name, version in plan.deletes:
-            try:
-                self.api.delete_resource_slice(name, version)
-            except KubeApiError as exc:
-                if exc.status != 404:
-                    raise
-            self.writes += 1
+            self._delete(name, version)
         for body in plan.updates:
             self.api.replace_resource_slice(body)
             self.writes += 1
@@ -61,13 +57,26 @@ class SlicePublisher:
             self.api.create_resource_slice(body)
             self.writes += 1
 
+    def _delete(self, name, version):
+        """Delete a slice as listed (its resourceVersion the precondition: a change since -> 409);
+        one already gone (404) is done."""
+        try:
+            self.api.delete_resource_slice(name, version)
+        except KubeApiError as exc:
+            if exc.status != 404:
+                raise
+        self.writes += 1
+
     def withdraw(self):
-        """Delete every slice of this node and driver (the driver stops serving the node)."""
-        for item in self.api.list_resource_slices(self.node_name, self.driver):
+        """Delete every slice of this node and driver (the driver stops serving the node); a delete
+        that loses a race (409) starts over from a fresh list, as publish does."""
+        for attempt in range(CONFLICT_RETRIES):
             try:
-                self.api.delete_resource_slice(item["metadata"]["name"], item["metadata"].get("resourceVersion"))
+                for item in self.api.list_resource_slices(self.node_name, self.driver):
+                    self._delete(item["metadata"]["name"], item["metadata"].get("resourceVersion"))
             except KubeApiError as exc:
-                if exc.status not in (404, 409):
+                if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
                     raise
-            self.writes += 1
-        self.published = None
+                continue
+            self.published = None
+            return

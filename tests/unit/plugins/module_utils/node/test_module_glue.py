@@ -7,6 +7,7 @@ from ansible_collections.accelops.vgpu.plugins.doc_fragments.node_roots import M
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import NodeLock
+from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim
 
 
 class Exited(Exception):
@@ -38,13 +39,13 @@ def test_argspec_matches_the_doc_fragment():
     documented = yaml.safe_load(ModuleDocFragment.DOCUMENTATION)["options"]
     spec = module_glue.node_argspec()
     assert dict((k, (v["type"], v["default"])) for k, v in spec.items()) == \
-        dict((k, (v["type"], v["default"])) for k, v in documented.items())
+        dict((k, (v["type"], v.get("default"))) for k, v in documented.items())
 
 
 def test_own_options_are_added_to_a_fresh_copy():
     spec = module_glue.node_argspec(force=dict(type="bool", default=False))
     spec["sysfs_root"]["default"] = "/elsewhere"
-    assert sorted(spec) == ["dev_root", "force", "proc_root", "sysfs_root"]
+    assert sorted(spec) == ["dev_root", "force", "kubelet_dir", "proc_root", "sysfs_root"]
     assert module_glue.NODE_ROOTS_ARGSPEC["sysfs_root"]["default"] == "/sys"
 
 
@@ -58,7 +59,7 @@ def test_node_context_builds_the_engine_objects_from_params(tmp_path):
     assert node.held() == {}
 
 
-@pytest.mark.parametrize("root", ["sysfs_root", "dev_root", "proc_root"])
+@pytest.mark.parametrize("root", ["sysfs_root", "dev_root", "proc_root", "kubelet_dir"])
 def test_node_context_fails_the_module_on_a_missing_root(tmp_path, root):
     (tmp_path / "bus/pci/devices").mkdir(parents=True)
     params = dict(sysfs_root=str(tmp_path), proc_root=str(tmp_path), dev_root=str(tmp_path))
@@ -67,6 +68,17 @@ def test_node_context_fails_the_module_on_a_missing_root(tmp_path, root):
     with pytest.raises(Exited):
         module_glue.NodeContext(module)
     assert module.exited == {"msg": "%s %s: no such directory" % (root, tmp_path / "typo"), "failed": True}
+
+
+def test_node_context_holds_what_dra_claims_prepared_under_the_kubelet_dir_use(tmp_path):
+    (tmp_path / "bus/pci/devices").mkdir(parents=True)
+    (tmp_path / "1/fd").mkdir(parents=True)
+    roots = dict(sysfs_root=str(tmp_path), proc_root=str(tmp_path), dev_root=str(tmp_path))
+    claim = prepare_claim(tmp_path / "k0s-kubelet", "0000:41:00.4", 1155)
+    assert module_glue.NodeContext(FakeModule(dict(roots, kubelet_dir=str(tmp_path / "k0s-kubelet")))).held() == {
+        "0000:41:00.4": [claim]}
+    node = module_glue.NodeContext(FakeModule(roots))   # not set: /var/lib/kubelet, absent here or without this claim
+    assert node.kubelet_dir == "/var/lib/kubelet" and "0000:41:00.4" not in node.held()
 
 
 def test_apply_lock_is_real_only_outside_check_mode():

@@ -115,3 +115,11 @@ def test_a_process_that_opens_the_claimed_vf_after_the_plan_stops_its_restore(tm
         vgpu_apply.apply(engine, from_layout([{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}}]),
                          lock_timeout=5, before_changes=lambda: node.hold(node.group_of(VF4_ADDRESS)))
     assert types(node) == {VF4_ADDRESS: "0", VF5_ADDRESS: "1155"}
+
+
+def test_a_kubelet_dir_that_does_not_exist_fails_before_any_write(tmp_path, capsys):
+    node, dummy, dummy2, dummy3 = prepared(tmp_path)
+    before = types(node)
+    code, dummy4, err = apply(capsys, tmp_path, node, str(tmp_path / "kublet"), {"L40S-48Q": 1})
+    assert (code, err) == (2, "accelops-vgpu apply: kubelet_dir %s: no such directory\n" % (tmp_path / "kublet"))
+    assert types(node) == before
