@@ -14,7 +14,7 @@ description:
     C(NVIDIA-Linux-<arch>-<version>-vgpu-kvm.run) (or C(-vgpu-kvm-aie.run)) runfile with the podman CLI, and pushes it.
     The GPU Operator appends the node's OS tag to its C(vgpuManager.version), hence the tag.
   - Idempotent through the image label C(io.accelops.vgpu.input-hash), a sha256 of every input (Containerfile,
-    context files, runfile checksum, build args, labels, tag). The image in the registry is checked first (registry
+    context files, runfile and node CLI checksums, build args, labels, tag). The image in the registry is checked first (registry
     HTTP API), then the local one; equal hashes mean no build and no push. A changed input rebuilds and pushes.
   - The runfile is licensed. A public registry (Docker Hub, also a name without a registry host, nvcr.io, quay.io,
     ghcr.io, gcr.io, registry.k8s.io, public.ecr.aws, mcr.microsoft.com, ...) fails before anything is built
@@ -22,6 +22,12 @@ description:
   - The build context is a private temporary directory (removed afterwards); the runfile is hard-linked into it when
     possible. The Containerfile gets the build args C(DRIVER_VERSION), C(DRIVER_ARCH) and C(RUNFILE) (the runfile's
     file name in the context) on top of O(build_args).
+  - With O(include_node_cli) the build context also holds the node CLI zipapp as C(accelops-vgpu.pyz) (the
+    Containerfile COPYs it; the role's entrypoint re-applies the node's vGPU layout with it after each start).
+    The module builds it from the collection sources Ansible shipped it with, the same bytes
+    M(accelops.vgpu.vgpu_profile) installs on the nodes, so an installed collection needs no checkout; only the
+    private build context ever holds it. A new collection version with a changed node engine changes the input
+    hash, so the image is rebuilt.
 author:
   - accelops.vgpu contributors (@accelops)
 extends_documentation_fragment:
@@ -59,9 +65,22 @@ options:
     default: {}
   context_paths:
     description:
-      - Further build context files as C(file name -> path on the build host), for example the node CLI zipapp.
+      - Further build context files as C(file name -> path on the build host). With O(include_node_cli),
+        C(accelops-vgpu.pyz) is the module's own and not allowed here.
     type: dict
     default: {}
+  include_node_cli:
+    description:
+      - Put the node CLI zipapp into the build context as C(accelops-vgpu.pyz) - O(node_cli), or else the one the
+        module builds from the collection's own sources.
+      - Default - V(true) when O(node_cli) is given, else V(false). V(false) with O(node_cli) is an error.
+    type: bool
+  node_cli:
+    description:
+      - Path of a node CLI zipapp on the build host to include as it is (for example one
+        C(tools/build-node-cli.py) made from a checkout), instead of the one the module builds. A missing file fails
+        before anything is built or read from the registry.
+    type: path
   build_args:
     description:
       - Extra build args (C(--build-arg)), for example C(BASE_IMAGE).
@@ -85,6 +104,7 @@ EXAMPLES = r"""
     containerfile: "{{ lookup('ansible.builtin.template', 'Containerfile.j2') }}"
     context_files:
       vgpu-manager-entrypoint.sh: "{{ lookup('ansible.builtin.template', 'vgpu-manager-entrypoint.sh.j2') }}"
+    include_node_cli: true
     build_args:
       BASE_IMAGE: docker.io/library/ubuntu:24.04
     registry_username: builder
@@ -105,6 +125,10 @@ tag:
 driver_version:
   description: Driver version of the runfile.
   returned: always
+  type: str
+node_cli_sha256:
+  description: sha256 of the node CLI zipapp in the image.
+  returned: when the image includes the node CLI
   type: str
 input_hash:
   description: sha256 of all inputs, stored as the image label C(io.accelops.vgpu.input-hash).
@@ -140,6 +164,8 @@ def main():
             containerfile=dict(type="str", required=True),
             context_files=dict(type="dict", default={}),
             context_paths=dict(type="dict", default={}),
+            include_node_cli=dict(type="bool"),
+            node_cli=dict(type="path"),
             build_args=dict(type="dict", default={}),
             allow_public_registry=dict(type="bool", default=False),
         ),

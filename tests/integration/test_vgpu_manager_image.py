@@ -2,14 +2,15 @@
 pushed to a real registry (docker-registry with htpasswd) on 127.0.0.1, checked over its HTTP API.
 """
 
+import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli_zipapp
 from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import hold, make_fake_node, read_calls
 from ansible_collections.accelops.vgpu.tests.fakes.registry import LocalRegistry
 from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile
@@ -22,7 +23,6 @@ REPO = "accelops/vgpu-manager"
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/docker-registry"), reason="needs docker-registry")
 
 
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONTAINERS_CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "containers.conf")
 
 
@@ -45,6 +45,8 @@ def registry(tmp_path, monkeypatch):
 @pytest.fixture
 def build(registry, tmp_path, run_playbook):
     runfile = write_runfile(tmp_path, VERSION)
+    work_dir = tmp_path / "work"     # the module's temporary build contexts; each run leaves it empty
+    work_dir.mkdir()
 
     def run(check=False, **overrides):
         role_vars = dict(vgpu_manager_image_runfile=runfile, vgpu_manager_image_registry=registry.host,
@@ -53,17 +55,25 @@ def build(registry, tmp_path, run_playbook):
                          vgpu_manager_image_pull="never", vgpu_manager_image_tls_verify=False,
                          vgpu_manager_image_registry_username=registry.username,
                          vgpu_manager_image_registry_password=registry.password,
-                         vgpu_manager_image_labels={"owner": OWNER}, vgpu_manager_image_work_dir=str(tmp_path))
+                         vgpu_manager_image_labels={"owner": OWNER}, vgpu_manager_image_work_dir=str(work_dir))
         role_vars.update(overrides)
         return run_playbook([{"name": "image", "ansible.builtin.include_role": {
             "name": "accelops.vgpu.vgpu_manager_image"}}], check=check, extra_vars=role_vars)
 
-    run.runfile = runfile
+    run.runfile, run.registry_host, run.work_dir = runfile, registry.host, str(work_dir)
     return run
 
 
 def result_of(run):
     return run.task("accelops.vgpu.vgpu_manager_image : Build and push the vGPU manager image")
+
+
+def cli_sha256_in(image):
+    """sha256 of /usr/local/bin/accelops-vgpu in the image."""
+    shown = podman("run", "--rm", "--pull=never", "--entrypoint", "sha256sum", "--label", "owner=" + OWNER, image,
+                   "/usr/local/bin/accelops-vgpu")
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout.split()[0]
 
 
 def test_build_push_then_no_change(build, registry):
@@ -83,6 +93,11 @@ def test_build_push_then_no_change(build, registry):
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.split()[-1] == VERSION and "version %s" % VERSION in checked.stdout
     assert registry.password not in first.stdout + first.stderr
+    # no path given: the module built the node CLI from the collection, the bytes vgpu_profile ships to nodes,
+    # and left no file of it behind (only the private build context ever held it)
+    shipped = cli_zipapp.shipped()
+    assert cli_sha256_in(result["image"]) == result["node_cli_sha256"] == hashlib.sha256(shipped).hexdigest()
+    assert os.listdir(build.work_dir) == []
 
     image_id = podman("image", "inspect", "--format", "{{.Id}}", result["image"]).stdout
     again = build()
@@ -96,6 +111,28 @@ def test_build_push_then_no_change(build, registry):
     changed = build(vgpu_manager_image_sriov_retries=9)
     assert result_of(changed)["built"] and result_of(changed)["pushed"]
     assert podman("image", "inspect", "--format", "{{.Id}}", result["image"]).stdout != image_id
+
+
+def test_a_given_node_cli_goes_in_as_it_is(build, tmp_path):
+    cli = tmp_path / "accelops-vgpu-custom"
+    cli.write_bytes(b"#!/bin/sh\n# a node CLI built elsewhere\nexit 0\n")
+    run = build(vgpu_manager_image_push=False, vgpu_manager_image_os_tag="givencli",
+                vgpu_manager_image_node_cli=str(cli))
+    assert run.rc == 0, run
+    result = result_of(run)
+    assert cli_sha256_in(result["image"]) == result["node_cli_sha256"] == hashlib.sha256(cli.read_bytes()).hexdigest()
+    assert os.listdir(build.work_dir) == []
+
+
+def test_a_missing_node_cli_is_one_line_naming_it_and_nothing_is_built(build, tmp_path):
+    missing = str(tmp_path / "nowhere" / "accelops-vgpu.pyz")
+    run = build(vgpu_manager_image_node_cli=missing, vgpu_manager_image_labels={"owner": OWNER, "case": "nocli"})
+    result = result_of(run)
+    assert run.rc != 0 and result.get("failed")
+    assert result["msg"] == ("image %s/accelops/vgpu-manager: node CLI %s: no such file (leave node_cli out: the "
+                             "module builds it)" % (build.registry_host, missing))
+    assert podman("images", "--filter", "label=case=nocli", "--format", "{{.ID}}").stdout.strip() == ""
+    assert os.listdir(build.work_dir) == []
 
 
 @pytest.mark.parametrize("target", ["docker.io/acme", "quay.io/acme", "nvcr.io/acme", "acme-without-host"])
@@ -153,14 +190,11 @@ def wait_for(predicate, timeout=60):
 
 @pytest.fixture
 def manager(build, tmp_path):
-    """The built image (with the real node CLI) and a node for it: FakeNode's sysfs (an L40S, 4 VFs not yet
-    enabled), /dev and /proc plus the fake tools, all mounted at /fake; the layout directory at
-    /etc/accelops-vgpu. `start()` runs (or restarts) the container until "ready", `stop()` sends SIGTERM."""
-    cli = tmp_path / "accelops-vgpu.pyz"
-    subprocess.run([sys.executable, os.path.join(CHECKOUT, "tools", "build-node-cli.py"), str(cli)], check=True,
-                   stdout=subprocess.DEVNULL)
-    run = build(vgpu_manager_image_push=False, vgpu_manager_image_os_tag="entrypoint",
-                vgpu_manager_image_node_cli=str(cli))
+    """The image the role builds by default (with the node CLI the module builds from the collection: no
+    checkout, no tools/) and a node for it: FakeNode's sysfs (an L40S, 4 VFs not yet enabled), /dev and /proc
+    plus the fake tools, all mounted at /fake; the layout directory at /etc/accelops-vgpu. `start()` runs (or
+    restarts) the container until "ready", `stop()` sends SIGTERM."""
+    run = build(vgpu_manager_image_push=False, vgpu_manager_image_os_tag="entrypoint")
     assert run.rc == 0, run
     image = result_of(run)["image"]
     fake = tmp_path / "fake"

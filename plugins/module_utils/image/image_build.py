@@ -3,9 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Build and push container images with podman (build-host side, standard library): the engine of
 the image modules (`ContainerImage`), the private vGPU manager image (`ImageBuild`) on it; the node
-agent image is in agent_image.py.
+agent image is in agent_image.py. An image that carries the node CLI zipapp gets it from
+node_cli_file.py (a given file or the one built from the shipped sources), in one place for both.
 
-Idempotency: every input (Containerfile, context files, runfile checksum, build args, labels, tag)
+Idempotency: every input (Containerfile, context files, runfile and node CLI checksums, build args, labels, tag)
 goes into one sha256, stored in the image label `io.accelops.vgpu.input-hash`. A run compares it
 with the image already in the registry (manifest + config through the registry's HTTP API), then
 with the local image: equal hashes mean no build and no push.
@@ -29,6 +30,7 @@ import urllib.parse
 import urllib.request
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
+from ansible_collections.accelops.vgpu.plugins.module_utils.image.node_cli_file import NodeCliFile
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import engine_errors, exit_with_diff
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import Runfile
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
@@ -178,22 +180,25 @@ class ContainerImage:
     """Plan and run one podman build + push of `<name>:<tag>`; `params` as the image modules' options.
 
     The shared engine of the image modules: subclasses say how the tag comes about (`_tag`), what
-    else goes into the context (`own_paths`), the build args and extra result fields.
+    else goes into the context (`own_paths`), whether the image carries the node CLI zipapp
+    (`carries_node_cli`: then `self.node_cli`, a NodeCliFile from `params["node_cli"]` or `build_cli`,
+    goes in as accelops-vgpu.pyz), the build args and extra result fields.
     """
 
-    def __init__(self, runner, params, registry_client=None):
+    def __init__(self, runner, params, registry_client=None, build_cli=None):
         self.runner, self.params = runner, params
         name = params["name"]
         self.host, self.repository = split_name(name)
         if not NAME_PATTERN.match(self.repository):
             raise ImageError("image %s: not a valid image name (registry/path/name, lower case)" % shown(name))
         self._check_source(name)
+        self.node_cli = self._node_cli(name, build_cli) if self.carries_node_cli() else None
         self.tag = self._tag()
         if not TAG_PATTERN.match(self.tag):
             raise ImageError("image %s: tag %s is not a valid image tag%s"
                              % (name, shown(self.tag), self.tag_hint))
         self.ref = "%s:%s" % (name, self.tag)
-        reserved = ("Containerfile",) + tuple(self.own_paths())
+        reserved = ("Containerfile",) + tuple(self.own_paths()) + tuple(self.own_data())
         for file_name in list(params["context_files"]) + list(params["context_paths"]):
             if "/" in file_name or file_name.startswith(".") or file_name in reserved:
                 raise ImageError("image %s: context file name %r must be a plain file name other than %s"
@@ -209,6 +214,21 @@ class ContainerImage:
     def _check_source(self, name):
         """Refuse inputs that must not be built or pushed (before anything else is read)."""
 
+    def carries_node_cli(self):
+        return False
+
+    def _node_cli(self, name, build_cli):
+        given = self.params.get("node_cli")
+        if given and not os.path.isfile(given):
+            raise ImageError("image %s: node CLI %s: no such file (leave node_cli out: the module builds it)"
+                             % (name, given))
+        try:
+            return NodeCliFile(given, build_cli)
+        except OSError as exc:
+            if not given:
+                raise
+            raise ImageError("image %s: node CLI %s: %s" % (name, given, exc.strerror or exc)) from exc
+
     def _tag(self):
         return self.params["tag"]
 
@@ -216,17 +236,23 @@ class ContainerImage:
         """Context files the image kind adds itself: {file name: path on the build host}."""
         return {}
 
+    def own_data(self):
+        """Context files the image kind adds as bytes (the node CLI): {file name: content}."""
+        return {self.node_cli.context_name: self.node_cli.data} if self.node_cli else {}
+
     def build_args(self):
         return dict(self.params["build_args"])
 
     def result_fields(self):
-        return {}
+        return {"node_cli_sha256": self.node_cli.sha256} if self.node_cli else {}
 
     def input_hash(self):
         digest = hashlib.sha256()
         paths = dict(self.params["context_paths"], **self.own_paths())
+        checksums = {name: sha256_file(path) for name, path in paths.items()}
+        checksums.update((name, hashlib.sha256(data).hexdigest()) for name, data in self.own_data().items())
         parts = {"containerfile": self.params["containerfile"], "files": self.params["context_files"],
-                 "paths": {name: sha256_file(path) for name, path in paths.items()},
+                 "paths": checksums,
                  "build_args": self.build_args(), "labels": self.params["labels"], "ref": self.ref}
         digest.update(json.dumps(parts, sort_keys=True).encode())
         return digest.hexdigest()
@@ -284,6 +310,9 @@ class ContainerImage:
                 handle.write(content)
         for name, path in dict(self.params["context_paths"], **self.own_paths()).items():
             _link_or_copy(path, os.path.join(context, name))
+        for name, data in self.own_data().items():
+            with open(os.path.join(context, name), "wb") as handle:
+                handle.write(data)
         argv = [self.params["executable"], "build", "--pull=%s" % self.params["pull"],
                 "-f", os.path.join(context, "Containerfile"), "-t", self.ref]
         for key, value in sorted(self.build_args().items()):
@@ -328,6 +357,13 @@ class ImageBuild(ContainerImage):
         if self.params.get("driver_version") and self.params["driver_version"] != self.runfile.version:
             raise ImageError("image %s: driver_version %s does not match runfile %s (%s)"
                              % (name, self.params["driver_version"], self.params["runfile"], self.runfile.version))
+        if self.params.get("include_node_cli") is False and self.params.get("node_cli"):
+            raise ImageError("image %s: node_cli %s is given but include_node_cli is false (drop one)"
+                             % (name, self.params["node_cli"]))
+
+    def carries_node_cli(self):
+        """With include_node_cli, or a given node_cli (include_node_cli left out)."""
+        return bool(self.params.get("include_node_cli") or self.params.get("node_cli"))
 
     def _tag(self):
         return "%s-%s" % (self.runfile.version, self.params["os_tag"])
@@ -342,7 +378,7 @@ class ImageBuild(ContainerImage):
         return args
 
     def result_fields(self):
-        return {"driver_version": self.runfile.version}
+        return dict(super().result_fields(), driver_version=self.runfile.version)
 
 
 # The options every image module shares (their documentation stays in each module).

@@ -72,21 +72,22 @@ def test_public_registry_is_allowed_nothing_licensed_inside(params):
     assert make(params)[0].ref == "quay.io/acme/vgpu-node-agent:0.1.0"
 
 
-def test_without_node_cli_the_module_builds_it_names_the_tag_after_it_and_removes_it(params, tmp_path):
-    """Issue 24: one way to build the node CLI: the module builds it (cli_zipapp), no controller-side step."""
+def test_without_node_cli_the_module_builds_it_names_the_tag_after_it_and_leaves_no_file(params, tmp_path):
+    """Issue 24: one way to build the node CLI: the module builds it (cli_zipapp), no controller-side step;
+    the bytes go only into the private build context (node_cli_file.py, shared with the manager image)."""
     del params["node_cli"], params["tag"]
+    (tmp_path / "accelops-vgpu.pyz").unlink()
     data = b"#!/usr/bin/env python3\nPK-built"
     registry = FakeRegistry()
     podman = FakePodman(registry)
     image = AgentImage(podman, params, registry, build_cli=lambda: data)
-    built = list(tmp_path.glob("accelops-vgpu-*.pyz"))
-    assert len(built) == 1 and built[0].read_bytes() == data
     assert image.tag == hashlib.sha256(data).hexdigest()[:16] == agent_image.shipped_tag(lambda: data)
     result = image.apply()
     assert result["node_cli_sha256"] == hashlib.sha256(data).hexdigest() and result["tag"] == image.tag
-    assert result["actions"] == ["build", "push"] and not list(tmp_path.glob("accelops-vgpu-*.pyz"))
+    assert result["actions"] == ["build", "push"] and podman.context["accelops-vgpu.pyz"] == data
+    assert list(tmp_path.iterdir()) == []   # work_dir: the build context is gone, no other file was made
     checked = AgentImage(FakePodman(registry), params, registry, build_cli=lambda: data).apply(check_mode=True)
-    assert checked["input_hash"] == result["input_hash"] and not list(tmp_path.glob("accelops-vgpu-*.pyz"))
+    assert checked["input_hash"] == result["input_hash"] and list(tmp_path.iterdir()) == []
 
 
 def test_the_shipped_zipapp_is_the_checkouts_and_a_bad_input_leaves_no_file(params, tmp_path):
@@ -94,6 +95,7 @@ def test_the_shipped_zipapp_is_the_checkouts_and_a_bad_input_leaves_no_file(para
     assert agent_image.shipped_tag()[:16] == hashlib.sha256(cli_zipapp.shipped()).hexdigest()[:16]
     del params["node_cli"]
     params["tag"] = "0.1 beta"
+    (tmp_path / "accelops-vgpu.pyz").unlink()
     with pytest.raises(ImageError, match="is not a valid image tag"):
         AgentImage(FakePodman(FakeRegistry()), params, FakeRegistry(), build_cli=lambda: b"x")
-    assert not list(tmp_path.glob("accelops-vgpu-*.pyz"))
+    assert list(tmp_path.iterdir()) == []

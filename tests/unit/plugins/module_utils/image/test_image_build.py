@@ -11,7 +11,6 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.image import image_b
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import (
     HASH_LABEL, ImageBuild, ImageError, RegistryClient, is_public_registry, split_name)
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import DriverError
-from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile
 
 VERSION = "570.124.03"
 
@@ -26,10 +25,11 @@ class FakeRegistry:
 
 
 class FakePodman:
-    """Answers `image inspect` from `local` labels; a build sets them, a push copies them to the registry."""
+    """Answers `image inspect` from `local` labels; a build sets them (and keeps the build context's files,
+    `context`: {name: bytes}), a push copies them to the registry."""
 
     def __init__(self, registry, local=None):
-        self.registry, self.local, self.calls = registry, local, []
+        self.registry, self.local, self.calls, self.context = registry, local, [], None
 
     def which(self, name, extra_paths=()):
         return name
@@ -41,22 +41,16 @@ class FakePodman:
         if argv[1] == "build":
             labels = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--label"]
             self.local = dict(label.split("=", 1) for label in labels)
+            self.context = {}
+            for name in os.listdir(argv[-1]):
+                with open(os.path.join(argv[-1], name), "rb") as handle:
+                    self.context[name] = handle.read()
         if argv[1] == "push":
             authfile = argv[argv.index("--authfile") + 1] if "--authfile" in argv else None
             self.authfile = (authfile, oct(stat.S_IMODE(os.stat(authfile).st_mode)),
                              json.load(open(authfile, encoding="utf-8"))) if authfile else None
             self.registry.labels = dict(self.local)
         return 0, "", ""
-
-
-@pytest.fixture
-def params(tmp_path):
-    return dict(name="registry.example.com:5000/nvidia/vgpu-manager", os_tag="ubuntu24.04",
-                runfile=write_runfile(tmp_path, VERSION), driver_version=None, containerfile="FROM scratch\n",
-                context_files={"entrypoint.sh": "#!/bin/sh\n"}, context_paths={}, build_args={"BASE_IMAGE": "b"},
-                labels={"owner": "tests"}, pull="never", push=True, force=False, registry_username="builder",
-                registry_password="s3cret", tls_verify=True, allow_public_registry=False,
-                work_dir=str(tmp_path), executable="podman")
 
 
 def make(params, remote=None, local=None):
