@@ -109,6 +109,13 @@ options:
       - A directory that does not exist fails the task.
     type: path
     default: /dev
+  kubelet_dir:
+    description:
+      - The kubelet's root directory (its C(--root-dir)). A vGPU that a DRA claim prepared there by the
+        C(vgpu.accelops.io) driver uses counts as in use (the claim's VM may start any moment): the driver is not
+        stopped while one is prepared. Set it where the kubelet keeps another directory (k0s, MicroK8s).
+      - When not set, C(/var/lib/kubelet), which may be absent. A directory that is set must exist, or the task fails.
+    type: path
   modules_dir:
     description:
       - The node's C(/lib/modules); an install needs C(<modules_dir>/<running kernel>/build) (the kernel headers).
@@ -180,7 +187,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import engine_errors, exit_with_diff
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import DEFAULT_SERVICES, DriverManager
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_kubelet_dir, check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
 
 
@@ -201,16 +208,18 @@ def main():
             proc_root=dict(type="path", default="/proc"),
             dev_root=dict(type="path", default="/dev"),
             modules_dir=dict(type="path", default="/lib/modules"),
+            kubelet_dir=dict(type="path"),
             lock_timeout=dict(type="float", default=120.0),
         ),
         required_if=[("state", "present", ["runfile"])],
         supports_check_mode=True,
     )
     params = module.params
-    manager = DriverManager(FunctionRunner(module.run_command), params["sysfs_root"], params["modprobe_dir"],
-                            params["proc_root"], params["dev_root"], params["modules_dir"])
     with engine_errors(module) as result:
         check_roots(params["sysfs_root"], params["dev_root"], params["proc_root"])
+        manager = DriverManager(FunctionRunner(module.run_command), params["sysfs_root"], params["modprobe_dir"],
+                                params["proc_root"], params["dev_root"], params["modules_dir"],
+                                check_kubelet_dir(params["kubelet_dir"]))
         # one writer per node: the driver swap must not race a profile or VF apply
         with node_lock(params["sysfs_root"], params["lock_timeout"]) if not module.check_mode else nullcontext():
             result.update(manager.apply(params, check_mode=module.check_mode))

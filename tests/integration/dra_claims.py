@@ -18,7 +18,7 @@ def prepare_claim(kubelet_dir, vf, type_id, namespace="vms", name="vm-a-gpu"):
     device = "vgpu-" + vf.replace(":", "-").replace(".", "-")
     record = checkpoint.Checkpoint(KubeletPaths(str(kubelet_dir)).plugin_dir(DRIVER))
     record.set(CLAIM_UID, namespace, name, checkpoint.COMPLETED, [{
-        "requests": ["gpu"], "pool": "gpu-a", "device": device, "key": vf, "typeID": str(type_id),
+        "requests": ["gpu"], "pool": "gpu-a", "device": device, "key": vf, "typeID": int(type_id),
         "cdiIDs": ["%s/vgpu=%s" % (DRIVER, device)]}])
     record.save(durable=False)
     return HOLDER % (namespace, name)

@@ -35,6 +35,7 @@ import re
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_busy
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import write_file
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import DEFAULT_KUBELET_DIR, holders_source
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import InUseError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 
@@ -169,8 +170,10 @@ class DriverManager:
     """Plans and applies `state: present|absent` for the vGPU manager driver."""
 
     def __init__(self, runner, sysfs_root="/sys", modprobe_dir="/etc/modprobe.d", proc_root="/proc",
-                 dev_root="/dev", modules_dir="/lib/modules"):
+                 dev_root="/dev", modules_dir="/lib/modules", kubelet_dir=DEFAULT_KUBELET_DIR):
         self.runner = runner
+        # a vGPU a DRA claim prepared on the node uses is in use too (node/claim_holders.py)
+        self.holder_sources = (holders_source(kubelet_dir),)
         self.sysfs = Sysfs(sysfs_root)
         self.modprobe_dir = modprobe_dir
         self.proc_root, self.dev_root, self.modules_dir = proc_root, dev_root, modules_dir
@@ -215,7 +218,7 @@ class DriverManager:
     def _refuse_while_in_use(self, state, doing):
         """DriverError naming every holder (or why nobody can tell) while the vGPU stack is in use."""
         try:
-            found = vgpu_busy.users(self.sysfs, self.dev_root, self.proc_root)
+            found = vgpu_busy.users(self.sysfs, self.dev_root, self.proc_root, self.holder_sources)
         except InUseError as err:
             found = ["cannot tell which devices VMs hold (%s)" % err]
         if found:

@@ -6,12 +6,13 @@
 Stopping nvidia-vgpu-mgr, disabling VFs or unloading nvidia/nvidia_vgpu_vfio takes the vGPU backend
 away from every running VM (docs/design.md "Driver upgrades and manager restarts"). Two signals, both
 "in use" when they say so:
-- a VF or mdev of an NVIDIA GPU some process holds: the one in-use answer, `inuse.held_devices()`
+- a VF or mdev of an NVIDIA GPU some process holds, or a DRA claim prepared on the node uses (the pod's VM
+  may start any moment; `sources`, node/claim_holders.py): the one in-use answer, `inuse.held_devices()`
   (no second scan here); non-NVIDIA devices (a NIC VF) are no concern of the vGPU manager;
 - `nvidia_vgpu_vfio` has users: the use count `<proc_root>/modules` shows (third column, what lsmod
   prints), which the kernel raises for every open vGPU VFIO device.
 
-API: `users(sysfs, dev_root, proc_root) -> [one-line description]`, empty when nothing is in use;
+API: `users(sysfs, dev_root, proc_root, sources) -> [one-line description]`, empty when nothing is in use;
 raises inuse.InUseError (one line) when it cannot tell (callers treat that as in use).
 """
 
@@ -39,10 +40,11 @@ def module_use_count(proc_root, name):
     return None
 
 
-def users(sysfs, dev_root="/dev", proc_root="/proc"):
-    """One line per NVIDIA VF/mdev a process holds, plus one when nvidia_vgpu_vfio has users."""
+def users(sysfs, dev_root="/dev", proc_root="/proc", sources=()):
+    """One line per NVIDIA VF/mdev a process (or a `sources` holder) holds, plus one when nvidia_vgpu_vfio has
+    users."""
     found = []
-    held = inuse.held_devices(sysfs, dev_root, proc_root)
+    held = inuse.held_devices(sysfs, dev_root, proc_root, sources=sources)
     parents = inuse.mdev_parents(sysfs) if held else {}
     for name in sorted(held):
         function = parents.get(name, name)

@@ -186,6 +186,22 @@ def test_idle_exits_0_then_1_naming_the_holder_then_2_when_it_cannot_tell(node, 
     assert code == 2 and "accelops-vgpu idle: proc_root" in capsys.readouterr()[1]
 
 
+def test_idle_counts_a_prepared_dra_claim_under_the_kubelet_dir(node, capsys, tmp_path):
+    """The manager image asks `idle` before it stops: a claim prepared for a VF means its VM may start any moment."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, Checkpoint
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import plugin_dir
+
+    fake, dummy = node
+    kubelet_dir = tmp_path / "k0s-kubelet"
+    claim = Checkpoint(plugin_dir(str(kubelet_dir)))
+    claim.set("uid-1", "vms", "vm-a-gpu", COMPLETED, [{"key": "0000:41:00.4", "typeID": 1155}])
+    claim.save()
+    code, out, dummy_err = run(capsys, fake, "idle")                      # the default kubelet dir knows no claim
+    assert code == 0
+    code, out, dummy_err = run(capsys, fake, "idle", "--kubelet-dir", str(kubelet_dir))
+    assert code == 1 and out == "in use: 0000:41:00.4 held by DRA claim vms/vm-a-gpu\n"
+
+
 def test_the_agents_last_applied_config_wins_over_the_pinned_selection(node, capsys, tmp_path):
     fake, dummy = node
     both = tmp_path / "layout-all.json"   # what vgpu_profiles installs: every config, the unit pins one

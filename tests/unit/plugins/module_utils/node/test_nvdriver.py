@@ -25,7 +25,7 @@ def node(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
 
     class Node:
-        root, dir, modprobe_dir, sim = sysfs, fake, tmp_path / "modprobe.d", devices
+        root, dir, modprobe_dir, sim, kubelet_dir = sysfs, fake, tmp_path / "modprobe.d", devices, tmp_path / "kubelet"
 
         def runfile(self, version, **kwargs):
             (tmp_path / "runfiles").mkdir(exist_ok=True)
@@ -33,7 +33,7 @@ def node(tmp_path, monkeypatch):
 
         def manager(self):
             return nvdriver.DriverManager(CommandRunner(), str(sysfs), str(self.modprobe_dir), str(fake / "proc"),
-                                          str(devices.dev), modules_dir(fake))
+                                          str(devices.dev), modules_dir(fake), str(self.kubelet_dir))
 
         def run(self, check_mode=False, **overrides):
             params = dict(state="present", runfile=None, dkms=False, allow_downgrade=False, installer_args=[],
@@ -223,6 +223,24 @@ def test_upgrade_with_a_held_vf_is_refused_naming_it_and_touches_nothing(node, c
     assert "0000:41:00.5 held by pid %d" % pid in str(err.value) and "\n" not in str(err.value)
     assert changing_calls(node.dir) == [] and node.loaded_version() == OLD
     assert services_active(node) == sorted(name + ".active" for name in SERVICES)
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_upgrade_with_a_prepared_dra_claim_is_refused_naming_it(node, check_mode):
+    """No process holds the VF yet, but a claim prepared for it means its VM may start any moment."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, Checkpoint
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import plugin_dir
+
+    install(node, OLD)
+    node.sim.pf("0000:41:00.0", total=2)
+    node.sim.set_numvfs("0000:41:00.0", 2)
+    claim = Checkpoint(plugin_dir(str(node.kubelet_dir)))
+    claim.set("uid-1", "vms", "vm-a-gpu", COMPLETED, [{"key": "0000:41:00.5", "typeID": 1155}])
+    claim.save()
+    with pytest.raises(nvdriver.DriverError, match="refusing to install %s while the vGPU stack is in use" % NEW) as err:
+        node.run(check_mode=check_mode, runfile=node.runfile(NEW))
+    assert "0000:41:00.5 held by DRA claim vms/vm-a-gpu" in str(err.value) and "\n" not in str(err.value)
+    assert changing_calls(node.dir) == [] and node.loaded_version() == OLD
 
 
 def test_a_held_non_nvidia_vf_does_not_block_the_upgrade(node):

@@ -29,6 +29,15 @@ def test_held_nvidia_vf_and_mdev_are_named_a_nic_vf_is_not(tmp_path):
     assert users(node) == ["0000:41:00.5 held by pid %d" % vf_pid]
 
 
+def test_a_vf_a_prepared_dra_claim_uses_is_in_use(tmp_path):
+    node = FakeNode(tmp_path)
+    node.pf(PF, total=2)
+    node.set_numvfs(PF, 2)
+    claims = lambda: {"0000:41:00.4": ["DRA claim vms/vm-a-gpu"]}   # noqa: E731  (a holder source)
+    assert vgpu_busy.users(Sysfs(str(node.sys)), str(node.dev), str(node.proc), (claims,)) == [
+        "0000:41:00.4 held by DRA claim vms/vm-a-gpu"]
+
+
 def test_held_mdev_names_its_parent(tmp_path):
     node = FakeNode(tmp_path)
     node.mdev_gpu(PF, total=1)
