@@ -23,8 +23,16 @@ description:
   - C(health.ready) each VMI Ready; C(health.guest) O(guest_command) exits 0 in each guest (V(UNKNOWN) without one).
   - C(consistency) resource naming, request form and labels next to MIG and time-sliced GPUs;
     C(consistency.dra) DRA C(DeviceClass)es for GPUs when C(resource.k8s.io/v1) is served (never V(FAIL)).
-  - Everything is created in O(namespace), which the run creates (labelled C(accelops.io/vgpu-conformance)) and
-    deletes at the end, also after an error and on SIGINT, SIGTERM or SIGHUP. A namespace that exists is refused.
+  - C(sharing.dra) and C(over-allocation.dra) the same two checks through DRA, when the collection's DRA driver
+    C(vgpu.accelops.io) publishes C(ResourceSlice)s and the C(DeviceClass) O(dra_device_class) exists: per profile,
+    on the node publishing the most devices of it, one C(ResourceClaim) (C(resource.k8s.io/v1), CEL selector on
+    the C(profile) attribute) and one VMI (C(spec.resourceClaims), C(gpus[].claimName/requestName)) per device,
+    all Running with distinct devices of the profile, two on one physical GPU (C(status.allocation), attribute
+    C(parentGPU)); then one claim and VMI more, which must stay unallocated and unscheduled for O(pending_timeout).
+    V(UNKNOWN) with the reason when DRA is not served or the driver publishes nothing.
+  - Everything (VMIs, C(ResourceClaim)s) is created in O(namespace), which the run creates (labelled
+    C(accelops.io/vgpu-conformance)) and deletes at the end, also after an error and on SIGINT, SIGTERM or SIGHUP.
+    A namespace that exists is refused.
   - Check FAILs do not fail the module (see RV(summary)); errors do, as one line, after the cleanup.
 author:
   - accelops.vgpu contributors (@accelops)
@@ -71,6 +79,13 @@ options:
       - Used for accounting and to know how many physical GPUs carry a profile (the sharing proof).
     type: dict
     default: {}
+  dra_device_class:
+    description:
+      - The C(DeviceClass) the test C(ResourceClaim)s request (C(sharing.dra), C(over-allocation.dra)); its selectors
+        must select the devices of the DRA driver C(vgpu.accelops.io).
+      - The default is the class of every vGPU the C(vgpu_node_agent) role creates with C(vgpu_node_agent_dra).
+    type: str
+    default: vgpu.accelops.io
   container_disk_image:
     description: Container disk of the test VMIs. Must boot with a vGPU attached; for O(guest_command) it needs the guest driver.
     type: str
@@ -111,7 +126,7 @@ options:
     type: float
     default: 60
   cleanup_timeout:
-    description: Seconds to wait for deleted VMIs and the namespace to be gone.
+    description: Seconds to wait for deleted VMIs, C(ResourceClaim)s and the namespace to be gone.
     type: float
     default: 300
   poll_interval:
@@ -214,6 +229,7 @@ def argspec():
         profiles={"type": "list", "elements": "str", "default": []},
         profile_label_prefix={"type": "str", "default": "accelops.io/vgpu.profile."},
         node_facts={"type": "dict", "default": {}},
+        dra_device_class={"type": "str", "default": "vgpu.accelops.io"},
         container_disk_image={"type": "str", "default": "quay.io/containerdisks/fedora:41"},
         vmi_memory={"type": "str", "default": "1Gi"},
         cloud_init_user_data={"type": "str"},

@@ -9,10 +9,16 @@ would, polling every --interval seconds:
   `spec.domain.devices.gpus[]/hostDevices[].deviceName` request (counting the VMIs already placed);
   without room it stays Pending with the condition KubeVirt mirrors from an unschedulable launcher
   pod (PodScheduled=False, reason Unschedulable, "0/N nodes are available: ... Insufficient <res>");
+- a VMI with `spec.resourceClaims` (DRA, KubeVirt's GPUsWithDRA) is placed only where every claim can
+  be allocated, as kube-scheduler's DynamicResources plugin does (see `DraAllocator`); the claims get
+  `status.allocation` + `status.reservedFor` and the delete-protection finalizer; without a fitting node
+  the VMI stays Pending with "... cannot allocate all claims" and its claims stay unallocated;
 - a placed VMI goes Scheduling -> Scheduled -> Running -> Ready (one step per poll);
 - `never_ready` VMIs reach Running but never Ready (a broken guest);
-- `block_overallocation=False` is a broken scheduler: a VMI without room is placed anyway.
-It never creates or deletes anything: it only PATCHes the status of VMIs it sees.
+- `block_overallocation=False` is a broken scheduler: a VMI without room is placed anyway, and a claim
+  without a free device gets one already allocated to another claim.
+It never creates or deletes anything: it only PATCHes the status of VMIs and ResourceClaims it sees
+(and, as the resourceclaim controller, releases the claims of VMIs that are gone).
 """
 
 from __future__ import annotations
@@ -25,9 +31,141 @@ import urllib.error
 import urllib.request
 from collections import Counter
 
+try:
+    from ansible_collections.accelops.vgpu.tests.fakes import dra_cel
+except ImportError:   # run as a script (tools/demo.py): this directory is on sys.path
+    import dra_cel  # type: ignore[no-redef]
+
 VMIS = "/apis/kubevirt.io/v1/virtualmachineinstances"
 NODES = "/api/v1/nodes"
 NEXT = {"Scheduling": "Scheduled", "Scheduled": "Running"}
+DRA = "/apis/resource.k8s.io/v1/"
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"   # k8s.io/api resource/v1 Finalizer
+CANNOT_ALLOCATE = "cannot allocate all claims"                   # the DynamicResources plugin's Filter reason
+
+
+class Unallocatable(Exception):
+    """Why the claims of a VMI cannot be allocated on a node (one line)."""
+
+
+def consumer(vmi):
+    """The claims' consumer: KubeVirt's virt-launcher pod. The fake runs no pods, so the VMI stands for it
+    (pod `virt-launcher-<vmi>`, the VMI's UID)."""
+    meta = vmi["metadata"]
+    return {"resource": "pods", "name": "virt-launcher-" + meta["name"], "uid": meta.get("uid")}
+
+
+class DraAllocator:
+    """kube-scheduler's DRA allocation (k8s.io/dynamic-resource-allocation structured allocator) for one pass.
+
+    Devices come from the ResourceSlices of each pool's highest generation, and only from complete pools
+    (resourceSliceCount slices there), on the node (`spec.nodeName`) or on all nodes (`spec.allNodes`).
+    A request (`exactly`: deviceClassName, selectors, allocationMode ExactCount/All, count) gets devices
+    that every selector of its DeviceClass and of the request selects (CEL, tests/fakes/dra_cel.py; an
+    evaluation error fails the allocation), never a device allocated to another claim. `firstAvailable`,
+    constraints, admin access and claim templates are not modelled: such a claim is refused loudly.
+    """
+
+    def __init__(self, classes, slices, claims, overallocate=False):
+        self.classes = dict((c["metadata"]["name"], c) for c in classes)
+        self.claims = claims
+        self.overallocate = overallocate
+        self.taken = set()
+        for claim in claims.values():
+            for result in allocation_results(claim):
+                self.taken.add((result.get("driver"), result.get("pool"), result.get("device")))
+        newest = {}
+        for item in slices:
+            spec = item.get("spec") or {}
+            pool = spec.get("pool") or {}
+            key = (spec.get("driver"), pool.get("name"))
+            newest.setdefault(key, []).append(item)
+        self.pools = {}
+        for key, items in newest.items():
+            top = max(int(i["spec"]["pool"].get("generation") or 0) for i in items)
+            current = [i for i in items if int(i["spec"]["pool"].get("generation") or 0) == top]
+            if len(current) >= int(current[0]["spec"]["pool"].get("resourceSliceCount") or 1):
+                self.pools[key] = current
+
+    def devices_on(self, node):
+        """[(driver, pool, device entry)] the node can use, in a stable order."""
+        found = []
+        for (driver, pool), items in sorted(self.pools.items()):
+            for item in items:
+                spec = item["spec"]
+                if spec.get("nodeName") == node or spec.get("allNodes"):
+                    found += [(driver, pool, device) for device in spec.get("devices") or ()]
+        return found
+
+    def _selected(self, selectors, driver, device, where):
+        for index, selector in enumerate(selectors or ()):
+            expression = (selector.get("cel") or {}).get("expression")
+            if expression is None:
+                raise Unallocatable("%s: selector #%d has no CEL expression" % (where, index))
+            try:
+                if not dra_cel.matches(expression, driver, device):
+                    return False
+            except dra_cel.CelError as exc:
+                raise Unallocatable("%s: selector #%d: CEL runtime error: %s" % (where, index, exc)) from None
+        return True
+
+    def allocate(self, claim, node):
+        """The claim's allocation on `node`, or Unallocatable."""
+        ref = "claim %s/%s" % (claim["metadata"].get("namespace"), claim["metadata"]["name"])
+        results, picked = [], set()
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            exactly = request.get("exactly")
+            if exactly is None:
+                raise Unallocatable("%s, request %s: only `exactly` requests are modelled by this fake"
+                                    % (ref, request.get("name")))
+            device_class = self.classes.get(exactly.get("deviceClassName"))
+            if device_class is None:
+                raise Unallocatable("%s, request %s: device class %s does not exist" % (
+                    ref, request.get("name"), exactly.get("deviceClassName")))
+            fitting, busy = [], []
+            for driver, pool, device in self.devices_on(node):
+                key = (driver, pool, device["name"])
+                if key in picked:
+                    continue
+                if not self._selected((device_class.get("spec") or {}).get("selectors"), driver, device,
+                                      "%s, device class %s" % (ref, device_class["metadata"]["name"])):
+                    continue
+                if not self._selected(exactly.get("selectors"), driver, device,
+                                      "%s, request %s" % (ref, request.get("name"))):
+                    continue
+                (busy if key in self.taken else fitting).append(key)
+            mode = exactly.get("allocationMode") or "ExactCount"
+            count = len(fitting) if mode == "All" else int(exactly.get("count") or 1)
+            if self.overallocate and len(fitting) < count:
+                fitting += busy   # the injected bug: hand out devices other claims hold
+            if count < 1 or len(fitting) < count:
+                raise Unallocatable(CANNOT_ALLOCATE)
+            for driver, pool, name in fitting[:count]:
+                picked.add((driver, pool, name))
+                results.append({"request": request.get("name"), "driver": driver, "pool": pool, "device": name})
+        return {"devices": {"results": results},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
+
+    def commit(self, allocation):
+        for result in allocation["devices"]["results"]:
+            self.taken.add((result["driver"], result["pool"], result["device"]))
+
+
+def allocation_results(claim):
+    return (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+
+
+def allocated_node(claim):
+    """The node an allocated claim is bound to (the nodeSelector the allocator wrote), None when unallocated."""
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        return None
+    for term in ((allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []):
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("values"):
+                return field["values"][0]
+    return ""   # allocated for any node
 
 
 def _int(value):
@@ -75,15 +213,64 @@ class VmiController(threading.Thread):
             if exc.code != 404:   # deleted meanwhile
                 raise
 
+    def _items(self, path):
+        """The listed items, None where the API server does not serve the resource (404)."""
+        try:
+            return self._request("GET", path).get("items") or []
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def _claims(self):
+        items = self._items(DRA + "resourceclaims")
+        return None if items is None else dict(
+            ((c["metadata"].get("namespace"), c["metadata"]["name"]), c) for c in items)
+
+    def _patch_claim(self, claim, patch):
+        meta = claim["metadata"]
+        path = DRA + "namespaces/%s/resourceclaims/%s" % (meta["namespace"], meta["name"])
+        try:
+            self._request("PATCH", path, patch)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+
+    def _release(self, claims, vmis):
+        """The resourceclaim controller: drop consumers that are gone from status.reservedFor; a claim that
+        was in use and is not anymore (or is being deleted and unused) is deallocated and loses the
+        delete-protection finalizer (kubernetes pkg/controller/resourceclaim syncClaim). True if it wrote."""
+        alive = set(v["metadata"].get("uid") for v in vmis)
+        wrote = False
+        for claim in claims.values():
+            status, meta = claim.get("status") or {}, claim["metadata"]
+            reserved = status.get("reservedFor") or []
+            valid = [r for r in reserved if r.get("uid") in alive]
+            unused = not valid and (reserved or meta.get("deletionTimestamp"))
+            if valid == reserved and not unused:
+                continue
+            patch = {"status": {"reservedFor": valid or None}}
+            if unused:
+                patch["status"]["allocation"] = None
+                finalizers = [f for f in meta.get("finalizers") or [] if f != DELETE_PROTECTION]
+                patch["metadata"] = {"finalizers": finalizers or None}
+            self._patch_claim(claim, patch)
+            wrote = True
+        return wrote
+
     def step(self):
         """One reconcile pass over every VMI."""
         nodes = sorted(self._request("GET", NODES).get("items") or [], key=lambda n: n["metadata"]["name"])
-        try:
-            vmis = self._request("GET", VMIS).get("items") or []
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:   # no VMI resource known yet
-                return
-            raise
+        vmis = self._items(VMIS)
+        if vmis is None:   # no VMI resource known yet
+            return
+        claims = self._claims()
+        if claims is not None and self._release(claims, vmis):
+            claims = self._claims()
+        dra = None
+        if claims is not None and any((v.get("spec") or {}).get("resourceClaims") for v in vmis):
+            dra = DraAllocator(self._items(DRA + "deviceclasses") or [], self._items(DRA + "resourceslices") or [],
+                               claims, overallocate=not self.block)
         used = Counter()
         for vmi in vmis:
             placed = (vmi.get("status") or {}).get("nodeName")
@@ -98,7 +285,7 @@ class VmiController(threading.Thread):
             if not phase:
                 self._patch_status(vmi, {"phase": "Pending"})
             elif phase == "Pending":
-                self._schedule(vmi, nodes, used)
+                self._schedule(vmi, nodes, used, claims, dra)
             elif phase in NEXT:
                 self._patch_status(vmi, {"phase": NEXT[phase]})
             elif phase == "Running" and not any(c.get("type") == "Ready" for c in status.get("conditions") or []):
@@ -106,7 +293,51 @@ class VmiController(threading.Thread):
                 self._patch_status(vmi, {"conditions": [{"type": "Ready", "status": "True" if ready else "False",
                                                          "reason": "" if ready else "GuestNotReady"}]})
 
-    def _schedule(self, vmi, nodes, used):
+    def _pod_claims(self, vmi, claims):
+        """The ResourceClaims the VMI's launcher pod would reference; Unallocatable when one cannot be used."""
+        found = []
+        for entry in (vmi.get("spec") or {}).get("resourceClaims") or []:
+            if claims is None:
+                raise Unallocatable("resource.k8s.io/v1 is not served")
+            if not entry.get("resourceClaimName"):
+                self.errors.append("VMI %s: resourceClaimTemplateName is not modelled by this fake"
+                                   % vmi["metadata"]["name"])
+                raise Unallocatable("claim %s: ResourceClaimTemplates are not modelled by this fake" % entry.get("name"))
+            claim = claims.get((vmi["metadata"].get("namespace"), entry["resourceClaimName"]))
+            if claim is None:
+                raise Unallocatable('resourceclaim "%s" not found' % entry["resourceClaimName"])
+            if claim["metadata"].get("deletionTimestamp"):
+                raise Unallocatable('resourceclaim "%s" is being deleted' % entry["resourceClaimName"])
+            found.append(claim)
+        return found
+
+    def _allocate_on(self, vmi, pod_claims, node, dra):
+        """{claim key: allocation} for the VMI's claims on `node` (allocated ones must be for it); commits."""
+        name, saved, fresh = node["metadata"]["name"], set(dra.taken), {}
+        try:
+            for claim in pod_claims:
+                bound = allocated_node(claim)
+                if bound is None:
+                    fresh[claim["metadata"]["name"]] = allocation = dra.allocate(claim, name)
+                    dra.commit(allocation)
+                elif bound not in ("", name):
+                    raise Unallocatable(CANNOT_ALLOCATE)
+        except Unallocatable:
+            dra.taken = saved
+            raise
+        return fresh
+
+    def _reserve(self, vmi, pod_claims, fresh):
+        for claim in pod_claims:
+            status = claim.get("status") or {}
+            patch = {"status": {"reservedFor": (status.get("reservedFor") or []) + [consumer(vmi)]}}
+            if claim["metadata"]["name"] in fresh:
+                patch["status"]["allocation"] = fresh[claim["metadata"]["name"]]
+                finalizers = claim["metadata"].get("finalizers") or []
+                patch["metadata"] = {"finalizers": finalizers + [DELETE_PROTECTION] * (DELETE_PROTECTION not in finalizers)}
+            self._patch_claim(claim, patch)
+
+    def _schedule(self, vmi, nodes, used, claims=None, dra=None):
         wanted = requests_of(vmi)
         candidates = [n for n in nodes if selects(vmi, n)]
 
@@ -118,8 +349,22 @@ class VmiController(threading.Thread):
         fitting = [n for n in candidates if room(n)]
         if not fitting and not self.block:
             fitting = candidates   # the broken scheduler: over-allocates
-        if fitting:
-            name = fitting[0]["metadata"]["name"]
+        unallocatable = Counter()
+        try:
+            pod_claims = self._pod_claims(vmi, claims)
+        except Unallocatable as exc:
+            pod_claims, unallocatable[str(exc)] = None, len(fitting)
+            fitting = []
+        for node in fitting:
+            fresh = {}
+            if pod_claims:
+                try:
+                    fresh = self._allocate_on(vmi, pod_claims, node, dra)
+                except Unallocatable as exc:
+                    unallocatable[str(exc)] += 1
+                    continue
+                self._reserve(vmi, pod_claims, fresh)
+            name = node["metadata"]["name"]
             for res, count in wanted.items():
                 used[name, res] += count
             self._patch_status(vmi, {"phase": "Scheduling", "nodeName": name, "conditions": []})
@@ -128,10 +373,11 @@ class VmiController(threading.Thread):
                        if all(used[n["metadata"]["name"], res] + count > _int(
                            ((n.get("status") or {}).get("allocatable") or {}).get(res)) for n in candidates))
         message = "0/%d nodes are available: %s" % (len(nodes), ", ".join(
-            ["%d node(s) didn't match Pod's node affinity/selector" % (len(nodes) - len(candidates))]
+            ["%d %s" % (count, why) for why, count in sorted(unallocatable.items())]
+            + ["%d node(s) didn't match Pod's node affinity/selector" % (len(nodes) - len(candidates))]
             * (len(candidates) < len(nodes)) + ["%d Insufficient %s" % (len(candidates), res) for res in short]))
         conditions = (vmi.get("status") or {}).get("conditions") or []
-        if not any(c.get("reason") == "Unschedulable" for c in conditions):
+        if not any(c.get("reason") == "Unschedulable" and c.get("message") == message for c in conditions):
             self._patch_status(vmi, {"conditions": [{"type": "PodScheduled", "status": "False",
                                                      "reason": "Unschedulable", "message": message}]})
 

@@ -7,7 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices as dra_slices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import VgpuDevice, device_name
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import COLLECTIONS, MODULES
 
 KUBEVIRT = "kubevirt.io/v1/kubevirts"
@@ -15,6 +18,8 @@ VMIS = "kubevirt.io/v1/virtualmachineinstances"
 NODES = "v1/nodes"
 NAMESPACES = "v1/namespaces"
 DEVICE_CLASSES = "resource.k8s.io/v1/deviceclasses"
+SLICES = "resource.k8s.io/v1/resourceslices"
+CLAIMS = "resource.k8s.io/v1/resourceclaims"
 L40S_RES = "nvidia.com/NVIDIA_L40S-24Q"
 A16_RES = "nvidia.com/NVIDIA_A16-4Q"
 RTX_PRO_RES = "nvidia.com/GB202GL_RTX_PRO_6000"   # a whole RTX PRO 6000 Blackwell passed through (issue 24)
@@ -61,8 +66,45 @@ NODE_FACTS = {
 }
 
 
-def healthy_state(dra=True):
-    """Two GPU nodes (4 x L40S-24Q on 2 GPUs, 4 x A16-4Q on 1 GPU), a CPU node, KubeVirt, DRA."""
+def published_devices():
+    """What the node agent's DRA driver publishes for NODE_FACTS: gpu-a's four L40S-24Q VFs (two per GPU),
+    gpu-b's four A16-4Q mdevs on one GPU (plugins/module_utils/kubelet/dra/devices.py entries)."""
+    gpu_a = [VgpuDevice(device_name("L40S-24Q", vf), "vendor-vfio", vf, vf[:-1] + "0", "L40S-24Q", "NVIDIA L40S-24Q",
+                        1155, pcie_root="pci0000:40", product="L40S", framebuffer_mib=24576)
+             for vf in ("0000:41:00.4", "0000:41:00.5", "0000:42:00.4", "0000:42:00.5")]
+    uuids = ["5c8f3b52-0000-4000-8000-00000000000%d" % i for i in range(4)]
+    gpu_b = [VgpuDevice(device_name("A16-4Q", uuid), "mdev", "0000:45:00.%d" % (i + 4), "0000:45:00.0", "A16-4Q",
+                        "NVIDIA A16-4Q", 719, mdev_uuid=uuid, product="A2/A16", framebuffer_mib=4096)
+             for i, uuid in enumerate(uuids)]
+    return {"gpu-a": gpu_a, "gpu-b": gpu_b}
+
+
+# The DeviceClass of every vGPU of the driver, as the node agent's chart creates it
+# (charts/accelops-vgpu-node-agent/templates/deviceclasses.yaml).
+VGPU_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vgpu.accelops.io"},
+              "spec": {"selectors": [{"cel": {"expression": 'device.driver == "vgpu.accelops.io"'}}]}}
+
+
+def our_dra_driver(state, devices=None, device_class=VGPU_CLASS):
+    """`state` plus the accelops DRA driver serving: its ResourceSlices (one pool per node, generation 1), its
+    DeviceClass, and ResourceClaims served for the run to create."""
+    resources = state["resources"]
+    resources[SLICES] = {"kind": "ResourceSlice", "singular": "resourceslice", "namespaced": False,
+                         "verbs": ["get", "list"]}
+    resources[CLAIMS] = {"kind": "ResourceClaim", "singular": "resourceclaim", "namespaced": True,
+                         "verbs": ["get", "list", "create", "delete", "patch"]}
+    for node, node_devices in sorted((devices or published_devices()).items()):
+        for body in dra_slices.desired_slices(node, node_devices, 1):
+            state["objects"].append({"resource": SLICES, "name": body["metadata"]["name"], "body": body})
+    if device_class:
+        state["objects"].append({"resource": DEVICE_CLASSES, "name": device_class["metadata"]["name"],
+                                 "body": copy.deepcopy(device_class)})
+    return state
+
+
+def healthy_state(dra=True, driver=True):
+    """Two GPU nodes (4 x L40S-24Q on 2 GPUs, 4 x A16-4Q on 1 GPU), a CPU node, KubeVirt, DRA (NVIDIA's
+    DeviceClass and, with `driver`, ours serving the same vGPUs)."""
     resources = copy.deepcopy(RESOURCES)
     objects = [
         {"resource": KUBEVIRT, "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt_cr()},
@@ -78,6 +120,8 @@ def healthy_state(dra=True):
         objects.append({"resource": DEVICE_CLASSES, "name": "vfio.gpu.nvidia.com", "body": {
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vfio.gpu.nvidia.com"},
             "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}})
+        if driver:
+            return our_dra_driver({"resources": resources, "objects": objects})
     return {"resources": resources, "objects": objects}
 
 
@@ -132,3 +176,17 @@ def created_and_deleted(log):
         elif entry["method"] == "DELETE":
             deletes.append(entry["path"])
     return posts, deletes
+
+
+def stored(cluster, resource, name, namespace=None):
+    """The object as the API server double holds it, None when there is none."""
+    try:
+        return cluster.get(resource, name, namespace)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def writes(cluster):
+    return [(e["method"], e["path"]) for e in cluster.log() if e["method"] in ("POST", "PUT", "DELETE")]

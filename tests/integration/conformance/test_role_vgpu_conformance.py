@@ -44,8 +44,9 @@ def test_role_attests_a_healthy_cluster_with_the_nodes_facts_and_writes_the_repo
     status = dict(((r["check"], r["subject"]), r["status"]) for r in report["checks"])
     # the node facts came from both host var shapes, keyed by Kubernetes node name
     assert status["sharing", "L40S-24Q@gpu-a"] == "PASS" and status["sharing", "A16-4Q@gpu-b"] == "PASS"
-    assert report["summary"] == {"pass": 13, "fail": 0, "unknown": 2, "total": 15}
-    assert "13 PASS, 0 FAIL, 2 UNKNOWN of 15 checks" in proc.stdout
+    assert status["sharing.dra", "L40S-24Q@gpu-a"] == "PASS" and status["over-allocation.dra", "A16-4Q@gpu-b"] == "PASS"
+    assert report["summary"] == {"pass": 17, "fail": 0, "unknown": 2, "total": 19}
+    assert "17 PASS, 0 FAIL, 2 UNKNOWN of 19 checks" in proc.stdout
     assert "no check failed (2 UNKNOWN: verify those by hand)" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
         "vgpu-conformance.json", "vgpu-conformance.junit.xml", "vgpu-conformance.md"]
@@ -70,13 +71,16 @@ def test_role_fails_the_play_on_a_failed_check_after_writing_the_report(cluster,
     assert proc.returncode != 0
     assert "over-allocation A16-4Q@gpu-b: VMI vgpu-conformance-a16-4q-extra (number 5 on 4 vGPU(s)) was placed on gpu-b" \
         in proc.stdout
+    assert "over-allocation.dra A16-4Q@gpu-b: ResourceClaim vgpu-conformance-dra-a16-4q-extra (number 5 for 4 A16-4Q " \
+        "device(s) on gpu-b) was allocated gpu-b/" in proc.stdout
     report = json.loads((tmp_path / "report" / "vgpu-conformance.json").read_text())
-    assert report["summary"]["fail"] == 1
+    assert report["summary"]["fail"] == 2
 
 
 def test_role_check_mode_creates_and_writes_nothing(cluster, kubeconfig, tmp_path):
-    proc = run_role(tmp_path, kubeconfig, check=True)
+    proc = run_role(tmp_path, kubeconfig, {"vgpu_conformance_dra_device_class": "no-such.example.com"}, check=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "UNKNOWN sharing.dra vgpu.accelops.io: DeviceClass no-such.example.com does not exist" in proc.stdout
     assert [e for e in cluster.log() if e["method"] in ("POST", "PUT", "PATCH", "DELETE")] == []
     assert not (tmp_path / "report").exists()
     assert "(check mode: nothing created)" in proc.stdout

@@ -6,21 +6,23 @@ from __future__ import annotations
 import json
 import signal
 import time
-import urllib.error
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import run_module
 from ansible_collections.accelops.vgpu.tests.integration.conformance.conformance_helpers import (
-    KUBEVIRT, L40S_RES, NAMESPACES, NODES, RTX_PRO_RES, VMIS, gpu_node, healthy_state, kubevirt_cr, module_args,
-    passthrough_state, row, rows, start_module)
+    CLAIMS, KUBEVIRT, L40S_RES, NAMESPACES, NODES, RTX_PRO_RES, VMIS, gpu_node, healthy_state, kubevirt_cr, module_args,
+    passthrough_state, row, rows, start_module, stored, writes)
 
 NS = "vgpu-conformance"
 L40S_VMIS = ["vgpu-conformance-l40s-24q-%d" % i for i in range(1, 5)]
 A16_VMIS = ["vgpu-conformance-a16-4q-%d" % i for i in range(1, 5)]
 EXTRA = {"L40S-24Q": "vgpu-conformance-l40s-24q-extra", "A16-4Q": "vgpu-conformance-a16-4q-extra"}
+DRA_L40S = ["vgpu-conformance-dra-l40s-24q-%d" % i for i in range(1, 5)] + ["vgpu-conformance-dra-l40s-24q-extra"]
+DRA_A16 = ["vgpu-conformance-dra-a16-4q-%d" % i for i in range(1, 5)] + ["vgpu-conformance-dra-a16-4q-extra"]
 VMI_PATH = "/apis/kubevirt.io/v1/namespaces/%s/virtualmachineinstances" % NS
+CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/%s/resourceclaims" % NS
 
 
 @pytest.fixture
@@ -34,21 +36,7 @@ def guest_runner(tmp_path):
     return [str(script), "{namespace}", "{vmi}", "{command}"]
 
 
-def stored(cluster, resource, name, namespace=None):
-    """The object as the API server double holds it, None when there is none."""
-    try:
-        return cluster.get(resource, name, namespace)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
-
-
-def writes(cluster):
-    return [(e["method"], e["path"]) for e in cluster.log() if e["method"] in ("POST", "PUT", "DELETE")]
-
-
-def assert_cleaned_up(cluster, vmis):
+def assert_cleaned_up(cluster, vmis, claims=()):
     """Every object the run POSTed was DELETEd again, and none is left."""
     done = writes(cluster)
     assert ("POST", "/api/v1/namespaces") in done
@@ -58,6 +46,10 @@ def assert_cleaned_up(cluster, vmis):
     for name in vmis:
         assert ("DELETE", "%s/%s" % (VMI_PATH, name)) in done
         assert stored(cluster, VMIS, name, NS) is None
+    assert sum(1 for method, path in done if method == "POST" and path == CLAIM_PATH) == len(claims)
+    for name in claims:
+        assert ("DELETE", "%s/%s" % (CLAIM_PATH, name)) in done
+        assert stored(cluster, CLAIMS, name, NS) is None
     assert stored(cluster, NAMESPACES, NS) is None
 
 
@@ -70,10 +62,11 @@ def test_a_healthy_cluster_passes_every_check_and_the_files_say_so(
     assert result["changed"] is True
     statuses = [(r["check"], r["subject"], r["status"]) for r in rows(result)]
     assert all(status == "PASS" for _c, _s, status in statuses), statuses
-    assert result["summary"] == {"pass": 15, "fail": 0, "unknown": 0, "total": 15}
+    assert result["summary"] == {"pass": 19, "fail": 0, "unknown": 0, "total": 19}
     checks = [c for c, _s, _st in statuses]
     for check, count in (("inventory", 2), ("accounting", 2), ("sharing", 2), ("over-allocation", 2),
-                         ("health.ready", 2), ("health.guest", 2), ("consistency", 2), ("consistency.dra", 1)):
+                         ("health.ready", 2), ("health.guest", 2), ("sharing.dra", 2), ("over-allocation.dra", 2),
+                         ("consistency", 2), ("consistency.dra", 1)):
         assert checks.count(check) == count, check
     sharing = row(result, "sharing", "L40S-24Q@gpu-a")
     assert "4 VMI(s)" in sharing["reason"] and "2 physical GPU(s)" in sharing["reason"]
@@ -85,7 +78,23 @@ def test_a_healthy_cluster_passes_every_check_and_the_files_say_so(
         "rc": 0, "output": "ran nvidia-smi in %s/vgpu-conformance-a16-4q-1" % NS}
     assert row(result, "accounting", "gpu-a %s" % L40S_RES)["details"] == {
         "node": "gpu-a", "allocatable": 4, "labels": {"L40S-24Q": 4}, "facts": 4}
-    assert_cleaned_up(cluster, L40S_VMIS + A16_VMIS + list(EXTRA.values()))
+    # through claims: the allocation names the vGPU each VM got, on the node's published devices
+    shared = row(result, "sharing.dra", "L40S-24Q@gpu-a")
+    allocation = shared["details"]["allocation"]
+    assert sorted(d for devices in allocation.values() for d in devices) == [
+        "gpu-a/l40s-24q-0000-41-00-4", "gpu-a/l40s-24q-0000-41-00-5", "gpu-a/l40s-24q-0000-42-00-4",
+        "gpu-a/l40s-24q-0000-42-00-5"]
+    assert sorted(shared["details"]["parent_gpus"].values()) == ["0000:41:00.0"] * 2 + ["0000:42:00.0"] * 2
+    assert "share physical GPU 0000:41:00.0" in shared["reason"]
+    assert row(result, "sharing.dra", "A16-4Q@gpu-b")["details"]["gpus"] == ["0000:45:00.0"]
+    over = row(result, "over-allocation.dra", "L40S-24Q@gpu-a")
+    assert over["reason"].startswith("ResourceClaim vgpu-conformance-dra-l40s-24q-extra (number 5 for 4 L40S-24Q "
+                                     "device(s) on gpu-a) stayed unallocated")
+    assert over["reason"].endswith("0/3 nodes are available: 1 cannot allocate all claims, 2 node(s) didn't match "
+                                   "Pod's node affinity/selector")
+    assert "vgpu.accelops.io publishes gpu-a: 4 x L40S-24Q, gpu-b: 4 x A16-4Q" in row(
+        result, "consistency.dra", "resource.k8s.io/v1")["reason"]
+    assert_cleaned_up(cluster, L40S_VMIS + A16_VMIS + list(EXTRA.values()) + DRA_A16 + DRA_L40S, DRA_A16 + DRA_L40S)
     assert result["cleanup"] == {"deleted": ["Namespace " + NS], "left": []}
 
     files = result["report_files"]
@@ -98,19 +107,19 @@ def test_a_healthy_cluster_passes_every_check_and_the_files_say_so(
     assert saved["cluster"] == {"server": cluster.url, "kubevirt": "KubeVirt kubevirt/kubevirt", "version": "v1.9.0"}
     assert saved["profiles"] == ["A16-4Q", "L40S-24Q"]
     assert time.strptime(saved["generated"], "%Y-%m-%dT%H:%M:%SZ")
-    assert len(saved["created"]) == 11 and saved["created"][0] == "Namespace " + NS
+    assert len(saved["created"]) == 31 and saved["created"][0] == "Namespace " + NS
     for entry in saved["checks"]:
         assert set(entry) == {"check", "requirement", "subject", "status", "reason", "details"}
         assert entry["requirement"] in ("KAR-0003", "KAR-0004")
     markdown = (tmp_path / "vgpu-conformance.md").read_text()
-    assert "**15 PASS, 0 FAIL, 0 UNKNOWN** of 15 checks" in markdown
+    assert "**19 PASS, 0 FAIL, 0 UNKNOWN** of 19 checks" in markdown
     table = [line for line in markdown.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(table) == 15
+    assert len(table) == 19
     for line, entry in zip(table, saved["checks"]):
         cells = [c.strip() for c in line.strip("|").split(" | ")]
         assert cells[:4] == [entry["check"], entry["requirement"], entry["subject"], entry["status"]]
     suite = ET.parse(tmp_path / "vgpu-conformance.junit.xml").getroot()
-    assert (suite.tag, suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("testsuites", "15", "0", "0")
+    assert (suite.tag, suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("testsuites", "19", "0", "0")
     cases = suite.findall("./testsuite/testcase")
     assert [(c.get("classname"), c.get("name")) for c in cases] == [
         ("%s.%s" % (e["requirement"], e["check"]), e["subject"]) for e in saved["checks"]]
@@ -126,9 +135,18 @@ def test_over_allocation_that_is_not_blocked_fails(cluster, controller, kubeconf
     assert "%s (number 5 on 4 vGPU(s)) was placed on gpu-a" % EXTRA["L40S-24Q"] in over["reason"]
     assert "over-allocation not blocked" in over["reason"]
     assert row(result, "sharing", "L40S-24Q@gpu-a")["status"] == "PASS"
-    assert result["summary"]["fail"] == 1
-    assert result["failed_checks"] == ["over-allocation L40S-24Q@gpu-a: " + over["reason"]]
-    assert_cleaned_up(cluster, L40S_VMIS + [EXTRA["L40S-24Q"]])
+    # through claims: the broken scheduler hands the fifth claim a device another claim holds
+    over_dra = row(result, "over-allocation.dra", "L40S-24Q@gpu-a")
+    assert over_dra["status"] == "FAIL"
+    assert over_dra["reason"].startswith("ResourceClaim %s (number 5 for 4 L40S-24Q device(s) on gpu-a) was allocated "
+                                         "gpu-a/l40s-24q-0000-41-00-4 (also allocated to vgpu-conformance-dra-l40s-24q-"
+                                         % DRA_L40S[-1])
+    assert over_dra["reason"].endswith("): over-allocation not blocked")
+    assert row(result, "sharing.dra", "L40S-24Q@gpu-a")["status"] == "PASS"
+    assert result["summary"]["fail"] == 2
+    assert result["failed_checks"] == ["over-allocation L40S-24Q@gpu-a: " + over["reason"],
+                                       "over-allocation.dra L40S-24Q@gpu-a: " + over_dra["reason"]]
+    assert_cleaned_up(cluster, L40S_VMIS + [EXTRA["L40S-24Q"]] + DRA_L40S, DRA_L40S)
 
 
 def test_an_accelerator_the_catalog_does_not_know_is_unknown_not_failed(cluster, controller, kubeconfig):
@@ -181,7 +199,7 @@ def test_a_vmi_that_never_becomes_ready_fails_by_name_after_the_timeout(cluster,
     assert (ready["status"], ready["reason"]) == ("FAIL", "not Ready after 2s: vgpu-conformance-l40s-24q-2")
     assert row(result, "sharing", "L40S-24Q@gpu-a")["status"] == "PASS"
     assert row(result, "health.guest", "L40S-24Q@gpu-a")["status"] == "UNKNOWN"
-    assert_cleaned_up(cluster, L40S_VMIS + [EXTRA["L40S-24Q"]])
+    assert_cleaned_up(cluster, L40S_VMIS + [EXTRA["L40S-24Q"]] + DRA_L40S, DRA_L40S)
 
 
 def test_a_failing_guest_command_fails_naming_the_vmi(cluster, controller, kubeconfig, guest_runner):
@@ -201,11 +219,15 @@ def test_check_mode_creates_nothing_and_lists_what_it_would_create(cluster, kube
     assert writes(cluster) == []
     assert result["changed"] is True
     assert result["would_create"] == ["Namespace " + NS] + [
-        "VirtualMachineInstance %s/%s" % (NS, n) for n in A16_VMIS + [EXTRA["A16-4Q"]] + L40S_VMIS + [EXTRA["L40S-24Q"]]]
+        "VirtualMachineInstance %s/%s" % (NS, n) for n in A16_VMIS + [EXTRA["A16-4Q"]] + L40S_VMIS + [EXTRA["L40S-24Q"]]
+    ] + ["%s %s/%s" % (kind, NS, n) for n in DRA_A16 + DRA_L40S for kind in ("ResourceClaim", "VirtualMachineInstance")]
     assert result["diff"]["after"]["created"] == result["would_create"]
     for check in ("sharing", "over-allocation", "health.ready", "health.guest"):
         assert [r["reason"] for r in rows(result, check)] == ["check mode: no workload created"] * 2
         assert {r["status"] for r in rows(result, check)} == {"UNKNOWN"}
+    for check in ("sharing.dra", "over-allocation.dra"):
+        assert [(r["subject"], r["status"], r["reason"]) for r in rows(result, check)] == [
+            (subject, "UNKNOWN", "check mode: no claim created") for subject in ("A16-4Q@gpu-b", "L40S-24Q@gpu-a")]
     assert {r["status"] for r in rows(result, "inventory") + rows(result, "accounting")} == {"PASS"}
     assert result["report_files"] == {} and list(tmp_path.iterdir()) == [tmp_path / "kubeconfig"]
 
@@ -250,13 +272,14 @@ def test_no_kubevirt_cr_fails_in_one_line(cluster, kubeconfig):
 
 
 def test_no_vgpu_resources_fail_in_one_line(cluster, kubeconfig):
-    state = healthy_state()
+    state = healthy_state(driver=False)
     state["objects"][0]["body"] = kubevirt_cr(pci=[{"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710"}],
                                               mdev=[])
     cluster.reset(state)
     rc, result = run_module("vgpu_conformance", module_args(kubeconfig))
     _no_writes_and(cluster, rc, result, "KubeVirt kubevirt/kubevirt permits no NVIDIA vGPU resource (pciHostDevices / "
-                                        "mediatedDevices): nothing to attest; publish the vGPUs first (playbooks/cluster.yml)")
+                                        "mediatedDevices) and the DRA driver vgpu.accelops.io publishes none: nothing "
+                                        "to attest; publish the vGPUs first (playbooks/cluster.yml)")
 
 
 def test_a_forbidden_vmi_create_fails_after_deleting_the_namespace(cluster, controller, kubeconfig):

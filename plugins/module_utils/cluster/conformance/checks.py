@@ -213,9 +213,10 @@ def vgpu_resources(resources):
     return [res for res in resources if not res.passthrough]
 
 
-def select_profiles(resources, wanted):
-    """The profiles to test: all (wanted empty) or `wanted`, each of which must be known."""
-    known = sorted(set(p for res in resources for p in res.profiles))
+def select_profiles(resources, wanted, also=()):
+    """The profiles to test: all (wanted empty) or `wanted`, each of which must be known (from the resources,
+    or `also`: the profiles a DRA driver publishes)."""
+    known = sorted(set(p for res in resources for p in res.profiles) | set(also))
     for profile in wanted or []:
         if profile not in known:
             raise ConformanceError("profile %s: not a vGPU profile of this cluster (known: %s)"
@@ -505,63 +506,6 @@ def consistency_checks(resources, nodes, prefix=DEFAULT_PROFILE_PREFIX):
                               "labelled per profile: the form MIG (nvidia.com/mig-*) and time-sliced (nvidia.com/gpu) "
                               "GPUs use" % res.name, side))
     return rows
-
-
-DRA_VGPU_DRIVER = "vgpu.accelops.io"   # this collection's DRA driver (plugins/module_utils/kubelet/dra)
-
-
-def _gpu_device_class(device_class):
-    text = str(device_class).lower()
-    return "gpu" in text or "nvidia" in text
-
-
-def dra_check(served, device_classes, resource_slices):
-    """resource.k8s.io/v1 DeviceClasses for GPUs (KAR-0004 forward-looking). Never FAIL: no vendor
-    publishes vendor-VFIO vGPUs or mdevs through DRA yet (domain brief 13).
-
-    served: True, False (404) or a one-line reason why it could not be read (e.g. forbidden).
-    """
-    if served is not True:
-        why = "resource.k8s.io/v1 is not served by this cluster" if served is False else served
-        return Check("consistency.dra", KAR_VIRTUALIZED, "resource.k8s.io/v1", UNKNOWN, why + "; vGPUs are offered "
-                     "through device-plugin resources only", {"served": served is True})
-    gpu_classes = sorted(c["metadata"]["name"] for c in device_classes if _gpu_device_class(c))
-    drivers = sorted(set(str((s.get("spec") or {}).get("driver")) for s in resource_slices if _gpu_device_class(s)))
-    vgpus = dra_vgpus(resource_slices)
-    details = {"served": True, "device_classes": gpu_classes, "resource_slice_drivers": drivers, "vgpus": vgpus}
-    if not gpu_classes:
-        return Check("consistency.dra", KAR_VIRTUALIZED, "resource.k8s.io/v1", UNKNOWN, "served, but no DeviceClass for "
-                     "GPUs (NVIDIA's DRA driver does not publish vGPUs yet); device-plugin resources used", details)
-    published = "; %s publishes %s" % (DRA_VGPU_DRIVER, ", ".join(
-        "%s: %s" % (node, ", ".join("%d x %s" % (n, p) for p, n in sorted(profiles.items())))
-        for node, profiles in sorted(vgpus.items()))) if vgpus else ""
-    return Check("consistency.dra", KAR_VIRTUALIZED, "resource.k8s.io/v1", PASS, "DeviceClass(es) for GPUs: %s%s%s" % (
-        ", ".join(gpu_classes), "; ResourceSlice drivers: %s" % ", ".join(drivers) if drivers else "", published),
-        details)
-
-
-def dra_vgpus(resource_slices):
-    """{node: {profile: count}} of the vGPUs the accelops DRA driver publishes (the newest generation of each
-    pool counts, as the scheduler reads pools)."""
-    newest = {}
-    for item in resource_slices:
-        spec = item.get("spec") or {}
-        if spec.get("driver") == DRA_VGPU_DRIVER:
-            pool = spec.get("pool") or {}
-            key = (spec.get("nodeName"), pool.get("name"))
-            newest[key] = max(newest.get(key, 0), int(pool.get("generation") or 0))
-    counts = {}
-    for item in resource_slices:
-        spec = item.get("spec") or {}
-        pool = spec.get("pool") or {}
-        if spec.get("driver") != DRA_VGPU_DRIVER or int(pool.get("generation") or 0) != newest.get(
-                (spec.get("nodeName"), pool.get("name"))):
-            continue
-        for device in spec.get("devices") or ():
-            profile = (((device.get("attributes") or {}).get("profile") or {}).get("string")) or "unknown"
-            per_node = counts.setdefault(str(spec.get("nodeName")), {})
-            per_node[profile] = per_node.get(profile, 0) + 1
-    return counts
 
 
 def summary(rows):

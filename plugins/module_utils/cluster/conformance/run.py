@@ -5,10 +5,12 @@
 
 Order (nothing is created before every input and precondition is checked):
 1. inputs (timeouts, namespace name, runner) -> 2. reads: KubeVirt CR, Nodes, our namespace, DRA ->
-3. vGPU resources (none: error) and the profile filter (unknown: error) -> 4. the namespace must be
-absent or ours -> static checks -> (check mode: stop, list what would be created) -> per profile:
-capacity VMIs, wait Running / Ready, guest command, one VMI more, observe it, delete them ->
-cleanup in `finally`, also on errors and on SIGINT/SIGTERM/SIGHUP.
+3. vGPU resources and DRA devices (neither: error) and the profile filter (unknown: error) -> 4. the
+namespace must be absent or ours -> static checks -> (check mode: stop, list what would be created) ->
+per profile: capacity VMIs, wait Running / Ready, guest command, one VMI more, observe it, delete them ->
+per profile again through DRA when our driver serves (dra.py): capacity claims + VMIs, wait Running,
+one claim + VMI more, observe both, delete the VMIs, then the claims -> cleanup in `finally`, also on
+errors and on SIGINT/SIGTERM/SIGHUP.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from contextlib import contextmanager
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import kubevirt
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_client import K8sError, KubeApi
-from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance import checks, monitoring, report, workloads
+from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance import (
+    checks, dra, monitoring, report, workloads)
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance.checks import ConformanceError
 
 TIMEOUTS = ("running_timeout", "ready_timeout", "pending_timeout", "cleanup_timeout", "guest_command_timeout",
@@ -60,26 +63,50 @@ class ConformanceApi(KubeApi):
         self.writes.append(("DELETE", "Namespace %s" % name, False))
         self._call("Namespace %s" % name, self.core.delete_namespace, name)
 
-    def create_vmi(self, body):
-        group, version, plural = workloads.VMI_API
+    # the run's namespaced objects: VMIs (kubevirt.io) and ResourceClaims (resource.k8s.io), by their API
+    def _create(self, api, body):
+        group, version, plural = api
         self.writes.append(("POST", workloads.describe(body), False))
         return self._call(workloads.describe(body), self.custom.create_namespaced_custom_object, group, version,
                           body["metadata"]["namespace"], plural, body)
 
-    def list_vmis(self, namespace, run_id):
-        group, version, plural = workloads.VMI_API
-        items = self._call("VirtualMachineInstances in %s" % namespace, self.custom.list_namespaced_custom_object,
+    def _list_run(self, api, kinds, namespace, run_id):
+        group, version, plural = api
+        items = self._call("%s in %s" % (kinds, namespace), self.custom.list_namespaced_custom_object,
                            group, version, namespace, plural,
                            label_selector="%s=%s" % (workloads.RUN_LABEL, run_id))["items"]
         # the label selector again, client-side: not every API server double filters
-        return dict((v["metadata"]["name"], v) for v in items
-                    if ((v["metadata"].get("labels") or {}).get(workloads.RUN_LABEL)) == run_id)
+        return dict((o["metadata"]["name"], o) for o in items if workloads.run_of(o) == run_id)
+
+    def _delete(self, api, kind, namespace, name):
+        group, version, plural = api
+        self.writes.append(("DELETE", "%s %s/%s" % (kind, namespace, name), False))
+        self._call("%s %s/%s" % (kind, namespace, name), self.custom.delete_namespaced_custom_object,
+                   group, version, namespace, plural, name)
+
+    def create_vmi(self, body):
+        return self._create(workloads.VMI_API, body)
+
+    def list_vmis(self, namespace, run_id):
+        return self._list_run(workloads.VMI_API, "VirtualMachineInstances", namespace, run_id)
 
     def delete_vmi(self, namespace, name):
-        group, version, plural = workloads.VMI_API
-        self.writes.append(("DELETE", "VirtualMachineInstance %s/%s" % (namespace, name), False))
-        self._call("VirtualMachineInstance %s/%s" % (namespace, name), self.custom.delete_namespaced_custom_object,
-                   group, version, namespace, plural, name)
+        self._delete(workloads.VMI_API, "VirtualMachineInstance", namespace, name)
+
+    def create_claim(self, body):
+        return self._create(workloads.CLAIM_API, body)
+
+    def list_claims(self, namespace, run_id):
+        """{name: ResourceClaim} of the run in `namespace`; {} where resource.k8s.io/v1 is not served."""
+        try:
+            return self._list_run(workloads.CLAIM_API, "ResourceClaims", namespace, run_id)
+        except K8sError as exc:
+            if exc.status == 404:
+                return {}
+            raise
+
+    def delete_claim(self, namespace, name):
+        self._delete(workloads.CLAIM_API, "ResourceClaim", namespace, name)
 
     def list_dra(self, plural):
         """(True, items), (False, []) when resource.k8s.io/v1 is not served, or (reason, []) when unreadable."""
@@ -109,6 +136,9 @@ def validate_params(params):
             raise ConformanceError("guest_runner %s: no {command} placeholder" % shown(" ".join(runner)))
         if shutil.which(runner[0]) is None:
             raise ConformanceError("guest_runner %s: command not found on this host" % shown(runner[0]))
+    if params.get("dra_device_class") is not None and not workloads.valid_subdomain(params["dra_device_class"]):
+        raise ConformanceError("dra_device_class %s: not a valid DeviceClass name (DNS-1123 subdomain)"
+                               % shown(params.get("dra_device_class")))
     report_dir = params.get("report_dir")
     if report_dir and not os.path.isdir(report_dir):
         raise ConformanceError("report_dir %s: not a directory" % shown(report_dir))
@@ -128,17 +158,22 @@ def wait_for(api, namespace, run_id, done, timeout, poll, clock=time.monotonic, 
         sleep(min(poll, max(0.0, deadline - clock())))
 
 
-def observe(api, namespace, run_id, name, window, poll, pickup_timeout, clock=time.monotonic, sleep=time.sleep):
-    """Every state of VMI `name` seen during `window` seconds (stops early once it is placed).
+def observe(api, namespace, run_id, name, window, poll, pickup_timeout, clock=time.monotonic, sleep=time.sleep,
+            claim=False):
+    """Every state of VMI `name` seen during `window` seconds (stops early once it is placed); with `claim`,
+    (VMI, its ResourceClaim of the same name) pairs, the claim read right after the VMI.
 
     The window starts once KubeVirt has picked the VMI up (status.phase set, at most `pickup_timeout`),
     so a slow controller cannot make an unprocessed VMI look blocked."""
+    def state(vmis):
+        return (vmis.get(name), api.list_claims(namespace, run_id).get(name)) if claim else vmis.get(name)
+
     picked = wait_for(api, namespace, run_id, lambda v: bool(((v.get(name) or {}).get("status") or {}).get("phase")),
                       pickup_timeout, poll, clock, sleep)
-    deadline, seen = clock() + window, [picked.get(name)]
+    deadline, seen = clock() + window, [state(picked)]
     while True:
-        vmi = api.list_vmis(namespace, run_id).get(name)
-        seen.append(vmi)
+        seen.append(state(api.list_vmis(namespace, run_id)))
+        vmi = seen[-1][0] if claim else seen[-1]
         if vmi and (checks.is_running(vmi) or checks.node_of(vmi)) or clock() >= deadline:
             return seen
         sleep(min(poll, max(0.0, deadline - clock())))
@@ -214,32 +249,24 @@ class Created:
         self.namespace, self.run_id = namespace, run_id
         self.namespace_ours = False      # this run created it (or tried to)
         self.vmis = []
+        self.claims = []                 # ResourceClaims (DRA)
+        self.dra = False                 # claims may exist: look for them by the run label too
         self.items = []                  # descriptions, in creation order
 
     def cleanup(self, api, params, clock=time.monotonic, sleep=time.sleep):
-        """Delete our VMIs, wait until they are gone, delete our namespace; {"deleted", "left"}."""
+        """Delete our VMIs, wait until they are gone, then our ResourceClaims (their consumers gone, the
+        scheduler's delete protection lets them go), delete our namespace; {"deleted", "left"}."""
         deleted, left = [], []
-        if not self.namespace_ours and not self.vmis:
+        if not self.namespace_ours and not self.vmis and not self.claims:
             return {"deleted": deleted, "left": left}
-        names = set(self.vmis)
-        try:
-            names |= set(api.list_vmis(self.namespace, self.run_id))
-        except K8sError:
-            pass
-        for name in sorted(names):
-            try:
-                api.delete_vmi(self.namespace, name)
-                deleted.append("VirtualMachineInstance %s/%s" % (self.namespace, name))
-            except K8sError as exc:
-                if exc.status != 404:
-                    left.append("VirtualMachineInstance %s/%s (%s)" % (self.namespace, name, exc))
-        try:
-            remaining = wait_for(api, self.namespace, self.run_id, lambda vmis: not vmis, params["cleanup_timeout"],
-                                 params["poll_interval"], clock, sleep)
-            left += ["VirtualMachineInstance %s/%s (still there after %gs)" % (self.namespace, n, params["cleanup_timeout"])
-                     for n in sorted(remaining)]
-        except K8sError as exc:
-            left.append("VirtualMachineInstances in %s (%s)" % (self.namespace, exc))
+        kinds = [("VirtualMachineInstance", self.vmis, api.list_vmis, api.delete_vmi)]
+        if self.dra or self.claims:
+            kinds.append(("ResourceClaim", self.claims, api.list_claims, api.delete_claim))
+        for kind, known, lister, deleter in kinds:
+            gone, kept = self._delete_kind(kind, known, lambda lister=lister: lister(self.namespace, self.run_id),
+                                           deleter, params, clock, sleep)
+            deleted += gone
+            left += kept
         if self.namespace_ours:
             try:
                 current = api.get_namespace(self.namespace)
@@ -252,8 +279,33 @@ class Created:
             except K8sError as exc:
                 if exc.status != 404:
                     left.append("Namespace %s (%s)" % (self.namespace, exc))
-        self.vmis = []
+        self.vmis, self.claims = [], []
         return {"deleted": deleted, "left": left}
+
+    def _delete_kind(self, kind, known, lister, deleter, params, clock, sleep):
+        """Delete the run's objects of one kind (`known` and what `lister` finds), wait until they are gone;
+        (deleted, left) as descriptions."""
+        deleted, left = [], []
+        names = set(known)
+        try:
+            names |= set(lister())
+        except K8sError:
+            pass
+        for name in sorted(names):
+            what = "%s %s/%s" % (kind, self.namespace, name)
+            try:
+                deleter(self.namespace, name)
+                deleted.append(what)
+            except K8sError as exc:
+                if exc.status != 404:
+                    left.append("%s (%s)" % (what, exc))
+        try:
+            if not _gone(lambda: not lister(), params, clock, sleep):
+                left += ["%s %s/%s (still there after %gs)" % (kind, self.namespace, n, params["cleanup_timeout"])
+                         for n in sorted(lister())]
+        except K8sError as exc:
+            left.append("%ss in %s (%s)" % (kind, self.namespace, exc))
+        return deleted, left
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -269,13 +321,17 @@ def _read_cluster(api, params):
 
 def preflight(api, params):
     """Reads and every check that must pass before anything is created; returns the plan."""
-    cr, nodes, namespace, dra = _read_cluster(api, params)
+    cr, nodes, namespace, dra_state = _read_cluster(api, params)
     prefix = params.get("profile_label_prefix") or checks.DEFAULT_PROFILE_PREFIX
     resources = checks.discover_resources(cr, nodes, prefix)
-    if not checks.vgpu_resources(resources):
-        raise ConformanceError("%s permits no NVIDIA vGPU resource (pciHostDevices / mediatedDevices): nothing to "
-                               "attest; publish the vGPUs first (playbooks/cluster.yml)" % kubevirt.cr_ref(cr))
-    profiles = checks.select_profiles(resources, params.get("profiles"))
+    device_class = params.get("dra_device_class") or dra.DEFAULT_DEVICE_CLASS
+    dra_off = dra.unavailable(dra_state[0], dra_state[1], dra_state[2], device_class)
+    dra_profiles = set(p for per_node in dra.dra_vgpus(dra_state[2]).values() for p in per_node) if not dra_off else ()
+    if not checks.vgpu_resources(resources) and not dra_profiles:
+        raise ConformanceError("%s permits no NVIDIA vGPU resource (pciHostDevices / mediatedDevices) and the DRA "
+                               "driver %s publishes none: nothing to attest; publish the vGPUs first "
+                               "(playbooks/cluster.yml)" % (kubevirt.cr_ref(cr), dra.DRA_VGPU_DRIVER))
+    profiles = checks.select_profiles(resources, params.get("profiles"), dra_profiles)
     if namespace is not None and not workloads.is_ours(namespace):
         raise ConformanceError("namespace %s exists and is not ours (no %s label): pick another namespace"
                                % (params["namespace"], workloads.RUN_LABEL))
@@ -288,16 +344,37 @@ def preflight(api, params):
         # only the selected profiles' resources are reported
         resources = [r for r in resources if r.profiles & set(profiles) or not r.profiles]
     plans, missing = checks.plan_workloads(resources, profiles, node_facts, nodes)
-    return {"cr": cr, "nodes": nodes, "namespace": namespace, "dra": dra, "resources": resources,
-            "profiles": profiles, "plans": plans, "missing": missing, "node_facts": node_facts, "prefix": prefix}
+    dra_plans, dra_missing = dra.plan_workloads(profiles, dra_state[2], nodes, device_class) if not dra_off else ([], [])
+    return {"cr": cr, "nodes": nodes, "namespace": namespace, "dra": dra_state, "resources": resources,
+            "profiles": profiles, "plans": plans, "missing": missing, "node_facts": node_facts, "prefix": prefix,
+            "dra_off": dra_off, "dra_plans": dra_plans, "dra_missing": dra_missing}
 
 
-def _would_create(params, run_id, plans):
+def _would_create(params, run_id, plans, dra_plans):
     manifests = [workloads.namespace_manifest(params["namespace"], run_id)]
     for plan in plans:
         names, extra = checks.vmi_names(plan)
         manifests += [workloads.vmi_manifest(n, params["namespace"], run_id, plan, params) for n in names + [extra]]
+    for plan in dra_plans:
+        names, extra = dra.workload_names(plan)
+        for name in names + [extra]:
+            manifests += [workloads.claim_manifest(name, params["namespace"], run_id, plan),
+                          workloads.vmi_manifest(name, params["namespace"], run_id, plan, params, claim=name)]
     return manifests
+
+
+def _delete_workloads(api, created, names, claims, params):
+    """Delete the VMIs `names`, wait until they are gone, then their claims, and wait for those."""
+    namespace, run_id = created.namespace, created.run_id
+    for delete, lister, items in ((api.delete_vmi, api.list_vmis, names), (api.delete_claim, api.list_claims, claims)):
+        for name in items:
+            try:
+                delete(namespace, name)
+            except K8sError as exc:
+                if exc.status != 404:
+                    raise
+        if items:
+            _gone(lambda lister=lister: not lister(namespace, run_id), params, time.monotonic, time.sleep)
 
 
 def _exercise(api, params, created, plan, rows):
@@ -322,13 +399,37 @@ def _exercise(api, params, created, plan, rows):
                          % (namespace, extra, plan["count"], plan["node"]))
     seen = observe(api, namespace, run_id, extra, params["pending_timeout"], poll, params["running_timeout"])
     rows.append(checks.overallocation_check(plan, extra, seen, params["pending_timeout"]))
-    for name in names + [extra]:
-        try:
-            api.delete_vmi(namespace, name)
-        except K8sError as exc:
-            if exc.status != 404:
-                raise
-    wait_for(api, namespace, run_id, lambda v: not v, params["cleanup_timeout"], poll)
+    _delete_workloads(api, created, names + [extra], [], params)
+
+
+def _claimed(api, params, created, plan, name, what):
+    """Create the ResourceClaim `name` and the VMI of the same name that uses it."""
+    namespace, run_id = created.namespace, created.run_id
+    created.dra = True    # set first: a create cut short may still have happened
+    api.create_claim(workloads.claim_manifest(name, namespace, run_id, plan))
+    created.claims.append(name)
+    created.items.append("ResourceClaim %s/%s (%s)" % (namespace, name, what))
+    api.create_vmi(workloads.vmi_manifest(name, namespace, run_id, plan, params, claim=name))
+    created.vmis.append(name)
+    created.items.append("VirtualMachineInstance %s/%s (claim %s on %s)" % (namespace, name, name, plan["node"]))
+
+
+def _exercise_dra(api, params, created, plan, rows):
+    """The checks through ResourceClaims of one profile; its VMIs and claims are deleted before the next."""
+    namespace, run_id, poll = created.namespace, created.run_id, params["poll_interval"]
+    names, extra = dra.workload_names(plan)
+    for name in names:
+        _claimed(api, params, created, plan, name, "1 x %s of DeviceClass %s" % (plan["profile"], plan["device_class"]))
+    vmis = wait_for(api, namespace, run_id, lambda v: all(checks.is_running(v.get(n)) for n in names),
+                    params["running_timeout"], poll)
+    rows.append(dra.sharing_check(plan, names, vmis, api.list_claims(namespace, run_id), params["running_timeout"]))
+    _claimed(api, params, created, plan, extra, "one more than the %d %s device(s) of %s"
+             % (plan["count"], plan["profile"], plan["node"]))
+    seen = observe(api, namespace, run_id, extra, params["pending_timeout"], poll, params["running_timeout"],
+                   claim=True)
+    capacity = dict((n, c) for n, c in api.list_claims(namespace, run_id).items() if n != extra)
+    rows.append(dra.overallocation_check(plan, extra, seen, capacity, params["pending_timeout"]))
+    _delete_workloads(api, created, names + [extra], names + [extra], params)
 
 
 def run(api, params, check_mode, now=None):
@@ -337,22 +438,26 @@ def run(api, params, check_mode, now=None):
     plan = preflight(api, params)
     run_id = uuid.uuid4().hex[:12]
     rows = checks.inventory_checks(plan["resources"]) + checks.accounting_checks(plan["resources"], plan["node_facts"])
-    manifests = _would_create(params, run_id, plan["plans"])
+    manifests = _would_create(params, run_id, plan["plans"], plan["dra_plans"])
     created = Created(params["namespace"], run_id)
     cleanup = {"deleted": [], "left": []}
-    workload_rows = []
+    workload_rows, dra_rows = [], []
     if check_mode:
         for item in plan["plans"]:
             workload_rows += checks.not_run_rows(item, "check mode: no workload created")
+        for item in plan["dra_plans"]:
+            dra_rows += dra.not_run_rows(item, "check mode: no claim created")
     else:
         try:
             with interruptible():
-                if plan["plans"]:
+                if plan["plans"] or plan["dra_plans"]:
                     created.namespace_ours = True   # set first: a create cut short may still have happened
                     api.create_namespace(workloads.namespace_manifest(params["namespace"], run_id))
                     created.items.append("Namespace %s" % params["namespace"])
                 for item in plan["plans"]:
                     _exercise(api, params, created, item, workload_rows)
+                for item in plan["dra_plans"]:
+                    _exercise_dra(api, params, created, item, dra_rows)
         except BaseException as exc:
             with uninterrupted():
                 cleanup = created.cleanup(api, params)
@@ -365,9 +470,14 @@ def run(api, params, check_mode, now=None):
             cleanup = created.cleanup(api, params)
     for profile in plan["missing"]:
         workload_rows += checks.not_run_rows(profile, "no node advertises a vGPU of %s" % profile)
-    rows += workload_rows
+    if plan["dra_off"]:
+        dra_rows += dra.unavailable_rows(plan["dra_off"])
+    for profile in plan["dra_missing"]:
+        dra_rows += dra.not_run_rows(profile, "%s publishes no device of %s in a complete pool"
+                                     % (dra.DRA_VGPU_DRIVER, profile))
+    rows += workload_rows + dra_rows
     rows += checks.consistency_checks(plan["resources"], plan["nodes"], plan["prefix"])
-    rows.append(checks.dra_check(*plan["dra"]))
+    rows.append(dra.dra_check(*plan["dra"]))
     meta = plan["cr"]["metadata"]
     context = {"generated": (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ"),
                "run_id": run_id, "check_mode": bool(check_mode), "namespace": params["namespace"],
@@ -382,12 +492,13 @@ def run(api, params, check_mode, now=None):
     if params.get("report_dir") and not check_mode:
         files = report.write(rep, params["report_dir"], params.get("report_name") or "vgpu-conformance")
     counts = rep["summary"]
-    result = {"changed": bool(plan["plans"]), "report": rep, "summary": counts, "report_files": files,
+    result = {"changed": bool(plan["plans"] or plan["dra_plans"]), "report": rep, "summary": counts, "report_files": files,
               "summary_line": "%d PASS, %d FAIL, %d UNKNOWN of %d checks%s" % (
                   counts["pass"], counts["fail"], counts["unknown"], counts["total"],
                   " (check mode: nothing created)" if check_mode else ""),
               "lines": ["%-7s %s %s: %s" % (r.status, r.check, r.subject, r.reason) for r in rows],
-              "would_create": [workloads.describe(m) for m in manifests] if check_mode and plan["plans"] else [],
+              "would_create": [workloads.describe(m) for m in manifests]
+              if check_mode and (plan["plans"] or plan["dra_plans"]) else [],
               "cleanup": cleanup, "failed_checks": ["%s %s: %s" % (r.check, r.subject, r.reason)
                                                     for r in rows if r.status == checks.FAIL]}
     if cleanup["left"]:
@@ -407,11 +518,13 @@ def clean(api, params, check_mode):
     run_id = workloads.run_of(namespace)
     if check_mode:
         vmis = sorted(api.list_vmis(params["namespace"], run_id))
+        claims = sorted(api.list_claims(params["namespace"], run_id))
         return {"changed": True, "cleanup": {"deleted": [], "left": []},
                 "would_delete": ["VirtualMachineInstance %s/%s" % (params["namespace"], n) for n in vmis]
+                + ["ResourceClaim %s/%s" % (params["namespace"], n) for n in claims]
                 + ["Namespace %s" % params["namespace"]]}
     created = Created(params["namespace"], run_id)
-    created.namespace_ours = True
+    created.namespace_ours, created.dra = True, True
     with uninterrupted():
         cleanup = created.cleanup(api, params)
     if cleanup["left"]:

@@ -187,16 +187,6 @@ def test_consistency_wants_integer_counts_and_profile_labels():
     assert checks.consistency_checks(res, nodes)[0].status == PASS
 
 
-def test_dra_is_reported_never_failed():
-    gpu_class = {"metadata": {"name": "vfio.gpu.nvidia.com"}}
-    assert checks.dra_check(False, [], []).status == UNKNOWN
-    assert checks.dra_check("DeviceClasses: forbidden (HTTP 403)", [], []).reason.startswith("DeviceClasses: forbidden")
-    assert checks.dra_check(True, [{"metadata": {"name": "nic.example.com"}}], []).status == UNKNOWN
-    row = checks.dra_check(True, [gpu_class], [{"spec": {"driver": "gpu.nvidia.com"}}])
-    assert (row.status, row.reason) == (
-        PASS, "DeviceClass(es) for GPUs: vfio.gpu.nvidia.com; ResourceSlice drivers: gpu.nvidia.com")
-
-
 def test_vmi_names_are_dns_labels():
     names, extra = checks.vmi_names(dict(PLAN, profile="H200X-1-18C", count=2))
     assert (names, extra) == (["vgpu-conformance-h200x-1-18c-1", "vgpu-conformance-h200x-1-18c-2"],
@@ -244,17 +234,3 @@ def test_a_vgpu_resource_without_profile_labels_is_never_passthrough(pci, mdev):
     name = (pci + mdev)[0]["resourceName"]
     found = checks.discover_resources(cr(pci=pci, mdev=mdev), [node("a", {}, {name: 1})])
     assert found[0].passthrough is False
-
-
-def test_dra_reports_the_vgpus_our_driver_publishes_per_node_and_profile():
-    def dra_slice(node, generation, profiles):
-        return {"spec": {"driver": "vgpu.accelops.io", "nodeName": node,
-                         "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-                         "devices": [{"name": "d%d" % i, "attributes": {"profile": {"string": p}}}
-                                     for i, p in enumerate(profiles)]}}
-    slices = [dra_slice("gpu-a", 2, ["L40S-24Q", "L40S-24Q"]), dra_slice("gpu-a", 1, ["L40S-12Q"] * 4),
-              dra_slice("gpu-b", 1, ["L40S-12Q", "A16-2Q"])]
-    row = checks.dra_check(True, [{"metadata": {"name": "vgpu.accelops.io"}}], slices)
-    assert row.status == PASS
-    assert row.details["vgpus"] == {"gpu-a": {"L40S-24Q": 2}, "gpu-b": {"A16-2Q": 1, "L40S-12Q": 1}}
-    assert row.reason.endswith("vgpu.accelops.io publishes gpu-a: 2 x L40S-24Q, gpu-b: 1 x A16-2Q, 1 x L40S-12Q")

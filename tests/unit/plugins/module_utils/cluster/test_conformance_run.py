@@ -27,12 +27,23 @@ class Clock:
 
 
 class FakeApi:
-    """Holds VMIs and namespaces; deletes take effect after `lag` list calls."""
+    """Holds VMIs, ResourceClaims and namespaces; VMI deletes take effect after `lag` list calls."""
 
-    def __init__(self, vmis=(), namespaces=None, lag=0, forbid_delete=False):
+    def __init__(self, vmis=(), namespaces=None, lag=0, forbid_delete=False, claims=()):
         self.vmis = dict((n, {"metadata": {"name": n}}) for n in vmis)
+        self.claims = dict((n, {"metadata": {"name": n}}) for n in claims)
         self.namespaces = dict(namespaces or {})
         self.lag, self.forbid_delete, self.calls, self.pending = lag, forbid_delete, [], []
+
+    def list_claims(self, namespace, run_id):
+        self.calls.append(("list-claims", namespace))
+        return dict(self.claims)
+
+    def delete_claim(self, namespace, name):
+        self.calls.append(("delete-claim", name))
+        if name not in self.claims:
+            raise K8sError("not found", status=404)
+        self.claims.pop(name)
 
     def list_vmis(self, namespace, run_id):
         self.calls.append(("list", namespace))
@@ -87,6 +98,24 @@ def test_cleanup_deletes_the_vmis_waits_for_them_then_deletes_only_our_namespace
     assert result == {"deleted": ["VirtualMachineInstance vgpu-conformance/v-1", "VirtualMachineInstance vgpu-conformance/v-2",
                                   "Namespace vgpu-conformance"], "left": []}
     assert api.calls[-1] == ("delete-namespace", "vgpu-conformance")
+
+
+def test_cleanup_deletes_claims_after_their_vmis_are_gone_and_finds_claims_by_the_run_label():
+    clock = Clock()
+    api = FakeApi(["v-1"], {"ns": {"metadata": {"labels": {run.workloads.RUN_LABEL: "r1"}}}}, lag=1,
+                  claims=["v-1", "v-2"])
+    created = run.Created("ns", "r1")
+    created.namespace_ours, created.vmis, created.claims = True, ["v-1"], ["v-1"]
+    result = created.cleanup(api, PARAMS, clock, clock.sleep)
+    assert result == {"deleted": ["VirtualMachineInstance ns/v-1", "ResourceClaim ns/v-1", "ResourceClaim ns/v-2",
+                                  "Namespace ns"], "left": []}
+    assert api.calls.index(("delete-claim", "v-1")) > max(i for i, c in enumerate(api.calls) if c == ("list", "ns"))
+    # a run that created no claim does not look for any
+    api = FakeApi([], {"ns": {"metadata": {"labels": {run.workloads.RUN_LABEL: "r1"}}}}, claims=["x"])
+    created = run.Created("ns", "r1")
+    created.namespace_ours = True
+    created.cleanup(api, PARAMS, clock, clock.sleep)
+    assert "x" in api.claims and not [c for c in api.calls if c[0].endswith("claims")]
 
 
 def test_cleanup_leaves_a_namespace_of_another_run_or_owner_alone():

@@ -1,31 +1,14 @@
-"""DRA CEL selectors evaluated the way the scheduler does, with a CEL implementation from PyPI (cel-python).
+"""DRA CEL selectors evaluated the way the scheduler does (tests/fakes/dra_cel.py, cel-python), with an
+expression that cannot be evaluated counted as "not selected"."""
 
-The scheduler's environment (k8s.io/dynamic-resource-allocation cel/compile.go): `device.driver`,
-`device.attributes[<domain>].<id>` and `device.capacity[<domain>].<id>`, where a qualified attribute
-name `domain/id` splits at the slash and an unqualified one belongs to the driver's domain.
-"""
-
-import celpy
-
-
-def activation(driver, device):
-    """The CEL `device` variable for one ResourceSlice device entry of `driver`."""
-    attributes, capacity = {}, {}
-    for name, value in (device.get("attributes") or {}).items():
-        domain, dummy, ident = name.rpartition("/")
-        attributes.setdefault(domain or driver, {})[ident] = next(iter(value.values()))
-    for name, value in (device.get("capacity") or {}).items():
-        domain, dummy, ident = name.rpartition("/")
-        capacity.setdefault(domain or driver, {})[ident] = value["value"]
-    return celpy.json_to_cel({"device": {"driver": driver, "attributes": attributes, "capacity": capacity}})
+from ansible_collections.accelops.vgpu.tests.fakes.dra_cel import CelError, activation, matches  # noqa: F401
 
 
 def selects(expression, driver, device):
-    env = celpy.Environment()
-    result = env.program(env.compile(expression)).evaluate(activation(driver, device))
-    if isinstance(result, Exception):   # a missing attribute is an error, which the scheduler counts as "no"
+    try:
+        return matches(expression, driver, device)
+    except CelError:
         return False
-    return bool(result)
 
 
 def selected(expressions, driver, devices):
