@@ -24,7 +24,7 @@ description:
   - C(consistency) resource naming, request form and labels next to MIG and time-sliced GPUs;
     C(consistency.dra) DRA C(DeviceClass)es for GPUs when C(resource.k8s.io/v1) is served (never V(FAIL)).
   - C(sharing.dra) and C(over-allocation.dra) the same two checks through DRA, when the collection's DRA driver
-    C(vgpu.accelops.io) publishes C(ResourceSlice)s and the C(DeviceClass) O(dra_device_class) exists: per profile,
+    C(vgpu.accelops.io) publishes C(ResourceSlice)s and the C(DeviceClass) O(dra_device_class) exists; per profile,
     on the node publishing the most devices of it, one C(ResourceClaim) (C(resource.k8s.io/v1), CEL selector on
     the C(profile) attribute) and one VMI (C(spec.resourceClaims), C(gpus[].claimName/requestName)) per device,
     all Running with distinct devices of the profile, two on one physical GPU (C(status.allocation), attribute
