@@ -262,6 +262,12 @@ def overallocation_check(plan, name, observed, capacity_claims, window):
     number = "number %d for %d %s device(s)" % (plan["count"] + 1, plan["count"], plan["profile"])
     details = {"vmi": name, "claim": name, "capacity": plan["count"],
                "phases": [_phase(vmi) for vmi, _claim in observed]}
+    holding = sorted(n for n, c in capacity_claims.items() if allocated(c))
+    if len(holding) < plan["count"]:
+        details["capacity_allocated"] = holding
+        return Check(OVERALLOCATION, KAR_SHARING, subject, UNKNOWN, "only %d of the %d capacity claims were allocated: "
+                     "the node's %s devices were not all taken, so claim %s proves nothing" % (
+                         len(holding), plan["count"], plan["profile"], name), details)
     given = [claim for _vmi, claim in observed if allocated(claim)]
     if given:
         results = allocated(given[-1])

@@ -168,16 +168,27 @@ UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedul
                             "node affinity/selector"}
 
 
+FULL = dict((n, claim(n, "l40s-24q-%d" % i)) for i, n in enumerate(NAMES))
+
+
 def test_over_allocation_passes_when_the_extra_claim_stays_unallocated_and_its_vmi_unschedulable():
     pending = vmi("x", "Pending", None, [UNSCHEDULABLE])
-    row = dra.overallocation_check(plan(), "x", [(pending, claim("x"))] * 3, {}, 2)
+    row = dra.overallocation_check(plan(), "x", [(pending, claim("x"))] * 3, FULL, 2)
     assert row.status == PASS
     assert row.reason == ("ResourceClaim x (number 5 for 4 L40S-24Q device(s) on gpu-a) stayed unallocated and VMI x "
                           "Pending for 2s: " + UNSCHEDULABLE["message"])
 
 
+def test_over_allocation_is_unknown_while_the_capacity_claims_do_not_hold_every_device():
+    pending = vmi("x", "Pending", None, [UNSCHEDULABLE])
+    capacity = dict(FULL, **{"d-4": claim("d-4")})
+    row = dra.overallocation_check(plan(), "x", [(pending, claim("x"))], capacity, 2)
+    assert (row.status, row.reason) == (UNKNOWN, "only 3 of the 4 capacity claims were allocated: the node's L40S-24Q "
+                                                 "devices were not all taken, so claim x proves nothing")
+
+
 def test_over_allocation_fails_naming_the_device_given_twice_or_a_vmi_placed_or_no_condition():
-    capacity = {"d-3": claim("d-3", "l40s-24q-2")}
+    capacity = dict(FULL, **{"d-3": claim("d-3", "l40s-24q-2")})
     seen = [(vmi("x", "Pending", None), claim("x")), (vmi("x", "Scheduling"), claim("x", "l40s-24q-2"))]
     row = dra.overallocation_check(plan(), "x", seen, capacity, 2)
     assert (row.status, row.reason) == (FAIL, "ResourceClaim x (number 5 for 4 L40S-24Q device(s) on gpu-a) was "
