@@ -85,9 +85,9 @@ VGPU_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metada
               "spec": {"selectors": [{"cel": {"expression": 'device.driver == "vgpu.accelops.io"'}}]}}
 
 
-def our_dra_driver(state, devices=None, device_class=VGPU_CLASS):
+def our_dra_driver(state, devices=None, with_class=True):
     """`state` plus the accelops DRA driver serving: its ResourceSlices (one pool per node, generation 1), its
-    DeviceClass, and ResourceClaims served for the run to create."""
+    DeviceClass (VGPU_CLASS, unless not `with_class`), and ResourceClaims served for the run to create."""
     resources = state["resources"]
     resources[SLICES] = {"kind": "ResourceSlice", "singular": "resourceslice", "namespaced": False,
                          "verbs": ["get", "list"]}
@@ -96,9 +96,9 @@ def our_dra_driver(state, devices=None, device_class=VGPU_CLASS):
     for node, node_devices in sorted((devices or published_devices()).items()):
         for body in dra_slices.desired_slices(node, node_devices, 1):
             state["objects"].append({"resource": SLICES, "name": body["metadata"]["name"], "body": body})
-    if device_class:
-        state["objects"].append({"resource": DEVICE_CLASSES, "name": device_class["metadata"]["name"],
-                                 "body": copy.deepcopy(device_class)})
+    if with_class:
+        state["objects"].append({"resource": DEVICE_CLASSES, "name": VGPU_CLASS["metadata"]["name"],
+                                 "body": copy.deepcopy(VGPU_CLASS)})
     return state
 
 

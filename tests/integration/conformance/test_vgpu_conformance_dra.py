@@ -56,7 +56,7 @@ def test_dra_served_but_our_driver_publishing_nothing_is_unknown(cluster, contro
 
 
 def test_a_missing_device_class_is_unknown_naming_it(cluster, controller, kubeconfig):
-    cluster.reset(our_dra_driver(healthy_state(driver=False), device_class=None))
+    cluster.reset(our_dra_driver(healthy_state(driver=False), with_class=False))
     controller()
     rc, result = run_module("vgpu_conformance", module_args(kubeconfig, profiles=["A16-4Q"]))
     assert rc == 0, result.get("msg")

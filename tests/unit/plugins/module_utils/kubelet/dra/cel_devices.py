@@ -1,7 +1,7 @@
 """DRA CEL selectors evaluated the way the scheduler does (tests/fakes/dra_cel.py, cel-python), with an
 expression that cannot be evaluated counted as "not selected"."""
 
-from ansible_collections.accelops.vgpu.tests.fakes.dra_cel import CelError, activation, matches  # noqa: F401
+from ansible_collections.accelops.vgpu.tests.fakes.dra_cel import CelError, matches
 
 
 def selects(expression, driver, device):
