@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance import dra, workloads
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance.checks import FAIL, PASS, UNKNOWN
+from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.kubelet.dra.schemas import assert_valid
 
 DRIVER = "vgpu.accelops.io"
 GPU_A, GPU_B = "0000:41:00.0", "0000:42:00.0"
@@ -111,6 +112,7 @@ def test_the_claim_selects_the_profile_by_cel_and_the_vmi_names_claim_and_reques
         "deviceClassName": "vgpu.accelops.io", "allocationMode": "ExactCount", "count": 1,
         "selectors": [{"cel": {"expression": 'device.attributes["vgpu.accelops.io"].profile == "L40S-24Q"'}}]}}]
     assert workloads.run_of(body) == "run1"
+    assert_valid(body)   # the real resource.k8s.io/v1 ResourceClaim schema of Kubernetes 1.35-1.37, strict
     machine = workloads.vmi_manifest("d-1", "ns", "run1", found, {"vmi_memory": "1Gi", "container_disk_image": "i"},
                                      claim="d-1")
     assert machine["spec"]["resourceClaims"] == [{"name": "vgpu", "resourceClaimName": "d-1"}]
