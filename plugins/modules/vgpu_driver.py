@@ -112,7 +112,7 @@ options:
   kubelet_dir:
     description:
       - The kubelet's root directory (its C(--root-dir)). A vGPU that a DRA claim prepared there by the
-        C(vgpu.accelops.io) driver uses counts as in use (the claim's VM may start any moment): the driver is not
+        C(vgpu.accelops.io) driver uses counts as in use (the claim's VM may start any moment), so the driver is not
         stopped while one is prepared. Set it where the kubelet keeps another directory (k0s, MicroK8s).
       - When not set, C(/var/lib/kubelet), which may be absent. A directory that is set must exist, or the task fails.
     type: path

@@ -33,7 +33,10 @@ def test_a_vf_a_prepared_dra_claim_uses_is_in_use(tmp_path):
     node = FakeNode(tmp_path)
     node.pf(PF, total=2)
     node.set_numvfs(PF, 2)
-    claims = lambda: {"0000:41:00.4": ["DRA claim vms/vm-a-gpu"]}   # noqa: E731  (a holder source)
+
+    def claims():   # a holder source, as node/claim_holders.holders_source gives one
+        return {"0000:41:00.4": ["DRA claim vms/vm-a-gpu"]}
+
     assert vgpu_busy.users(Sysfs(str(node.sys)), str(node.dev), str(node.proc), (claims,)) == [
         "0000:41:00.4 held by DRA claim vms/vm-a-gpu"]
 
