@@ -403,14 +403,22 @@ def sharing_check(plan, names, vmis, timeout):
                  % (gpus, plan["profile"]), details)
 
 
-def overallocation_check(plan, name, observed, window):
+def overallocation_check(plan, name, observed, window, capacity_vmis):
     """The VMI beyond capacity must never run and must carry an Unschedulable condition.
 
-    observed: the VMI objects seen during the observation window (last one last).
+    observed: the VMI objects seen during the observation window (last one last); capacity_vmis: {name: VMI}
+    of the capacity VMIs after the window. Only while they all run on the node are its vGPUs all taken: else a
+    pending extra VMI proves nothing (UNKNOWN) and a placed one may have got a free vGPU.
     """
     subject = "%s@%s" % (plan["profile"], plan["node"])
     last = observed[-1] if observed else None
     details = {"vmi": name, "capacity": plan["count"], "phases": [_phase(v) for v in observed if v]}
+    taking = sorted(n for n, v in capacity_vmis.items() if is_running(v) and node_of(v) == plan["node"])
+    if len(taking) < plan["count"]:
+        details["capacity_running"] = taking
+        return Check("over-allocation", KAR_SHARING, subject, UNKNOWN, "only %d of the %d capacity VMI(s) Running on "
+                     "%s: its %s vGPUs were not all taken, so VMI %s proves nothing" % (
+                         len(taking), plan["count"], plan["node"], plan["profile"], name), details)
     ran = [v for v in observed if v and (is_running(v) or _phase(v) == "Scheduled" or node_of(v))]
     if ran:
         return Check("over-allocation", KAR_SHARING, subject, FAIL, "VMI %s (number %d on %d vGPU(s)) was placed on %s "

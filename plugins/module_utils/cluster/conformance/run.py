@@ -398,7 +398,9 @@ def _exercise(api, params, created, plan, rows):
     created.items.append("VirtualMachineInstance %s/%s (one more than the %d vGPU(s) of %s)"
                          % (namespace, extra, plan["count"], plan["node"]))
     seen = observe(api, namespace, run_id, extra, params["pending_timeout"], poll, params["running_timeout"])
-    rows.append(checks.overallocation_check(plan, extra, seen, params["pending_timeout"]))
+    after = api.list_vmis(namespace, run_id)
+    rows.append(checks.overallocation_check(plan, extra, seen, params["pending_timeout"],
+                                            dict((n, after.get(n)) for n in names)))
     _delete_workloads(api, created, names + [extra], [], params)
 
 

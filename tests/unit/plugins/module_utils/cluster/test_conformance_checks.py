@@ -154,8 +154,19 @@ UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedul
     ([vmi("x", "Pending"), None], FAIL, "VMI x disappeared while observed"),
 ])
 def test_over_allocation_must_stay_pending_and_unschedulable(observed, status, reason):
-    row = checks.overallocation_check(PLAN, "x", observed, 30)
+    row = checks.overallocation_check(PLAN, "x", observed, 30, dict((n, vmi(n, "Running", "a")) for n in NAMES))
     assert (row.status, row.reason) == (status, reason)
+
+
+@pytest.mark.parametrize("observed", [[vmi("x", "Pending", conditions=[UNSCHEDULABLE])], [vmi("x", "Running", "a")]])
+def test_over_allocation_proves_nothing_unless_the_capacity_vmis_all_run_on_the_node(observed):
+    """A capacity VMI that failed or runs elsewhere left a vGPU free: a pending extra VMI is no proof, a placed
+    one is no over-allocation."""
+    capacity = dict((n, vmi(n, "Running", "a")) for n in NAMES)
+    for broken in (vmi(NAMES[1], "Failed", "a"), vmi(NAMES[1], "Running", "b"), None):
+        row = checks.overallocation_check(PLAN, "x", observed, 30, dict(capacity, **{NAMES[1]: broken}))
+        assert (row.status, row.reason) == (UNKNOWN, "only 2 of the 3 capacity VMI(s) Running on a: its L40S-24Q "
+                                            "vGPUs were not all taken, so VMI x proves nothing")
 
 
 def test_ready_names_the_vmis_that_are_not_ready():
