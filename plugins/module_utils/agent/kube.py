@@ -31,6 +31,7 @@ import tempfile
 import urllib.parse
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError, KubeUnavailable
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 RESOURCE_API = "/apis/resource.k8s.io/v1"
@@ -41,19 +42,6 @@ USER_AGENT = "accelops-vgpu-agent"
 
 class KubeConfigError(EngineError):
     """No usable credentials (a startup problem: the agent exits 2)."""
-
-
-class KubeUnavailable(EngineError):
-    """The API server did not answer (refused, reset, timed out, TLS)."""
-
-
-class KubeApiError(EngineError):
-    """The API server answered with an error Status. `retry_after`: seconds the server asked us to
-    wait (429/5xx `Retry-After`, or the Status' details.retryAfterSeconds), else None."""
-
-    def __init__(self, message, status=None, reason=None, retry_after=None):
-        super().__init__(message)
-        self.status, self.reason, self.retry_after = status, reason, retry_after
 
 
 RETRY_AFTER_CAP = 3600.0  # seconds: a server asking for more is still retried within the hour

@@ -15,7 +15,7 @@ error propagates (KubeApiError / KubeUnavailable): the caller retries on its own
 
 from __future__ import annotations
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices as slice_plan
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
 

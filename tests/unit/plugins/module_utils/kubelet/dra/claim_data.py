@@ -3,7 +3,7 @@ like the stdlib API client (KubeApiError with the HTTP status)."""
 
 import copy
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
 
 DRIVER = "vgpu.accelops.io"

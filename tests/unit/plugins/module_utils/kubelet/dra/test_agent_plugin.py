@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from dra_node import L40S, build, node_facts
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeUnavailable
+from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 
