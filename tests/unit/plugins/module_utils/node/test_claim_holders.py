@@ -2,7 +2,6 @@
 the kubelet plugin serves from."""
 
 import json
-import os
 import re
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, Checkpoint
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
+
 
 def test_the_driver_directory_is_the_kubelet_plugin_directory(tmp_path):
     assert claim_holders.plugin_dir(str(tmp_path)) == KubeletPaths(str(tmp_path)).plugin_dir(claim_holders.DRIVER)
@@ -39,4 +39,3 @@ def test_a_damaged_checkpoint_is_an_error_naming_it_unknown_is_held(tmp_path):
         json.dump(doc, handle)
     with pytest.raises(claim_holders.CheckpointError, match="checkpoint %s: checksum mismatch" % re.escape(path)):
         claim_holders.holders_source(str(tmp_path))()
-
