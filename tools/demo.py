@@ -9,8 +9,10 @@
 4. prints a summary (GPUs, VFs, vGPUs, KubeVirt resources, what changed, how to look further);
 5. the node agent (`accelops-vgpu agent`, a real process) starts with its device plugin, registered with the
    test kubelet (tests/fakes/kubelet_double.py, the kubelet's gRPC APIs), which writes demo-node's
-   status.capacity/allocatable from the plugin's ListAndWatch; the conformance report reads them; then the
-   GitOps path: demo-node is relabelled in the emulator, the agent converges it, the resources follow;
+   status.capacity/allocatable from the plugin's ListAndWatch; the agent is also the DRA driver
+   vgpu.accelops.io (registered with the same kubelet): its ResourceSlices of demo-node appear in the
+   emulator next to the chart's DeviceClasses; the conformance report reads both; then the GitOps path:
+   demo-node is relabelled in the emulator, the agent converges it, the resources and slices follow;
 6. tears everything down, unless --keep (then `tools/demo.py --down` does it later).
 Last, the conformance report of the demo cluster (playbooks/conformance.yml, KAR-0003 / KAR-0004) against
 the API emulator and the fake KubeVirt controller tests/fakes/vmi_controller.py.
@@ -32,6 +34,8 @@ import time
 import urllib.request
 from collections import Counter
 
+import yaml
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
 DEMO = os.path.join(REPO, ".build", "demo")
@@ -41,6 +45,7 @@ FACTS = os.path.join(DEMO, "facts")
 KUBECONFIG = os.path.join(DEMO, "kubeconfig")
 KMOCK = os.path.join(REPO, "tests", "fakes", "kmock_serve.py")
 NODE_ROOT = os.path.join(DEMO, "node-root")
+CDI_DIR = os.path.join(DEMO, "cdi")   # the agent's CDI specs of prepared claims (the runtime's /var/run/cdi)
 DEFAULT_GPUS = "l40s:2,a16:1,t4:1"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 KUBEVIRT_PATH = "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt"
@@ -84,11 +89,12 @@ def cluster_seed(node_name):
     node = {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node_name, "resourceVersion": "1", "labels": {"kubernetes.io/hostname": node_name}}}
     verbs = ["get", "list", "patch"]
+    dra_verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
     resources = {
         "kubevirt.io/v1/kubevirts": {"kind": "KubeVirt", "singular": "kubevirt", "namespaced": True, "verbs": verbs},
         "nvidia.com/v1/clusterpolicies": {"kind": "ClusterPolicy", "singular": "clusterpolicy", "namespaced": False,
                                           "verbs": verbs},
-        "v1/nodes": {"kind": "Node", "singular": "node", "namespaced": False, "verbs": verbs},
+        "v1/nodes": {"kind": "Node", "singular": "node", "namespaced": False, "verbs": verbs + ["watch"]},
         # the node agent's Events (GitOps part of the demo)
         "v1/events": {"kind": "Event", "singular": "event", "namespaced": True, "verbs": ["create", "list"]},
         # the conformance run's namespace and test VMIs (the API double, like a real server, serves only what
@@ -97,7 +103,15 @@ def cluster_seed(node_name):
                           "verbs": ["get", "list", "create", "delete"]},
         "kubevirt.io/v1/virtualmachineinstances": {
             "kind": "VirtualMachineInstance", "singular": "virtualmachineinstance", "namespaced": True,
-            "verbs": ["get", "list", "create", "delete", "patch"]}}
+            "verbs": ["get", "list", "create", "delete", "patch"]},
+        # DRA (resource.k8s.io/v1, GA since Kubernetes 1.34): the agent's ResourceSlices, the chart's
+        # DeviceClasses, the conformance run's ResourceClaims (allocated by the fake controller)
+        "resource.k8s.io/v1/resourceslices": {"kind": "ResourceSlice", "singular": "resourceslice", "namespaced": False,
+                                              "verbs": dra_verbs},
+        "resource.k8s.io/v1/deviceclasses": {"kind": "DeviceClass", "singular": "deviceclass", "namespaced": False,
+                                             "verbs": dra_verbs},
+        "resource.k8s.io/v1/resourceclaims": {"kind": "ResourceClaim", "singular": "resourceclaim", "namespaced": True,
+                                              "verbs": dra_verbs}}
     objects = [
         {"resource": "kubevirt.io/v1/kubevirts", "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt},
         {"resource": "nvidia.com/v1/clusterpolicies", "name": "cluster-policy", "body": policy},
@@ -148,7 +162,7 @@ def down():
 
 def up(gpus):
     down()
-    for path in (FACTS, NODE_ROOT):
+    for path in (FACTS, NODE_ROOT, CDI_DIR):
         shutil.rmtree(path, ignore_errors=True)
     os.makedirs(SYS, exist_ok=True)
     os.makedirs(TOOLS, exist_ok=True)
@@ -403,8 +417,8 @@ def run_conformance(env, api_url):
     section("Conformance report of the demo cluster (KAR-0003 / KAR-0004)")
     print("Against the Kubernetes API emulator %s and the fake KubeVirt controller %s, not a real cluster:"
           % (rel(KMOCK), rel(VMI_CONTROLLER)))
-    print("demo-node's allocatable vGPUs come from the node agent's device plugin through the test kubelet %s; "
-          "the VMIs never boot." % rel(KUBELET))
+    print("demo-node's allocatable vGPUs come from the node agent's device plugin through the test kubelet %s, "
+          "the DRA rows' claims are allocated from its ResourceSlices; the VMIs never boot." % rel(KUBELET))
     print("$ ansible-playbook " + " ".join(argv[1:]) + "   (rc %d)\n" % proc.returncode)
     report = read(DEMO, "conformance", "vgpu-conformance.md")
     if report is None:
@@ -509,7 +523,7 @@ def start_agent(env, kubelet):
     cli = os.path.join(NODE_ROOT, "usr", "local", "bin", "accelops-vgpu")
     AGENT_ENDPOINT["port"] = free_port()
     agent_env = dict(env, NODE_NAME="demo-node", NAMESPACE="default", KUBECONFIG=KUBECONFIG,
-                     DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root,
+                     DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root, DRA_DRIVER="true", CDI_DIR=CDI_DIR,
                      CONFIG_FILE=os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json"),
                      DEFAULT_VGPU_CONFIG="demo", ACCELOPS_VGPU_SYSFS_ROOT=SYS,
                      ACCELOPS_VGPU_DEV_ROOT=os.path.join(SYS, ".gpusim", "dev"), ACCELOPS_VGPU_PROC_ROOT="/proc",
@@ -544,30 +558,130 @@ def vf_parents():
 
 
 def start_serving(env, api_url, facts):
-    """The test kubelet, then the agent with its device plugin; (agent, kubelet, rc) once the kubelet reports
-    the vGPUs the playbook created."""
-    section("The node agent serves the kubelet (device plugin API v1beta1, one resource per profile)")
+    """The test kubelet, then the agent with its device plugin and DRA driver; (agent, kubelet, rc) once the
+    kubelet reports the vGPUs the playbook created and the ResourceSlices publish them."""
+    section("The node agent serves the kubelet (device plugin API v1beta1, one resource per profile; DRA driver)")
     kubelet = Kubelet(api_url)
     if kubelet.url is None:
         print("the test kubelet did not start")
         kubelet.stop()
         return None, None, 1
     agent, cli = start_agent(env, kubelet)
+    try:
+        return agent, kubelet, wait_served(api_url, facts, agent, kubelet, cli)
+    except BaseException:   # an error or Ctrl-C: no agent or kubelet outlives the demo
+        stop_serving(agent, kubelet)
+        raise
+
+
+def wait_served(api_url, facts, agent, kubelet, cli):
+    """0 once the kubelet reports the playbook's vGPUs and the DRA driver publishes them, else 1."""
     print("$ %s --root %s --api %s --node demo-node   (the test kubelet)" % (rel(KUBELET), kubelet.root, api_url))
-    print("$ NODE_NAME=demo-node CONFIG_FILE=%s DEFAULT_VGPU_CONFIG=demo DEVICE_PLUGIN=true KUBELET_DIR=%s %s agent"
+    print("$ NODE_NAME=demo-node CONFIG_FILE=%s DEFAULT_VGPU_CONFIG=demo DEVICE_PLUGIN=true DRA_DRIVER=true "
+          "KUBELET_DIR=%s CDI_DIR=%s %s agent"
           "   (pid %d; log %s)" % (rel(os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json")), kubelet.root,
-                                   rel(cli), agent.pid, rel(os.path.join(DEMO, "agent.log"))))
+                                   rel(CDI_DIR), rel(cli), agent.pid, rel(os.path.join(DEMO, "agent.log"))))
     wanted = dict((r["resource_name"], str(r["count"])) for r in facts["resources"])
-    if not wait_for(lambda: node_allocatable(api_url) == wanted or agent.poll() is not None, 60):
+    if not wait_for(lambda: (node_allocatable(api_url) == wanted and agent_status().get("config"))
+                    or agent.poll() is not None, 60):
         print("the kubelet did not report %s within 60 s (it has %s); see %s" % (
             wanted, node_allocatable(api_url), rel(os.path.join(DEMO, "agent.log"))))
-        return agent, kubelet, 1
+        return 1
     first = agent_status()
     print("started: no nvidia.com/vgpu.config label -> DEFAULT_VGPU_CONFIG %r, already in place -> %s=%s"
           % (first.get("config"), STATE_LABEL, node_labels(api_url).get(STATE_LABEL)))
     print("The kubelet's devices, from the agent's ListAndWatch streams (IDs: VF addresses, mdev UUIDs):")
     print_served(kubelet, api_url)
-    return agent, kubelet, 0
+    return wait_published(api_url, facts, kubelet)
+
+
+def wait_published(api_url, facts, kubelet):
+    """The chart's DeviceClasses created, then 0 once the DRA driver is registered with the kubelet and its
+    ResourceSlices publish the playbook's vGPUs, else 1."""
+    classes = create_device_classes(api_url)
+    if not wait_for(lambda: dra_profiles(api_url) == node_profiles(facts) and dra_registered(kubelet), 30):
+        print("the DRA driver %s did not publish the node's vGPUs %s within 30 s (ResourceSlices: %s); see %s" % (
+            DRA_DRIVER, node_profiles(facts), dra_profiles(api_url), rel(os.path.join(DEMO, "agent.log"))))
+        return 1
+    print("The same vGPUs through DRA (the agent is also the DRA driver %s, registered with the test kubelet):"
+          % DRA_DRIVER)
+    print("  DeviceClasses (the chart's templates/deviceclasses.yaml, what vgpu_node_agent_dra creates): %s"
+          % ", ".join(classes))
+    print_dra(api_url)
+    return 0
+
+
+DRA_DRIVER = "vgpu.accelops.io"
+CHART = os.path.join(REPO, "charts", "accelops-vgpu-node-agent")
+DRA_API = "/apis/resource.k8s.io/v1/"
+
+
+def create_device_classes(api_url):
+    """The chart's DeviceClasses (dra.enabled), rendered by helm and created in the emulator, as
+    `helm template ... | kubectl create -f -` would: the objects the vgpu_node_agent role applies with
+    vgpu_node_agent_dra. The demo runs the agent as a process, not as the chart's DaemonSet, so only these
+    objects of the chart are created. Returns their names."""
+    layout = os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=DEMO, encoding="utf-8") as values:
+        with open(layout, encoding="utf-8") as handle:
+            json.dump({"vdmConfig": json.load(handle), "defaultConfig": "demo", "dra": {"enabled": True}}, values)
+        values.flush()
+        rendered = subprocess.run([os.path.join(VENV_BIN, "helm"), "template", "accelops-vgpu-node-agent", CHART,
+                                   "-f", values.name, "--show-only", "templates/deviceclasses.yaml"],
+                                  stdout=subprocess.PIPE, text=True, check=True).stdout
+    names = []
+    for body in yaml.safe_load_all(rendered):
+        if body:
+            request = urllib.request.Request(api_url + DRA_API + "deviceclasses", data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"}, method="POST")
+            with urllib.request.urlopen(request, timeout=10):
+                names.append(body["metadata"]["name"])
+    return names
+
+
+def dra_devices(api_url):
+    """The devices of demo-node's ResourceSlices of the driver, as the emulator holds them (every slice of the
+    pool's newest generation)."""
+    items = [item for item in (api_get(api_url, DRA_API + "resourceslices") or {}).get("items") or []
+             if (item.get("spec") or {}).get("driver") == DRA_DRIVER
+             and item["spec"].get("nodeName") == "demo-node"]
+    newest = max([int(item["spec"]["pool"].get("generation") or 0) for item in items] or [0])
+    return [device for item in items if int(item["spec"]["pool"].get("generation") or 0) == newest
+            for device in item["spec"].get("devices") or []], len(items)
+
+
+def dra_attribute(device, name):
+    """A device attribute's value (an unqualified name is in the driver's domain, resource.k8s.io/v1)."""
+    attributes = device.get("attributes") or {}
+    value = attributes.get(name) or attributes.get("%s/%s" % (DRA_DRIVER, name)) or {}
+    return next(iter(value.values()), "?")
+
+
+def dra_profiles(api_url):
+    """{profile: devices} demo-node's ResourceSlices publish."""
+    return dict(Counter(dra_attribute(device, "profile") for device in dra_devices(api_url)[0]))
+
+
+def node_profiles(facts):
+    """{profile: vGPUs} the playbook left on demo-node (its vgpu_profiles facts)."""
+    return dict(Counter(vgpu["after"] for gpu in facts["gpus"] for vgpu in gpu.get("vgpus", []) if vgpu.get("after")))
+
+
+def dra_registered(kubelet):
+    try:
+        with urllib.request.urlopen(kubelet.url + "/registrations", timeout=10) as resp:
+            registrations = json.load(resp)
+    except (OSError, ValueError, TypeError):
+        return False
+    return any(r["type"] == "DRAPlugin" and r["name"] == DRA_DRIVER and r["registered"] for r in registrations.values())
+
+
+def print_dra(api_url):
+    devices, count = dra_devices(api_url)
+    frameworks = Counter(dra_attribute(device, "framework") for device in devices)
+    print("  ResourceSlices of demo-node: %d, devices per profile: %s   (%s)" % (
+        count, ", ".join("%d x %s" % (n, p) for p, n in sorted(dra_profiles(api_url).items())) or "none",
+        ", ".join("%d %s" % (n, name) for name, n in sorted(frameworks.items()))))
 
 
 def stop_serving(agent, kubelet):
@@ -586,7 +700,7 @@ def run_gitops(api_url, kubelet):
     """Relabel demo-node in the emulator; the node agent, a real process, converges the simulated node and its
     device plugin follows: the kubelet's resources change with it."""
     section("GitOps: the node agent (accelops-vgpu agent, a real process, against the API emulator)")
-    before = dict(node_allocatable(api_url))
+    before, dra_before = dict(node_allocatable(api_url)), dra_profiles(api_url)
     log_start = len(write_log())
     print("$ kubectl label node demo-node nvidia.com/vgpu.config=%s --overwrite   (the same merge patch)" % AGENT_LAYOUT)
     states = []
@@ -640,6 +754,16 @@ def run_gitops(api_url, kubelet):
           "kubevirt_vgpu_provider: agent; README, \"Scheduling vGPUs\"):")
     print_served(kubelet, api_url)
     print("status.allocatable before the relabel: %s" % ", ".join("%s=%s" % i for i in sorted(before.items())))
+
+    def slices_followed():
+        now = dra_profiles(api_url)
+        return now != dra_before and sum(now.values()) == sum(len(d) for d in kubelet.devices().values())
+    if not wait_for(slices_followed, 30):
+        print("the DRA driver's ResourceSlices did not follow the relabel within 30 s")
+        print_dra(api_url)
+        return 1
+    print("The DRA driver's ResourceSlices followed too:")
+    print_dra(api_url)
     return 0
 
 

@@ -1,33 +1,116 @@
 """`make demo`, the README's first command, runs end to end and shows what it promises.
 
 The demo is a user's first contact and touches every layer (gpusim, the playbooks, the API double, the
-agent with its device plugin, the test kubelet, the conformance playbook, the GitOps relabel); a stricter
-double or a changed seed breaks it without any other test noticing, so it runs here as `tools/demo.sh`
-(what `make demo` calls) and its output is checked for the parts the README describes.
+agent with its device plugin and DRA driver, the test kubelet, the conformance playbook, the GitOps relabel);
+a stricter double or a changed seed breaks it without any other test noticing, so it runs here as
+`tools/demo.sh --keep` (what `make demo` calls), its output is checked for the parts the README describes,
+and what it left (the simulated node, the API double, the conformance report) is read before `--down`.
 """
 
+import json
 import os
 import re
 import subprocess
+import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEMO = os.path.join(REPO, ".build", "demo")
+SYS = os.path.join(DEMO, "sys")
+DRIVER = "vgpu.accelops.io"
 
 
-def test_make_demo_programs_the_node_attests_it_and_follows_a_relabel():
-    proc = subprocess.run([os.path.join(REPO, "tools", "demo.sh")], cwd=REPO, capture_output=True, text=True,
-                          timeout=900, check=False)
-    out = proc.stdout
-    assert proc.returncode == 0, (out + proc.stderr)[-4000:]
-    assert "playbooks/site.yml succeeded" in out
-    assert re.search(r"nvidia\.com/NVIDIA_L40S-24Q\s+4 on demo-node", out), out[-4000:]
-    # the conformance playbook ran against the demo cluster: rc 0 and no FAIL row
-    assert "playbooks/conformance.yml   (rc 0)" in out
-    summary = re.search(r"\*\*(\d+) PASS, (\d+) FAIL, (\d+) UNKNOWN\*\*", out)
-    assert summary and int(summary.group(1)) > 0 and summary.group(2) == "0", out[-4000:]
-    # the GitOps path: the agent converged the relabel and the kubelet's resources followed it
-    assert "nvidia.com/vgpu.config.state: success -> pending -> success" in out
-    after = re.search(r"status\.allocatable \(written by the test kubelet\): (.*)", out.split("GitOps")[-1])
-    assert after and "nvidia.com/NVIDIA_L40S-8Q=12" in after.group(1), out[-4000:]
+def attribute(device, name):
+    value = (device.get("attributes") or {}).get(name) or device["attributes"].get("%s/%s" % (DRIVER, name))
+    return next(iter(value.values()))
+
+
+def stored(path):
+    """A GET on the API double the demo left running (--keep), outside the demo's own code."""
+    with open(os.path.join(DEMO, "kubeconfig"), encoding="utf-8") as handle:
+        server = json.load(handle)["clusters"][0]["cluster"]["server"]
+    with urllib.request.urlopen(server + path, timeout=10) as response:
+        return json.load(response)
+
+
+def node_vgpus():
+    """{(framework, device): (parent GPU, vGPU type ID or None)} read from the simulated sysfs: each typed
+    vendor-VFIO VF (its current_vgpu_type) and each mdev (its parent function's PF)."""
+    devices = os.path.join(SYS, "bus", "pci", "devices")
+
+    def physfn(function):
+        link = os.path.join(devices, function, "physfn")
+        return os.path.basename(os.readlink(link)) if os.path.islink(link) else function
+    found = {}
+    for address in os.listdir(devices):
+        try:
+            with open(os.path.join(devices, address, "nvidia", "current_vgpu_type"), encoding="utf-8") as handle:
+                type_id = int(handle.read().strip() or 0)
+        except OSError:
+            continue
+        if type_id:
+            found[("vendor-vfio", address)] = (physfn(address), type_id)
+    mdevs = os.path.join(SYS, "bus", "mdev", "devices")
+    for uuid in os.listdir(mdevs):
+        parent = os.path.basename(os.path.dirname(os.path.realpath(os.path.join(mdevs, uuid))))
+        found[("mdev", uuid)] = (physfn(parent), None)
+    return found
+
+
+def published_vgpus():
+    """The same view from the ResourceSlices of demo-node the DRA driver published (newest pool generation)."""
+    items = [i for i in stored("/apis/resource.k8s.io/v1/resourceslices")["items"]
+             if i["spec"]["driver"] == DRIVER and i["spec"]["nodeName"] == "demo-node"]
+    assert items, "no ResourceSlice of %s for demo-node" % DRIVER
+    newest = max(int(i["spec"]["pool"]["generation"]) for i in items)
+    published = {}
+    for item in items:
+        if int(item["spec"]["pool"]["generation"]) != newest:
+            continue
+        for device in item["spec"]["devices"]:
+            framework = attribute(device, "framework")
+            key = attribute(device, "mdevUUID") if framework == "mdev" else attribute(
+                device, "resource.kubernetes.io/pciBusID")
+            assert (framework, key) not in published, device
+            published[(framework, key)] = (attribute(device, "parentGPU"),
+                                           int(attribute(device, "typeID")) if framework == "vendor-vfio" else None)
+    return published
+
+
+def test_make_demo_programs_the_node_attests_it_and_follows_a_relabel(tmp_path):
+    log = tmp_path / "demo.log"   # a file, not a pipe: the API double and gpusim of --keep hold their stdout open
+    try:
+        with open(log, "w", encoding="utf-8") as handle:
+            proc = subprocess.run([os.path.join(REPO, "tools", "demo.sh"), "--keep"], cwd=REPO, stdout=handle,
+                                  stderr=subprocess.STDOUT, timeout=900, check=False)
+        out = log.read_text(encoding="utf-8")
+        assert proc.returncode == 0, out[-4000:]
+        assert "playbooks/site.yml succeeded" in out
+        assert re.search(r"nvidia\.com/NVIDIA_L40S-24Q\s+4 on demo-node", out), out[-4000:]
+        assert "no nvidia.com/vgpu.config label -> DEFAULT_VGPU_CONFIG 'demo'" in out
+        # the conformance playbook ran against the demo cluster: rc 0 and no FAIL row
+        assert "playbooks/conformance.yml   (rc 0)" in out
+        summary = re.search(r"\*\*(\d+) PASS, (\d+) FAIL, (\d+) UNKNOWN\*\*", out)
+        assert summary and int(summary.group(1)) > 0 and summary.group(2) == "0", out[-4000:]
+        # the DRA rows: the agent's DRA driver published, the chart's DeviceClass existed, the fake scheduler
+        # allocated the claims: every DRA row PASSes, one sharing.dra and over-allocation.dra per profile
+        with open(os.path.join(DEMO, "conformance", "vgpu-conformance.json"), encoding="utf-8") as handle:
+            checks = json.load(handle)["checks"]
+        dra = sorted((c["check"], c["subject"], c["status"]) for c in checks if c["check"].endswith(".dra"))
+        assert dra == [("consistency.dra", "resource.k8s.io/v1", "PASS")] + [
+            (check, "%s@demo-node" % profile, "PASS") for check in ("over-allocation.dra", "sharing.dra")
+            for profile in ("A16-4Q", "L40S-24Q", "T4-8Q")], dra
+        # the GitOps path: the agent converged the relabel and the kubelet's resources followed it
+        assert "nvidia.com/vgpu.config.state: success -> pending -> success" in out
+        after = re.search(r"status\.allocatable \(written by the test kubelet\): (.*)", out.split("GitOps")[-1])
+        assert after and "nvidia.com/NVIDIA_L40S-8Q=12" in after.group(1), out[-4000:]
+        # ... and so did the DRA driver's ResourceSlices: they publish exactly the vGPUs the node has now
+        published, node = published_vgpus(), node_vgpus()
+        assert published == node
+        assert sorted(type_id for _gpu, type_id in node.values() if type_id) == [1152] * 12  # 12 x L40S-8Q
+        assert stored("/apis/resource.k8s.io/v1/deviceclasses/" + DRIVER)["spec"]["selectors"]
+    finally:
+        subprocess.run([os.path.join(REPO, "tools", "demo.sh"), "--down"], cwd=REPO, capture_output=True,
+                       timeout=120, check=False)
     # torn down: nothing of the simulated node stays mounted
     with open("/proc/mounts", encoding="utf-8") as mounts:
         assert os.path.join(REPO, ".build", "demo") not in mounts.read()
