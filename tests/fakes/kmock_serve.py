@@ -27,7 +27,7 @@ Semantics (each as a real API server; a request the double cannot model fails lo
   `propagationPolicy`, `orphanDependents`), invalid ones -> 422; 404 when absent; `preconditions`
   (uid, resourceVersion) not met -> 409 `Conflict`, nothing changed; `dryRun: [All]` stores nothing;
   the garbage collector's work for the propagation policy happens at once (dependents by
-  ownerReferences deleted, or orphaned); finalizers -> deletionTimestamp (200) and the object goes
+  ownerReferences deleted, or orphaned; Background waits for an owner's last finalizer); finalizers -> deletionTimestamp (200) and the object goes
   when a write removes the last finalizer; deleting a Namespace deletes its objects (no namespace
   controller: at once); details in StrictEmulator._delete;
 - list and watch (`?watch=true`): one global resourceVersion counter bumped by every write, lists
@@ -480,7 +480,8 @@ class StrictEmulator(KubernetesEmulator):
         (body, else query) validated (422); 404 when absent; a lost race (/_ctl/conflict) lands;
         the preconditions checked (409 `Conflict`, nothing changed, dry run or not); with dry run
         the object is answered, nothing stored; else the garbage collector's work for the
-        propagation policy is done at once (_collect_garbage), then finalizers defer the removal
+        propagation policy is done at once (_collect_garbage; Background on an owner that a finalizer
+        keeps: when the last finalizer goes), then finalizers defer the removal
         (deletionTimestamp, 200) or the object goes. The answer is the object (200; 202 only with
         orphanDependents=false on an object that stays, as handlers/delete.go). With Foreground or
         Orphan a real server first keeps the owner with the `foregroundDeletion`/`orphan` finalizer
@@ -498,9 +499,13 @@ class StrictEmulator(KubernetesEmulator):
         if options["dryRun"]:
             return aiohttp.web.json_response(before)
         policy = options["propagationPolicy"] or ("Orphan" if options["orphanDependents"] else "Background")
-        self._collect_garbage(before, policy == "Orphan")
+        finalizers = (before.get("metadata") or {}).get("finalizers")
+        if not (finalizers and policy == "Background"):
+            # Background: the collector keeps the dependents while their owner exists, deletionTimestamp or not
+            # (a "solid" owner, garbagecollector.go classifyReferences): they go with its last finalizer (_write)
+            self._collect_garbage(before, policy == "Orphan")
         status = 202 if options["orphanDependents"] is False else 200
-        if (before.get("metadata") or {}).get("finalizers"):
+        if finalizers:
             if before["metadata"].get("deletionTimestamp"):
                 return aiohttp.web.json_response(before, status=status)
             return aiohttp.web.json_response(self._mark_deleting(key, before), status=status)
@@ -608,6 +613,7 @@ class StrictEmulator(KubernetesEmulator):
             return aiohttp.web.json_response(result)
         meta["resourceVersion"] = self.bump()
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._collect_garbage(before, False)   # the owner is gone now: its dependents go (Background)
             return aiohttp.web.json_response(self._remove(key, before, result))
         self.store(key, result)
         self.record("MODIFIED", key, result, before)

@@ -135,3 +135,20 @@ def test_finalizers_defer_the_delete_until_the_last_one_is_removed(api):
     assert call(api, "GET", collection + "/victim")[0] == 200
     assert call(api, "PATCH", collection + "/victim", {"metadata": {"finalizers": None}}, MERGE)[0] == 200
     assert call(api, "GET", collection + "/victim")[0] == 404
+
+
+def test_background_deletion_keeps_dependents_while_a_finalizer_keeps_their_owner(api):
+    """The garbage collector deletes dependents of a gone owner only: one that still exists with a deletionTimestamp
+    (a finalizer pending) is a solid owner (kube-controller-manager garbagecollector.go classifyReferences)."""
+    owner = call(api, "POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": "gpu-d", "finalizers": ["example.com/keep"]}})[1]
+    collection, body, dummy = CASES[SLICES]
+    body = dict(body, metadata={"name": "victim", "ownerReferences": [
+        {"apiVersion": "v1", "kind": "Node", "name": "gpu-d", "uid": owner["metadata"]["uid"]}]})
+    assert call(api, "POST", collection, body)[0] == 201
+    status, answer = call(api, "DELETE", "/api/v1/nodes/gpu-d", options(propagationPolicy="Background"))
+    assert status == 200 and answer["metadata"]["deletionTimestamp"]
+    assert call(api, "GET", collection + "/victim")[0] == 200              # the owner still exists
+    assert call(api, "PATCH", "/api/v1/nodes/gpu-d", {"metadata": {"finalizers": None}}, MERGE)[0] == 200
+    assert call(api, "GET", "/api/v1/nodes/gpu-d")[0] == 404
+    assert call(api, "GET", collection + "/victim")[0] == 404              # now it is collected
