@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import pytest
 
+from ansible_collections.accelops.vgpu.tests.fakes.kube_api_rules import merge_patch
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.kubevirt import (
     MDEV, PCI, KubeVirtError, plan_host_devices)
 
@@ -69,22 +70,9 @@ def takes_devices_of_ours(cr, pci):
                for e in cr["spec"]["configuration"]["permittedHostDevices"][PCI])
 
 
-def merge_patched(target, patch):
-    """RFC 7386 JSON merge patch as the API server applies it: objects merge, null deletes, lists are replaced whole."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patched(result.get(key), value)
-    return result
-
-
 def stored_after(cr, plan):
     """The CR as the API server stores it after our JSON merge patch (metadata and spec alike)."""
-    return merge_patched(cr, plan.patch or {})
+    return merge_patch(cr, plan.patch or {})
 
 
 def foreign(entries, ours):
