@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import kubevirt
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import NVIDIA_VENDOR, vendor_selector
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import (
+    NVIDIA_VENDOR, PciAddressError, parse_id_filter, vendor_selector)
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import resource_name
 
 # Device IDs (vendor 10de, gpu_models.NVIDIA_MODELS) whose vGPUs are SR-IOV VFs typed through current_vgpu_type
@@ -42,10 +43,10 @@ def _pci_ids(device_filter, where):
     filters = device_filter if isinstance(device_filter, list) else [device_filter]
     ids = []
     for value in filters:
-        text = str(value).lower()
-        if not (text.startswith("0x") and len(text) == 10):
-            raise GitopsPatchError("%s: device-filter %r is not a PCI ID 0x<device><vendor>" % (where, value))
-        device, vendor = text[2:6], text[6:]
+        try:   # the engine's parser: 0x<device><vendor> (VDM) or vvvv:dddd, as the nodes read it
+            vendor, device = parse_id_filter(value)
+        except PciAddressError:
+            raise GitopsPatchError("%s: device-filter %r is not a PCI ID 0x<device><vendor>" % (where, value)) from None
         if vendor != NVIDIA_VENDOR:
             raise GitopsPatchError("%s: device-filter %r is not an NVIDIA GPU" % (where, value))
         if device in MDEV_DEVICES:

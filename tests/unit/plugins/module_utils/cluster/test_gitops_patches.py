@@ -32,6 +32,14 @@ def test_one_resource_per_gpu_model_appended_with_the_feature_gate():
         {"op": "add", "path": "/spec/configuration/developerConfiguration/featureGates/-", "value": "HostDevices"}]
 
 
+def test_device_filters_are_read_as_the_nodes_read_them():
+    """The engine's parser (node/pci.parse_id_filter): VDM's 0x<device><vendor> and lspci's vvvv:dddd alike."""
+    lspci = [dict(L40S_24Q[0], **{"device-filter": "10de:26b9"})]
+    assert gitops_patches.kubevirt_patch(document(a=lspci)) == gitops_patches.kubevirt_patch(document(a=L40S_24Q))
+    with pytest.raises(gitops_patches.GitopsPatchError, match="device-filter 'L40S' is not a PCI ID"):
+        gitops_patches.kubevirt_patch(document(a=[dict(L40S_24Q[0], **{"device-filter": "L40S"})]))
+
+
 def test_per_profile_naming_takes_one_profile_per_gpu_model():
     ops = gitops_patches.kubevirt_patch(document(a=L40S_24Q), naming="profile", feature_gate=False)
     assert [op["value"] for op in ops] == [{"resourceName": "nvidia.com/NVIDIA_L40S-24Q",
