@@ -85,7 +85,6 @@ class Agent:
         self.telemetry = telemetry or Telemetry(settings, clock)  # metrics and probe state (agent/telemetry.py)
         self.device_plugin = device_plugin  # kubelet.vgpu_device_plugin.VgpuDevicePlugin, or None
         self.dra_plugin = dra_plugin        # kubelet.dra.agent_plugin.VgpuDraPlugin, or None
-        self.applied = None         # (sysfs, apply result) of the last reconcile when it applied; else None
         self.config = ConfigSource(settings.config_file)
         self.stop, self.wake, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self.latest = None          # the node as last listed/watched
@@ -189,7 +188,7 @@ class Agent:
         self.written, self.own_versions = None, set()
         self.telemetry.reconcile_started()
         try:
-            state, profiles, reason, changed = self._converge(node, name)
+            state, profiles, reason, changed, applied = self._converge(node, name)
         except (KubeApiError, KubeUnavailable) as exc:
             self.telemetry.reconcile_aborted()
             delay = kube.retry_delay(exc, self.api_backoff.next())
@@ -200,7 +199,6 @@ class Agent:
         self.api_backoff.reset()
         self.reconciled, self.next_resync = wanted, self.clock() + self.settings.resync_interval
         if self.dra_plugin is not None:     # the node as it is now, applied or not, reaches the slices
-            applied = self.applied
             self.dra_plugin.reconciled(_meta_field(node, "uid"), *(applied or (None, None)))
         if state == vdm.FAILED and self.restart_pending:
             # the manager may still be coming back: retry sooner than the resync, backing off
@@ -216,7 +214,8 @@ class Agent:
         self.write_status(state, name, reason)
 
     def _converge(self, node, name):
-        """(state, profiles, reason, changed); labels and Events written on the way."""
+        """(state, profiles, reason, changed, applied); labels and Events written on the way. `applied`: (sysfs,
+        apply result) of a successful apply, the kubelet plugins' inventory; None after a failure."""
         s = self.settings
         changing = []
 
@@ -228,7 +227,6 @@ class Agent:
             if paused and s.operand_namespace:   # also labels a failed or killed earlier try paused
                 self._wait_for_operands(paused)
 
-        self.applied = None   # (sysfs, apply result) of a successful apply: the kubelet plugins' inventory
         try:
             engine = self.engine()
             self._plugin_check(engine)
@@ -247,17 +245,16 @@ class Agent:
             reason = vdm.reason_text("internal error: %s: %s" % (type(exc).__name__, exc))
         else:
             self.probe.arm(result)
-            self.applied = (engine.sysfs, result)
             if self.device_plugin is not None:
                 self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])
             self.hand_over_to_boot(name)
             self._finish(changing[-1] if changing else node, vdm.SUCCESS, profiles, None, applied=bool(changing),
                          config=name)
-            return vdm.SUCCESS, profiles, None, bool(changing)
+            return vdm.SUCCESS, profiles, None, bool(changing), (engine.sysfs, result)
         self._finish(changing[-1] if changing else node, vdm.FAILED, None, reason, applied=bool(changing),
                      config=name)
-        return vdm.FAILED, None, reason, False
+        return vdm.FAILED, None, reason, False, None
 
     def _plugin_check(self, engine):
         """The served vGPUs' health as the node says now, before the reconcile may change them."""
