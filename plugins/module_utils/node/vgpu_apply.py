@@ -145,10 +145,17 @@ def mixed_mode_supported(runner, pf):
     rc, out, err = runner.run([_smi(runner), "-q", "-i", pf], check=False)
     if rc != 0:
         raise LayoutError("GPU %s: nvidia-smi -q failed: %s" % (pf, " ".join((err or out).split())[:200]))
+    mode = None
     for line in out.splitlines():
         name, dummy, value = line.partition(":")
         if "heterogeneous time-slice sizes" in name.lower():
             return value.strip().lower() == "supported"
+        if name.strip().lower() == "virtualization mode":
+            mode = value.strip()
+    if mode and mode.lower() != "host vgpu":
+        # a real driver without the vGPU manager says "Pass-Through" (tests/gpusim/captures/nvidia-smi-q-h100-580.txt)
+        raise LayoutError("GPU %s: nvidia-smi -q says Virtualization Mode %s, not Host VGPU: the vGPU manager "
+                          "driver is not loaded for it (accelops.vgpu.vgpu_driver)" % (pf, mode))
     raise LayoutError("GPU %s: nvidia-smi -q does not say whether the GPU supports mixed-size mode "
                       "(no 'Heterogeneous Time-Slice Sizes' line)" % pf)
 

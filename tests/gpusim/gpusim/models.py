@@ -174,40 +174,47 @@ class GiProfile:
     starts: tuple               # allowed placement starts (memory slice index)
     max_instances: int
     memory_gib: float
+    engines: tuple = (0, 0, 0, 0, 0, 0)   # SM, DEC, ENC, CE, JPEG, OFA as `-lgip` prints them
 
 
 # Hopper MIG geometry: 7 compute and 8 memory slices; placements as `nvidia-smi mig -lgipp` prints
 # them in NVIDIA's MIG user guide (H100/A100 examples: 1g {0..6}:1, 1g double memory {0,2,4,6}:2,
-# 2g {0,2,4}:2, 3g {0,4}:4, 4g {0}:4, 7g {0}:8); profile IDs 19/20/15/14/9/5/0 from public
-# `-lgip` field notes on H100 80GB (brief §11). H100 NVL and H200 share the IDs: ASSUMED.
+# 2g {0,2,4}:2, 3g {0,4}:4, 4g {0}:4, 7g {0}:8). Profile IDs, instance counts, memory and the engine
+# columns (SM, DEC, ENC / CE, JPEG, OFA) as a real H100 80GB HBM3 prints them with driver 580.159.04
+# (captures/nvidia-smi-mig-lgip-h100.txt); other Hopper boards share the IDs and engine counts: ASSUMED.
 MIG_COMPUTE_SLICES = 7
 MIG_MEMORY_SLICES = 8
-_HOPPER_SHAPES = [  # (profile ID, compute slices, memory slices, starts, max instances, name suffix, size index)
-    (19, 1, 1, (0, 1, 2, 3, 4, 5, 6), 7, "", 0),
-    (20, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1, "+me", 0),
-    (15, 1, 2, (0, 2, 4, 6), 4, "", 1),
-    (14, 2, 2, (0, 2, 4), 3, "", 1),
-    (9, 3, 4, (0, 4), 2, "", 2),
-    (5, 4, 4, (0,), 1, "", 2),
-    (0, 7, 8, (0,), 1, "", 3),
+_HOPPER_SHAPES = [  # (profile ID, compute slices, memory slices, starts, max instances, name suffix, size index,
+    #                  (SM, DEC, ENC, CE, JPEG, OFA) on H100 80GB)
+    (19, 1, 1, (0, 1, 2, 3, 4, 5, 6), 7, "", 0, (16, 1, 0, 1, 1, 0)),
+    (20, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1, "+me", 0, (16, 1, 0, 1, 1, 1)),
+    (15, 1, 2, (0, 2, 4, 6), 4, "", 1, (26, 1, 0, 1, 1, 0)),
+    (14, 2, 2, (0, 2, 4), 3, "", 1, (32, 2, 0, 2, 2, 0)),
+    (9, 3, 4, (0, 4), 2, "", 2, (60, 3, 0, 3, 3, 0)),
+    (5, 4, 4, (0,), 1, "", 2, (64, 4, 0, 4, 4, 0)),
+    (0, 7, 8, (0,), 1, "", 3, (132, 7, 0, 8, 7, 1)),
 ]
+# GiB that `-lgip` shows for 1, 2, 4 and 8 memory slices: H100 80GB from the capture; the 141 GB boards
+# as 97 % of the name's size: ASSUMED.
+H100_80GB_MIG_MEMORY = (9.75, 19.62, 39.50, 79.25)
 
 
-def _hopper_mig(prefix, sizes_gb, first_type_id):
+def _hopper_mig(prefix, sizes_gb, first_type_id, memory_gib=None):
     """GI profiles and MIG-backed vGPU types of a Hopper board; `sizes_gb` are the framebuffer sizes of
     1, 2, 4 and 8 memory slices (H100 80GB: 10, 20, 40, 80), the GB in both the MIG and the vGPU
     names (`1g.10gb` <-> `H100-1-10C`, `+me` <-> `ME`; VDM ToMigConfigSpecSlice, brief §11)."""
     profiles, types = [], []
-    for offset, (profile_id, compute, size, starts, count, suffix, index) in enumerate(_HOPPER_SHAPES):
+    memory_gib = memory_gib or tuple(round(gib * 0.97, 2) for gib in sizes_gb)
+    for offset, (profile_id, compute, size, starts, count, suffix, index, engines) in enumerate(_HOPPER_SHAPES):
         gib = sizes_gb[index]
         profiles.append(GiProfile(profile_id, "%dg.%dgb%s" % (compute, gib, suffix), compute, size, starts, count,
-                                  gib * 0.97))
+                                  memory_gib[index], engines))
         vgpu_name = "NVIDIA %s-%d-%dC%s" % (prefix, compute, gib, "ME" if suffix == "+me" else "")
         types.append(VgpuType(first_type_id + offset, vgpu_name, gib, count, gi_profile=profile_id))
     return tuple(profiles), tuple(types)
 
 
-H100_GI_PROFILES, H100_MIG_TYPES = _hopper_mig("H100", (10, 20, 40, 80), 1118)
+H100_GI_PROFILES, H100_MIG_TYPES = _hopper_mig("H100", (10, 20, 40, 80), 1118, H100_80GB_MIG_MEMORY)
 H200X_GI_PROFILES, H200X_MIG_TYPES = _hopper_mig("H200X", (18, 35, 71, 141), 1414)
 H200_NVL_GI_PROFILES, H200_NVL_MIG_TYPES = _hopper_mig("H200", (18, 35, 71, 141), 1445)
 
@@ -247,6 +254,15 @@ MODELS = {m.key: m for m in [
                  "types": "C-series names per NVIDIA profile naming; IDs and set " + ASSUMED,
                  "mig": "MIG-backed names and maxima: NVIDIA AIE Hopper vGPU types (brief §11); GI IDs: public "
                         "-lgip notes; type IDs " + ASSUMED}),
+    Model(
+        # What a VM guest sees of a whole H100 passed through to it (captures/sysfs-pf-h100-guest.txt,
+        # nvidia-smi-q-h100-580.txt): the PF on `nvidia`, no SR-IOV capability (no sriov_* files),
+        # Virtualization Mode "Pass-Through", MIG available. Not a vGPU host: no VFs, no vGPU types.
+        key="h100-guest", product="NVIDIA H100 80GB HBM3", vendor="10de", device="2330", subsystem_vendor="10de",
+        subsystem_device="16c1", pci_class=CLASS_3D, framework=NONE, driver="nvidia",
+        framebuffer_gib=80, gi_profiles=H100_GI_PROFILES,
+        sources={"pci_id/subsystem/class/driver": "captures/sysfs-pf-h100-guest.txt (real H100 SXM5, 2026-11-27)",
+                 "mig": "captures/nvidia-smi-mig-lgip-h100.txt"}),
     Model(
         key="h200", product="NVIDIA H200", vendor="10de", device="2335", subsystem_vendor="10de",
         subsystem_device="18be", pci_class=CLASS_3D, framework=VENDOR_VFIO, driver="nvidia",

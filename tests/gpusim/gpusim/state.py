@@ -606,7 +606,7 @@ class State:
         with self.lock:
             gpus = [{"address": pf.address, "model": pf.model.key, "product": pf.model.product,
                      "pci_id": pf.model.pci_id, "framework": pf.model.framework, "mixed_size": pf.mixed,
-                     "mixed_size_supported": pf.model.mixed_size, "driver": pf.driver,
+                     "mixed_size_supported": pf.model.mixed_size, "driver": pf.driver, "sriov": pf.model.sriov,
                      "numvfs": len(pf.vfs), "framebuffer_gib": pf.model.framebuffer_gib,
                      "types": [{"id": t.type_id, "name": t.name, "framebuffer_gib": t.framebuffer_gib,
                                 "max_instances": t.max_instances, "gi_profile": t.gi_profile}
@@ -614,7 +614,8 @@ class State:
                      "mig_supported": pf.model.mig, "mig_mode": pf.mig,
                      "gi_profiles": [{"id": p.profile_id, "name": p.name, "size": p.size, "starts": list(p.starts),
                                       "max_instances": p.max_instances, "memory_gib": p.memory_gib,
-                                      "compute_slices": p.compute_slices} for p in pf.model.gi_profiles],
+                                      "compute_slices": p.compute_slices, "engines": list(p.engines)}
+                                     for p in pf.model.gi_profiles],
                      "gis": [{"id": gi.gi_id, "profile": gi.profile.profile_id, "name": gi.profile.name,
                               "start": gi.start, "size": gi.profile.size, "compute_instance": gi.compute_instance,
                               "vf": getattr(self._gi_user(pf, gi), "address", None)}

@@ -89,12 +89,12 @@ def test_placements_and_limits(gpusim_node):
     assert "| 0 MIG 3g.40gb 9 1 4:4 |" in listed and "| 0 MIG 3g.40gb 9 2 0:4 |" in listed
     assert "GPU 0 Profile ID 9 Placements: {0,4}:4" in rows(smi(node, "mig", "-i", pf, "-lgipp").stdout)
     profiles = rows(smi(node, "mig", "-i", pf, "-lgip").stdout)
-    assert "| 0 MIG 3g.40gb 9 0/2 38.80 No 48 0 0 |" in profiles
-    assert "| 0 MIG 1g.10gb 19 0/7 9.70 No 16 0 0 |" in profiles
+    assert "| 0 MIG 3g.40gb 9 0/2 39.50 No 60 3 0 |" in profiles
+    assert "| 0 MIG 1g.10gb 19 0/7 9.75 No 16 1 0 |" in profiles
     assert smi(node, "mig", "-i", pf, "-dci", "-gi", "2").returncode == 0
     assert smi(node, "mig", "-i", pf, "-dgi", "-gi", "2").returncode == 0
     # 3g.40gb at 4:4 left: 1g fits at starts 0..3
-    assert "| 0 MIG 1g.10gb 19 4/7 9.70 No 16 0 0 |" in rows(smi(node, "mig", "-i", pf, "-lgip").stdout)
+    assert "| 0 MIG 1g.10gb 19 4/7 9.75 No 16 1 0 |" in rows(smi(node, "mig", "-i", pf, "-lgip").stdout)
     only_me = smi(node, "mig", "-i", pf, "-cgi", "20,20")              # one media-extension GI per GPU
     assert only_me.returncode == 1 and [gi["name"] for gi in gis(node, pf)] == ["3g.40gb", "1g.10gb+me"]
 
@@ -168,6 +168,7 @@ def test_h200_mig_profiles_and_vgpu_s_v(gpusim_node):
     supported = smi(node, "vgpu", "-i", nvl, "-s", "-v").stdout
     assert "Name                              : NVIDIA H200-3-71C" in supported
     assert "GPU Instance Profile ID           : 9" in supported
-    assert "MIG 3g.71gb" not in smi(node, "mig", "-i", nvl, "-lgip").stdout      # MIG mode off: no profiles
+    # MIG mode off: the profiles are listed all the same, all free (captures/nvidia-smi-mig-lgip-h100.txt)
+    assert "| 1 MIG 3g.71gb 9 2/2 68.87 No 60 3 0 |" in rows(smi(node, "mig", "-i", nvl, "-lgip").stdout)
     mig_on(node, nvl)
-    assert "| 1 MIG 3g.71gb 9 2/2 68.87 No 48 0 0 |" in rows(smi(node, "mig", "-i", nvl, "-lgip").stdout)
+    assert "| 1 MIG 3g.71gb 9 2/2 68.87 No 60 3 0 |" in rows(smi(node, "mig", "-i", nvl, "-lgip").stdout)

@@ -1,6 +1,7 @@
 """Fake nvidia-smi for a gpusim tree (standard library only, Python >= 3.6): the vGPU subset.
 
-  nvidia-smi -q                          per GPU: "MIG Mode" (Current, Pending), "vGPU Heterogeneous Mode"
+  nvidia-smi -q                          per GPU: "MIG Mode" (Current, Pending), "GPU Virtualization Mode",
+                                         "vGPU Device Capability" (driver 580 layout)
   nvidia-smi vgpu [-i ID] -shm 0|1       set mixed-size (heterogeneous) mode
   nvidia-smi vgpu [-i ID] -ghm           get it
   nvidia-smi vgpu [-i ID] -s [-v]        supported vGPU types (names; with -v ID, FB, max instances,
@@ -46,24 +47,36 @@ def select(gpus, ident):
     return [gpu for gpu in gpus if gpu["address"].endswith(short)]
 
 
+def field(key, value, depth=0):
+    """One `key : value` line of `nvidia-smi -q`: driver 580 pads the key to column 55
+    (captures/nvidia-smi-q-h100-580.txt)."""
+    return ("    " * depth + key).ljust(55) + ": " + value
+
+
 def query(snapshot, gpus):
+    """`nvidia-smi -q`, the lines the engine and the tests read, in the order and layout of driver 580
+    (captures/nvidia-smi-q-h100-580.txt). No GPU reset is simulated, so MIG Pending is always Current."""
     lines = ["", "==============NVSMI LOG==============", "",
-             "Driver Version                            : %s" % snapshot["nvidia"]["version"], "",
-             "Attached GPUs                             : %d" % len(gpus)]
+             field("Driver Version", snapshot["nvidia"]["version"]), "",
+             field("Attached GPUs", "%d" % len(gpus))]
     for gpu in gpus:
         mig = ("Enabled" if gpu["mig_mode"] else "Disabled") if gpu["mig_supported"] else "N/A"
+        vgpu_host = gpu["framework"] != "none"
         lines += ["GPU %s" % bus_id(gpu["address"]),
-                  "    Product Name                          : %s" % gpu["product"],
-                  # MIG Mode: Current / Pending (nvidia-smi(1), GPU ATTRIBUTES; MIG user guide). No
-                  # GPU reset is simulated, so Pending is always Current.
-                  "    MIG Mode",
-                  "        Current                           : %s" % mig,
-                  "        Pending                           : %s" % mig,
-                  "    vGPU Device Capability",
-                  "        Heterogeneous Time-Slice Sizes    : %s"
-                  % ("Supported" if gpu["mixed_size_supported"] else "Not Supported"),
-                  "    vGPU Heterogeneous Mode               : %s"
-                  % ("Enabled" if gpu["mixed_size"] else "Disabled"), ""]
+                  field("Product Name", gpu["product"], 1),
+                  "    MIG Mode", field("Current", mig, 2), field("Pending", mig, 2),
+                  "    GPU Virtualization Mode",
+                  # a vGPU host's PF says "Host VGPU"; a GPU passed whole into a VM "Pass-Through" (capture)
+                  field("Virtualization Mode", "Host VGPU" if vgpu_host else "Pass-Through", 2),
+                  field("Host VGPU Mode", ("SR-IOV" if gpu["sriov"] else "Non SR-IOV") if vgpu_host else "N/A", 2),
+                  field("vGPU Heterogeneous Mode",
+                        ("Enabled" if gpu["mixed_size"] else "Disabled") if vgpu_host else "N/A", 2)]
+        if vgpu_host:
+            # ASSUMPTION: the section name and line as cubecos#1316 quotes them (not in the capture: no vGPU manager)
+            lines += ["    vGPU Device Capability",
+                      field("Heterogeneous Time-Slice Sizes",
+                            "Supported" if gpu["mixed_size_supported"] else "Not Supported", 2)]
+        lines.append("")
     print("\n".join(lines))
     return 0
 
@@ -156,19 +169,19 @@ def mig_gpus(snapshot, gpus):
 
 
 def list_profiles(pairs):
-    rule = "+" + "-" * 77 + "+"
-    lines = [rule, "| GPU instance profiles:" + " " * 54 + "|",
-             "| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |",
-             "|                              Free/Total   GiB              CE    JPEG  OFA  |", "|" + "=" * 77 + "|"]
+    """`nvidia-smi mig -lgip` as driver 580 prints it (captures/nvidia-smi-mig-lgip-h100.txt): every
+    MIG-capable GPU, MIG mode on or off; Free/Total, memory GiB, SM DEC ENC / CE JPEG OFA per profile."""
+    rule = "+" + "-" * 79 + "+"
+    lines = [rule, "| GPU instance profiles:".ljust(80) + "|",
+             "| GPU   Name               ID    Instances   Memory     P2P    SM    DEC   ENC  |",
+             "|                                Free/Total   GiB              CE    JPEG  OFA  |", "|" + "=" * 79 + "|"]
     for index, gpu in pairs:
-        if not gpu["mig_mode"]:
-            continue
         for profile in gpu["gi_profiles"]:
-            free = free_count(gpu, profile)
-            lines += ["|  %2d  MIG %-13s %3d   %3d/%-3d     %-7.2f    No   %4d     %d     %d   |"
-                      % (index, profile["name"], profile["id"], free, profile["max_instances"], profile["memory_gib"],
-                         16 * profile["compute_slices"], 1 if "+me" in profile["name"] else 0, 0),
-                      "|" + " " * 61 + "%d     %d     %d   |" % (profile["compute_slices"], 0, 0), rule]
+            sm, dec, enc, ce, jpeg, ofa = profile["engines"]
+            lines += ["|  %2d  MIG %-14s %3d     %d/%-8d %-10.2f No     %-6d %-5d %-4d|"
+                      % (index, profile["name"], profile["id"], free_count(gpu, profile), profile["max_instances"],
+                         profile["memory_gib"], sm, dec, enc),
+                      "|" + " " * 63 + "%-6d%-6d%-4d|" % (ce, jpeg, ofa), rule]
     print("\n".join(lines))
     return 0
 
