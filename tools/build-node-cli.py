@@ -5,7 +5,7 @@
     python3 tools/build-node-cli.py [OUT]        # default OUT: .build/accelops-vgpu.pyz
     python3 OUT apply --config vgpu.yaml --selected default
 
-The layout and the bytes come from plugins/module_utils/node/cli_zipapp.py, which the
+The layout and the bytes come from plugins/module_utils/cli_zipapp.py, which the
 `vgpu_profile` module also uses to install the same CLI on a node: the same sources give the same
 bytes. Next to OUT goes OUT.sha1, the SHA-1 of OUT, so a role need not read the archive to know
 its checksum. Ansible itself is not needed on the node.
@@ -21,7 +21,7 @@ SOURCE = os.path.join(TOP, "plugins", "module_utils")
 
 def _load_builder():
     # by path: the checkout need not be importable as ansible_collections.accelops.vgpu
-    spec = importlib.util.spec_from_file_location("accelops_cli_zipapp", os.path.join(SOURCE, "node", "cli_zipapp.py"))
+    spec = importlib.util.spec_from_file_location("accelops_cli_zipapp", os.path.join(SOURCE, "cli_zipapp.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

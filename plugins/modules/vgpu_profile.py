@@ -363,7 +363,8 @@ vfs_enabled:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, boot_unit, cli_zipapp, mig, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, boot_unit, mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, engine_errors, exit_with_diff, node_argspec)
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli_zipapp
+from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
 from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import hold, make_fake_node, read_calls
 from ansible_collections.accelops.vgpu.tests.fakes.registry import LocalRegistry
 from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile

@@ -9,7 +9,7 @@ private authfile); only the Containerfile is fixed here, because the image has o
 run once during the build, so an image whose python3 cannot run it never reaches the registry.
 
 The zipapp (node_cli_file.py, as for the manager image): a given file (`node_cli`), or by default built by
-the module itself from the sources Ansible shipped it with (node/cli_zipapp.py, as `vgpu_profile` builds it
+the module itself from the sources Ansible shipped it with (cli_zipapp.py, as `vgpu_profile` builds it
 on the node: the same bytes from the same sources); the default tag is the start of its sha256, so a
 changed engine gets a new tag.
 """
@@ -20,7 +20,7 @@ import re
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import ContainerImage, ImageError
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.node_cli_file import CONTEXT_NAME, NodeCliFile
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli_zipapp
+from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
 
 CLI_PATH = "/usr/local/bin/accelops-vgpu"
 TAG_DIGITS = 16   # default tag: this many hex digits of the zipapp's sha256

@@ -6,7 +6,7 @@
 Both image modules use it through image_build.ContainerImage: the node agent image always, the vGPU
 manager image with `include_node_cli` (its entrypoint re-applies the node's layout with it). The zipapp
 is a file the user gives (`node_cli`), or by default the one the module builds from the collection
-sources Ansible shipped it with (node/cli_zipapp.py: the same bytes `vgpu_profile` installs on the
+sources Ansible shipped it with (cli_zipapp.py: the same bytes `vgpu_profile` installs on the
 nodes). Either way the bytes are held in memory and written only into the private build context,
 which the engine removes after the run: no other file to clean up, none left by a failed run.
 So an installed collection (ansible-galaxy, AWX, an execution environment) needs no checkout and no
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli_zipapp
+from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
 
 CONTEXT_NAME = "accelops-vgpu.pyz"   # its file name in the build context (the Containerfiles COPY it)
 

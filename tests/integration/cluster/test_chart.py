@@ -95,6 +95,22 @@ def test_the_probes_and_the_scrape_target_are_the_agents_endpoint():
                                               "prometheus.io/path": "/metrics"}
 
 
+def test_the_pod_reads_the_hosts_procfs_without_host_pid_and_the_design_says_so():
+    """Issue 32 item 9: the DaemonSet shares no host namespace; the in-use scan reads the host's procfs, mounted
+    read-only where the agent's proc root defaults to ($HOST_ROOT_MOUNT/proc), and docs/design.md says that."""
+    spec = by_kind(render(*EXAMPLE))["DaemonSet"]["spec"]["template"]["spec"]
+    assert not any(spec.get(key) for key in ("hostPID", "hostNetwork", "hostIPC"))
+    container = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    root = env.get("HOST_ROOT_MOUNT", "/host")
+    assert "ACCELOPS_VGPU_PROC_ROOT" not in env     # the default: the host's procfs under the mount
+    volume = next(v["name"] for v in spec["volumes"] if v.get("hostPath", {}).get("path") == "/proc")
+    assert {"name": volume, "mountPath": root + "/proc", "readOnly": True} in container["volumeMounts"]
+    design = " ".join((ROOT / "docs" / "design.md").read_text().split())
+    assert "runs with hostPID" not in design
+    assert "the shipped DaemonSet does not run with hostPID" in design
+
+
 def test_the_profile_name_pattern_is_the_engines():
     """values.schema.json's profile name pattern accepts and rejects what the engine's parser does."""
     schema = json.loads((CHART / "values.schema.json").read_text())

@@ -1,8 +1,11 @@
 """The layers stay visible in the tree: a module imports only from its own layer and those below it.
 
     node engine (node/, and the shared modules at the top of module_utils/)
-      <- kubelet plugins (kubelet/)  <- agent (agent/)  <- the node CLI (node_cli.py)
+      <- kubelet plugins (kubelet/)  <- agent (agent/)  <- the node CLI (node_cli.py and its zipapp
+      packager cli_zipapp.py, beside it at the top)
     cluster/ and image/ are controller-side; the node side never imports them.
+No exemption: every file of a layer is checked, also imports inside functions or `if TYPE_CHECKING:`
+blocks (Ansible's module packer follows those too).
 """
 
 import os
@@ -13,26 +16,55 @@ import pytest
 from ansible_collections.accelops.vgpu.plugins.module_utils import errors
 
 MODULE_UTILS = os.path.dirname(errors.__file__)
-IMPORT = re.compile(r"^\s*(?:from|import) ansible_collections\.accelops\.vgpu\.plugins\.module_utils\.(\w+)", re.M)
+IMPORT = re.compile(r"^\s*(?:from|import) ansible_collections\.accelops\.vgpu\.plugins\.module_utils"
+                    r"(?:\.(\w+)| import (\([^)]*\)|[\w, ]+))", re.M)
+TOP = {"node_cli", "cli_zipapp"}    # the node CLI's layer: the top-level modules above the agent
 ABOVE = {
-    "node": {"kubelet", "agent", "cluster", "image", "node_cli"},
-    "kubelet": {"agent", "cluster", "image", "node_cli"},
-    "agent": {"cluster", "image", "node_cli"},
+    "node": {"kubelet", "agent", "cluster", "image"} | TOP,
+    "kubelet": {"agent", "cluster", "image"} | TOP,
+    "agent": {"cluster", "image"} | TOP,
 }
-# the zipapp builder packs the node CLI and names every module the agent may load: a packager, not engine code
-PACKAGER = os.path.join("node", "cli_zipapp.py")
+SHARED = "."    # the shared top-level modules (errors, runner, ...): the node engine's layer
+ABOVE[SHARED] = ABOVE["node"]
 
 
 def _modules(layer):
+    if layer == SHARED:
+        for name in os.listdir(MODULE_UTILS):
+            if name.endswith(".py") and name[:-3] not in TOP:
+                yield name
+        return
     root = os.path.join(MODULE_UTILS, layer)
     for directory, dummy, files in os.walk(root):
         for name in files:
-            relative = os.path.relpath(os.path.join(directory, name), MODULE_UTILS)
-            if name.endswith(".py") and not name.endswith(("_pb2.py", "_pb2_grpc.py")) and relative != PACKAGER:
-                yield relative
+            if name.endswith(".py") and not name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                yield os.path.relpath(os.path.join(directory, name), MODULE_UTILS)
 
 
 @pytest.mark.parametrize("layer,path", [(layer, path) for layer in sorted(ABOVE) for path in sorted(_modules(layer))])
 def test_no_module_imports_a_layer_above_its_own(layer, path):
     with open(os.path.join(MODULE_UTILS, path)) as handle:
-        assert sorted(set(IMPORT.findall(handle.read())) & ABOVE[layer]) == []
+        assert sorted(_imported(handle.read()) & ABOVE[layer]) == []
+
+
+def _imported(text):
+    """Top names below module_utils a source imports: `module_utils.agent.x` -> agent, also the
+    `from ...module_utils import node_cli, errors` form."""
+    names = set()
+    for package, members in IMPORT.findall(text):
+        names.update([package] if package else [n.split()[0] for n in members.strip("()").split(",") if n.strip()])
+    return names
+
+
+def test_every_import_form_is_seen():
+    text = ("from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent\n"
+            "    from ansible_collections.accelops.vgpu.plugins.module_utils import node_cli  # noqa\n"
+            "from ansible_collections.accelops.vgpu.plugins.module_utils import (errors,\n    cli_zipapp)\n")
+    assert _imported(text) == {"agent", "node_cli", "errors", "cli_zipapp"}
+
+
+def test_the_node_cli_layer_is_at_the_top_of_module_utils():
+    """The zipapp packager names node_cli, kubelet/ and agent/ modules: it lives beside node_cli.py, not in node/."""
+    assert sorted(name + ".py" for name in TOP if os.path.isfile(os.path.join(MODULE_UTILS, name + ".py"))) == \
+        ["cli_zipapp.py", "node_cli.py"]
+    assert not os.path.exists(os.path.join(MODULE_UTILS, "node", "cli_zipapp.py"))

@@ -91,7 +91,7 @@ def test_without_node_cli_the_module_builds_it_names_the_tag_after_it_and_leaves
 
 
 def test_the_shipped_zipapp_is_the_checkouts_and_a_bad_input_leaves_no_file(params, tmp_path):
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli_zipapp
+    from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
     assert agent_image.shipped_tag()[:16] == hashlib.sha256(cli_zipapp.shipped()).hexdigest()[:16]
     del params["node_cli"]
     params["tag"] = "0.1 beta"

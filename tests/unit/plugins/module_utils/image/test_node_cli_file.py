@@ -8,7 +8,7 @@ import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import HASH_LABEL, ImageBuild, ImageError
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.node_cli_file import NodeCliFile
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli_zipapp
+from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
 
 from test_image_build import FakePodman, FakeRegistry
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 import zipfile
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import cli_zipapp
+from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 5))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 4))
 SOURCE = os.path.join(REPO, "plugins", "module_utils")
 
 
@@ -22,7 +22,7 @@ def test_the_closure_follows_every_import_form_and_only_the_cli_needs():
     assert "agent.agent" in names and "agent.settings" in names  # `from ...agent import agent, settings as s`
     assert "errors" in names                                  # `from ...module_utils.errors import ...`
     assert not [n for n in names if n.startswith(("cluster.", "image."))]   # controller side stays out
-    assert "node.cli_zipapp" not in names and "node.module_glue" not in names
+    assert "cli_zipapp" not in names and "node.module_glue" not in names
     # the agent's device plugin, imported only when DEVICE_PLUGIN is on, and the generated gRPC modules it needs
     assert {"kubelet.vgpu_device_plugin", "kubelet.transport", "kubelet.api.deviceplugin_v1beta1_pb2_grpc"} <= set(names)
 
