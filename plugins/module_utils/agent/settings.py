@@ -32,7 +32,8 @@ OPTIONS = (
      "node /proc to find VFIO handles VMs hold (default $HOST_ROOT_MOUNT/proc; needs hostPID or the host's /proc)"),
     ("--lock-key", "ACCELOPS_VGPU_LOCK_KEY", None, "str",
      "the host's path of the sysfs root, naming the node lock shared with the boot unit and the modules "
-     "(default /sys when the sysfs root is $HOST_ROOT_MOUNT/sys, else the sysfs root); mount the host's "
+     "(default: its host path when the sysfs root lies below $HOST_ROOT_MOUNT, /host/sys -> /sys, whether "
+     "derived or given as ACCELOPS_VGPU_SYSFS_ROOT; else the sysfs root); mount the host's "
      "/run/accelops-vgpu at /run/accelops-vgpu to share it"),
     ("--kubeconfig", "KUBECONFIG", None, "str",
      "kubeconfig file (out of cluster, tests); default: the in-cluster service account "
@@ -146,6 +147,19 @@ def _handover_file(given, host):
     return given or os.path.join(host, handover.NODE_DIR.lstrip("/"), handover.FILE_NAME)
 
 
+def host_path(path, host):
+    """The host's path of `path` when it lies below the host's / mounted at `host` (/host/sys -> /sys), else None
+    (the lock is then named after `path` itself): the node lock key is the same whether the sysfs root was
+    derived from HOST_ROOT_MOUNT or given as ACCELOPS_VGPU_SYSFS_ROOT (node/node_lock.py lock_name)."""
+    if not host:
+        return None
+    real, top = os.path.realpath(path), os.path.realpath(host)
+    if top == os.sep or not (real == top or real.startswith(top + os.sep)):
+        return None
+    rel = os.path.relpath(real, top)
+    return os.sep + ("" if rel == os.curdir else rel)
+
+
 def resolve(args, environ=None):
     """A plain object with every setting; SettingsError names the first bad one."""
     environ = os.environ if environ is None else environ
@@ -167,13 +181,12 @@ def resolve(args, environ=None):
             env = [o[1] for o in OPTIONS if _dest(o[0]) == dest][0]
             raise SettingsError("%s is required (or --%s)" % (env, dest.replace("_", "-")))
     host = values["host_root_mount"]
-    derived_sysfs = not values["sysfs_root"]
     values["sysfs_root"] = values["sysfs_root"] or os.path.join(host, "sys")
     values["dev_root"] = values["dev_root"] or os.path.join(host, "dev")
     values["proc_root"] = values["proc_root"] or os.path.join(host, "proc")
     values["handover_file"] = _handover_file(values["handover_file"], host)
     if not values["lock_key"]:
-        values["lock_key"] = "/sys" if derived_sysfs else None
+        values["lock_key"] = host_path(values["sysfs_root"], host)
     if not os.path.isdir(values["sysfs_root"]):
         raise SettingsError("sysfs root %s is not a directory (HOST_ROOT_MOUNT or ACCELOPS_VGPU_SYSFS_ROOT)"
                             % values["sysfs_root"])

@@ -63,7 +63,27 @@ def read_claims(path):
     if doc.get("checksum") != checksum(canonical(doc["claims"])):
         raise CheckpointError("checkpoint %s: checksum mismatch (edited or damaged); move it away only when "
                               "no pod on this node uses a vGPU claim" % path)
+    for uid, entry in sorted(doc["claims"].items()):
+        _check_claim(path, uid, entry)
     return doc["claims"]
+
+
+def _check_claim(path, uid, entry):
+    """A checksum-valid claim must still have what the readers use (namespace, name, each device's key):
+    a file written by another version or by hand is an error naming it, never a traceback."""
+    if not isinstance(entry, dict):
+        raise CheckpointError("checkpoint %s: claim %s is not an object" % (path, uid))
+    for field in ("namespace", "name"):
+        if not isinstance(entry.get(field), str):
+            raise CheckpointError("checkpoint %s: claim %s has no %s" % (path, uid, field))
+    devices = entry.get("devices") or []
+    if not isinstance(devices, list):
+        raise CheckpointError("checkpoint %s: claim %s: devices is not a list" % (path, uid))
+    for index, device in enumerate(devices):
+        if not isinstance(device, dict) or not isinstance(device.get("key"), str) or not device["key"]:
+            raise CheckpointError("checkpoint %s: claim %s (%s/%s): device %d has no key (the VF address or mdev "
+                                  "UUID); unknown is held, fix or move the file only when no pod on this node uses "
+                                  "a vGPU claim" % (path, uid, entry["namespace"], entry["name"], index))
 
 
 def holders(claims):

@@ -22,6 +22,7 @@ import os
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PCI_DEVICES
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 
 NVIDIA_VENDOR = "0x10de"
 VFIO_MODULE = "nvidia_vgpu_vfio"
@@ -40,6 +41,15 @@ def module_use_count(proc_root, name):
     return None
 
 
+def _maybe_nvidia(sysfs, function):
+    """False only when the function's vendor reads as another vendor's: a vendor that cannot be read (EACCES,
+    EIO, ENODEV, a function gone) is unknown, and an unknown holder of a held device counts (unknown is held)."""
+    try:
+        return sysfs.read("%s/%s/vendor" % (PCI_DEVICES, function)) == NVIDIA_VENDOR
+    except SysfsError:
+        return True
+
+
 def users(sysfs, dev_root="/dev", proc_root="/proc", sources=()):
     """One line per NVIDIA VF/mdev a process (or a `sources` holder) holds, plus one when nvidia_vgpu_vfio has
     users."""
@@ -48,7 +58,7 @@ def users(sysfs, dev_root="/dev", proc_root="/proc", sources=()):
     parents = inuse.mdev_parents(sysfs) if held else {}
     for name in sorted(held):
         function = parents.get(name, name)
-        if sysfs.read_optional("%s/%s/vendor" % (PCI_DEVICES, function)) != NVIDIA_VENDOR:
+        if not _maybe_nvidia(sysfs, function):
             continue
         kind = "mdev %s on %s" % (name, function) if name in parents else name
         found.append("%s held by %s" % (kind, inuse.describe(held[name])))

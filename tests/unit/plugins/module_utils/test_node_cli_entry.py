@@ -202,6 +202,21 @@ def test_idle_counts_a_prepared_dra_claim_under_the_kubelet_dir(node, capsys, tm
     assert code == 1 and out == "in use: 0000:41:00.4 held by DRA claim vms/vm-a-gpu\n"
 
 
+def test_idle_exits_2_naming_a_checkpoint_whose_device_has_no_key(node, capsys, tmp_path):
+    """A checksum-valid checkpoint another version wrote without `key`: one line, exit 2 (cannot tell = held)."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, Checkpoint
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
+
+    fake, dummy = node
+    kubelet_dir = tmp_path / "kubelet"
+    claim = Checkpoint(claim_holders.plugin_dir(str(kubelet_dir)))
+    claim.set("uid-1", "vms", "vm-a-gpu", COMPLETED, [{"address": "0000:41:00.4", "typeID": 1155}])
+    claim.save()
+    code, out, err = run(capsys, fake, "idle", "--kubelet-dir", str(kubelet_dir))
+    assert (code, out) == (2, "")
+    assert len(err.splitlines()) == 1 and "device 0 has no key" in err and "Traceback" not in err
+
+
 def test_the_agents_last_applied_config_wins_over_the_pinned_selection(node, capsys, tmp_path):
     fake, dummy = node
     both = tmp_path / "layout-all.json"   # what vgpu_profiles installs: every config, the unit pins one

@@ -3,6 +3,7 @@ import argparse
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import settings
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import node_lock
 
 
 def parse(argv):
@@ -58,3 +59,17 @@ def test_the_metrics_endpoint_is_off_unless_a_port_is_set(tmp_path):
 def test_a_bad_metrics_port_is_one_line_naming_it(tmp_path, port):
     with pytest.raises(settings.SettingsError, match="METRICS_PORT=%r is not a TCP port" % port):
         settings.resolve(parse([]), dict(REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path), METRICS_PORT=port))
+
+
+def test_an_explicit_sysfs_root_below_the_host_mount_keeps_the_hosts_lock_key(tmp_path):
+    """ACCELOPS_VGPU_SYSFS_ROOT=/host/sys names the same lock as the derived root: the boot unit's and the modules'."""
+    (tmp_path / "sys").mkdir()
+    environ = dict(REQUIRED, HOST_ROOT_MOUNT=str(tmp_path))
+    derived = settings.resolve(parse([]), environ)
+    given = settings.resolve(parse([]), dict(environ, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path / "sys")))
+    flag = settings.resolve(parse(["--sysfs-root", str(tmp_path / "sys") + "/"]), environ)
+    assert derived.lock_key == given.lock_key == flag.lock_key == "/sys"
+    assert node_lock.lock_name(given.lock_key) == node_lock.lock_name("/sys")
+    (tmp_path / ".hidden" / "sys").mkdir(parents=True)
+    assert settings.resolve(parse([]), dict(environ, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path / ".hidden" / "sys"))
+                            ).lock_key == "/.hidden/sys"

@@ -1,7 +1,11 @@
+import errno
+
+import pytest
+
 from fake_node import FakeNode
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_busy
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs, SysfsError
 
 PF, NIC = "0000:41:00.0", "0000:81:00.0"
 
@@ -55,3 +59,28 @@ def test_vfio_module_users_count(tmp_path):
     (node.proc / "modules").write_text("nvidia_vgpu_vfio 61440 3 - Live 0x0\n")
     assert users(node) == ["module nvidia_vgpu_vfio has 3 user(s)"]
     assert vgpu_busy.module_use_count(str(node.proc), "nvidia") is None
+
+
+class FailingSysfs(Sysfs):
+    """sysfs whose reads of paths ending in `failing` fail with `code` (a kernfs show() returning -EIO, a device
+    going away: ENODEV, an LSM: EACCES)."""
+
+    def __init__(self, root, failing, code):
+        super().__init__(root)
+        self.failing, self.code = failing, code
+
+    def read(self, rel):
+        if rel.endswith(self.failing):
+            raise SysfsError(rel, self.code)
+        return super().read(rel)
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EACCES, errno.ENODEV, errno.EINVAL, errno.ENOENT])
+def test_a_held_vf_whose_vendor_cannot_be_read_is_still_in_use(tmp_path, code):
+    """32.6: an unreadable in-use fact is unknown, and unknown is held (only a vendor read as another's is skipped)."""
+    node = FakeNode(tmp_path)
+    node.pf(PF, total=2)
+    node.set_numvfs(PF, 2)
+    pid = node.hold(node.group_of("0000:41:00.5"))
+    sysfs = FailingSysfs(str(node.sys), "0000:41:00.5/vendor", code)
+    assert vgpu_busy.users(sysfs, str(node.dev), str(node.proc)) == ["0000:41:00.5 held by pid %d" % pid]
