@@ -17,6 +17,8 @@ Semantics (each as a real API server; a request the double cannot model fails lo
 - POST (create): apiVersion and namespace must match the URL (400), name or generateName is
   required (422), an existing name -> 409 `AlreadyExists`; uid, creationTimestamp and a new
   resourceVersion are set; `?dryRun=All` runs the same checks and stores nothing (201 both ways);
+- quantities (ResourceSlice capacities and counters) are stored canonical, as resource.Quantity
+  marshals them (`24576Mi` -> `24Gi`; kube_api_rules.canonicalize); one that does not parse -> 422;
 - PATCH: the patch type comes from the Content-Type only: merge (RFC 7386), JSON patch (RFC 6902),
   strategic merge for built-in groups (415 `UnsupportedMediaType` for a custom resource, as a CRD
   answers); server-side apply and anything else -> 415; PUT replaces. A write that changes the
@@ -125,6 +127,13 @@ def _api_error(exc):
 
 def _now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _resource_name(resource):
+    """"group/version/plural" (kube_api_rules' keys) of a parsed request's resource, or of a control's string."""
+    if isinstance(resource, str):
+        return resource
+    return rules.resource_key(resource.group, resource.version, resource.plural)
 
 
 def _meta(obj):
@@ -286,7 +295,7 @@ class StrictEmulator(KubernetesEmulator):
             self.selectable[key] = tuple(info.pop("selectableFields", ()))
             self.resources[key] = ResourceInfo(**info)
         for item in state.get("objects") or []:
-            body = copy.deepcopy(item["body"])
+            body = rules.canonicalize(item["resource"], copy.deepcopy(item["body"]))
             _meta(body).setdefault("resourceVersion", "1")
             self.objects[item["resource"], item.get("namespace"), item["name"]] = body
         self.history.clear()
@@ -297,7 +306,7 @@ class StrictEmulator(KubernetesEmulator):
     def _patch_as_other_client(self, data):
         key = (data["resource"], data.get("namespace") or None, data["name"])
         before = self.objects[key].raw
-        result = rules.merge_patch(before, data["patch"])
+        result = rules.canonicalize(_resource_name(data["resource"]), rules.merge_patch(before, data["patch"]))
         _meta(result)["resourceVersion"] = self.bump()
         self.store(key, result)
         self.record("MODIFIED", key, result, before)
@@ -468,6 +477,7 @@ class StrictEmulator(KubernetesEmulator):
                                  % (rules.qualified(res.plural, res.group), meta["name"]))
         meta.update({"uid": str(uuid.uuid4()), "creationTimestamp": _now()})
         meta.pop("resourceVersion", None)
+        rules.canonicalize(_resource_name(res), obj)
         if request.params.get("dryRun") != "All":
             meta["resourceVersion"] = self.bump()
             self.store(key, obj)
@@ -596,6 +606,7 @@ class StrictEmulator(KubernetesEmulator):
             result = rules.apply_patch(media, before, request.data)
             wanted = _meta(result).get("resourceVersion")
             wanted = None if wanted == current else wanted
+        rules.canonicalize(_resource_name(request.resource), result)
         if wanted is not None and wanted != current:
             raise rules.ApiError(409, "Conflict", "Operation cannot be fulfilled on %s \"%s\": the object has been "
                                  "modified; please apply your changes to the latest version and try again"

@@ -18,6 +18,7 @@ Extension points (a new resource the double must serve strictly):
 from __future__ import annotations
 
 import copy
+import fractions
 import json
 import re
 
@@ -344,3 +345,95 @@ def check_preconditions(preconditions, obj, kind, group):
                 label, preconditions[field], label, meta.get(field, ""), hint)
             raise ApiError(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": %s' % (
                 qualified(kind, group), name, message), {"name": name, "group": group, "kind": kind})
+
+
+# --- quantities ---------------------------------------------------------------------------------
+# k8s.io/apimachinery pkg/api/resource/quantity.go: ParseQuantity reads <sign><number><suffix> (a binary suffix
+# Ki..Ei, a decimal one n u m "" k M G T P E, or an exponent e<n>/E<n>), keeps the suffix family as the Format
+# and rounds anything finer than 10^-9 up (away from zero); the object is stored with its quantities as
+# Quantity.MarshalJSON writes them, CanonicalizeBytes: BinarySI for an integer of magnitude >= 1024 (the largest
+# binary suffix dividing it), DecimalSI or DecimalExponent otherwise, the mantissa's factors of ten moved into an
+# exponent that is a multiple of 3 (int64Amount.AsCanonicalBytes).
+_QUANTITY = re.compile(r"^([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)(?:(Ki|Mi|Gi|Ti|Pi|Ei)|([numkMGTPE]?)|[eE]([+-]?[0-9]+))$")
+_BIN_POWER = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DEC_EXPONENT = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_DEC_SUFFIX = {exponent: suffix for suffix, exponent in _DEC_EXPONENT.items()}
+_BIN_SUFFIX = {power: suffix for suffix, power in _BIN_POWER.items()}
+
+
+def canonical_quantity(text):
+    """`text` as kube-apiserver stores it ("24576Mi" -> "24Gi", "0.5" -> "500m", "1000" -> "1k"); ValueError
+    for what ParseQuantity refuses."""
+    match = _QUANTITY.match(text) if isinstance(text, str) else None
+    if not match:
+        raise ValueError("quantities must match the regular expression "
+                         "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
+    sign, number, binary, decimal, exponent = match.groups()
+    value = fractions.Fraction(number)
+    if binary:
+        value, form = value * 1024 ** _BIN_POWER[binary], "BinarySI"
+    elif exponent is not None:
+        value, form = value * fractions.Fraction(10) ** int(exponent), "DecimalExponent"
+    else:
+        value, form = value * fractions.Fraction(10) ** _DEC_EXPONENT[decimal], "DecimalSI"
+    nanos = -((-value * 10 ** 9) // 1)          # rounded up to a whole number of 10^-9
+    if nanos == 0:
+        return "0"
+    sign = "-" if sign == "-" else ""
+    if form == "BinarySI" and nanos % 10 ** 9 == 0 and nanos >= 1024 * 10 ** 9:
+        whole, power = nanos // 10 ** 9, 0
+        while whole % 1024 == 0 and whole >= 1024:
+            whole, power = whole // 1024, power + 1
+        return "%s%d%s" % (sign, whole, _BIN_SUFFIX.get(power, ""))
+    mantissa, power = nanos, -9
+    while mantissa % 10 == 0 and mantissa >= 10:
+        mantissa, power = mantissa // 10, power + 1
+    mantissa, power = mantissa * 10 ** (power % 3), power - power % 3
+    if form == "DecimalExponent":
+        return "%s%d%s" % (sign, mantissa, "e%d" % power if power else "")
+    return "%s%d%s" % (sign, mantissa, _DEC_SUFFIX[power])
+
+
+def _quantity_fields(resource, obj):
+    """[(container, key)] of every quantity in a stored `obj` of `resource` ("group/version/plural"): ResourceSlice
+    (k8s.io/api resource/v1 types.go) device capacity values and request policies, counter values."""
+    if not resource.endswith("resource.k8s.io/v1/resourceslices") or not isinstance(obj, dict):
+        return []
+    spec = obj.get("spec") or {}
+    found = []
+
+    def counters(entry):
+        for counter in ((entry or {}).get("counters") or {}).values():
+            if isinstance(counter, dict) and "value" in counter:
+                found.append((counter, "value"))
+
+    for counter_set in spec.get("sharedCounters") or ():
+        counters(counter_set)
+    for device in spec.get("devices") or ():
+        for capacity in ((device or {}).get("capacity") or {}).values():
+            if not isinstance(capacity, dict):
+                continue
+            if "value" in capacity:
+                found.append((capacity, "value"))
+            policy = capacity.get("requestPolicy") or {}
+            if "default" in policy:
+                found.append((policy, "default"))
+            values = policy.get("validValues") or []
+            found += [(values, index) for index in range(len(values))]
+            found += [(policy["validRange"], key) for key in ("min", "max", "step")
+                      if key in (policy.get("validRange") or {})]
+        for consumption in (device or {}).get("consumesCounters") or ():
+            counters(consumption)
+    return found
+
+
+def canonicalize(resource, obj):
+    """`obj` (changed in place, and returned) with its quantities as the API server stores them; 422 `Invalid`
+    for one that does not parse, as validation answers."""
+    for container, key in _quantity_fields(resource, obj):
+        try:
+            container[key] = canonical_quantity(container[key])
+        except ValueError as exc:
+            raise ApiError(422, "Invalid", "%s: Invalid value: %s: %s" % (key, json.dumps(container[key]), exc)) \
+                from None
+    return obj

@@ -132,3 +132,32 @@ def test_withdraw_that_loses_a_race_lists_again_and_removes_every_slice(gpusim_n
     name = slices.slice_name(NODE, 0)
     assert slice_requests(dra_api) == [("GET", "LIST"), ("DELETE", name), ("GET", "LIST"), ("DELETE", name)]
     assert stored_slices(dra_api) == []
+
+
+def test_a_publish_after_the_api_round_trip_writes_nothing(gpusim_node, dra_api, tmp_path):
+    """The API server stores quantities canonical (24576Mi -> 24Gi): what the publisher writes must already be,
+    or every listing publish (a restarted agent, the periodic one) sees a difference and rewrites every slice."""
+    gpu_node = gpusim_node("l40s:1")
+    program(gpu_node, [L40S_24Q], per_pf=2)
+    api = client(dra_api, tmp_path)
+    SlicePublisher(api, NODE, NODE_UID).publish(sysfs_devices(gpu_node, tmp_path))
+    [stored] = stored_slices(dra_api)
+    assert {d["capacity"]["framebuffer"]["value"] for d in stored["spec"]["devices"]} == {"24Gi"}
+    dra_api.control("log/clear", {})
+    restarted = SlicePublisher(api, NODE, NODE_UID)       # lists, plans against what the API answered
+    assert restarted.publish(sysfs_devices(gpu_node, tmp_path)).empty and restarted.writes == 0
+    assert [r["method"] for r in dra_api.log() if "/resourceslices" in r["path"]] == ["GET"]
+    assert stored_slices(dra_api) == [stored]
+
+
+def test_the_api_double_stores_slice_quantities_canonical(dra_api, tmp_path):
+    """As kube-apiserver: capacity values and counters come back canonical, whatever form was written."""
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+            "spec": {"driver": "d.example.com", "nodeName": NODE, "pool": {"name": NODE, "generation": 1,
+                                                                           "resourceSliceCount": 1},
+                     "devices": [{"name": "a", "capacity": {"framebuffer": {"value": "24576Mi"}},
+                                  "consumesCounters": [{"counterSet": "gpu", "counters": {"fb": {"value": "1024Mi"}}}]}]}}
+    client(dra_api, tmp_path).create_resource_slice(body)
+    [stored] = stored_slices(dra_api)
+    assert stored["spec"]["devices"][0]["capacity"] == {"framebuffer": {"value": "24Gi"}}
+    assert stored["spec"]["devices"][0]["consumesCounters"][0]["counters"] == {"fb": {"value": "1Gi"}}

@@ -15,7 +15,8 @@ publishes (docs/design.md "DRA driver"; sources there):
   pciBusID from the KEP-5304 metadata file and then attaches the mdev, not the PCI function;
 - the driver's own: `profile` (L40S-24Q), `typeName` (NVIDIA L40S-24Q), `typeID` (the driver's numeric
   type ID), `framework` (vendor-vfio | mdev), `parentGPU` (the PF), `productName` (the catalog's model),
-  `numaNode` (when sysfs knows it), `migBacked`; capacity `framebuffer` from the profile's size.
+  `numaNode` (when sysfs knows it), `migBacked`; capacity `framebuffer` from the profile's size, written as
+the API server stores it (quantity.py: `24Gi`, not `24576Mi`).
 
 The device name carries the profile (`l40s-24q-0000-41-00-4`, `t4-1b-<uuid>`): a VF retyped after
 the scheduler allocated it is a different device, so Prepare refuses the stale allocation by name alone.
@@ -27,6 +28,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import quantity
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PCI_DEVICES
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
@@ -82,7 +84,8 @@ class VgpuDevice:
         return attrs
 
     def capacity(self):
-        return {"framebuffer": {"value": "%dMi" % self.framebuffer_mib}} if self.framebuffer_mib else {}
+        # canonical (24Gi, not 24576Mi): the API server stores it so, and a listing publish compares with it
+        return {"framebuffer": {"value": quantity.mebibytes(self.framebuffer_mib)}} if self.framebuffer_mib else {}
 
     def to_api(self):
         """The Device entry of a resource.k8s.io/v1 ResourceSlice."""

@@ -25,7 +25,7 @@ def test_one_device_per_typed_vf_and_per_mdev_with_sysfs_truth(tmp_path):
         "profile": {"string": "L40S-24Q"}, "typeName": {"string": "NVIDIA L40S-24Q"}, "typeID": {"int": 1155},
         "framework": {"string": "vendor-vfio"}, "parentGPU": {"string": L40S}, "productName": {"string": "L40S"},
         "numaNode": {"int": 1}, "migBacked": {"bool": False}},
-        "capacity": {"framebuffer": {"value": "24576Mi"}}}
+        "capacity": {"framebuffer": {"value": "24Gi"}}}
     assert devices.vfio_nodes(Sysfs(str(node.sys)), vf) == (node.group_of("0000:41:00.4"), "devices/vfio1")
 
 
@@ -53,7 +53,7 @@ def test_a_retyped_vf_is_another_device(tmp_path):
     node.set_type("0000:41:00.5", 1156)
     after = by_key(inventory(node))["0000:41:00.5"]
     assert (before.name, after.name) == ("l40s-24q-0000-41-00-5", "l40s-48q-0000-41-00-5")
-    assert after.capacity() == {"framebuffer": {"value": "49152Mi"}}
+    assert after.capacity() == {"framebuffer": {"value": "48Gi"}}
 
 
 def test_device_names_are_dns_labels_and_unique(tmp_path):
