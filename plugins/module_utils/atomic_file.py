@@ -7,10 +7,10 @@ hand-over files, boot units, the DRA driver's CDI specs, metadata files and chec
 
 How much survives a power loss is the caller's choice (`sync`):
 - RENAME: temporary file + rename only; for files rewritten anyway after a reboot (CDI specs under /var/run,
-  the status file, caches) and on hot paths (NodePrepareResources);
+  the status file, caches);
 - FILE (default): the content is fsynced before the rename, so the new name never points at an empty file;
-- DURABLE: FILE plus an fsync of the directory, so the rename itself survives (the DRA checkpoint: the record of
-  what the kubelet was told).
+- DURABLE: FILE plus an fsync of the directory, so the rename itself survives (every DRA checkpoint record: what
+  keeps a layout change off a prepared claim's vGPUs and what the kubelet was told).
 """
 
 from __future__ import annotations

@@ -20,5 +20,5 @@ def prepare_claim(kubelet_dir, vf, type_id, namespace="vms", name="vm-a-gpu"):
     record.set(CLAIM_UID, namespace, name, checkpoint.COMPLETED, [{
         "requests": ["gpu"], "pool": "gpu-a", "device": device, "key": vf, "typeID": int(type_id),
         "cdiIDs": ["%s/vgpu=%s" % (DRIVER, device)]}])
-    record.save(durable=False)
+    record.save()
     return HOLDER % (namespace, name)

@@ -26,6 +26,9 @@ DEFAULT_KUBELET_DIR = "/var/lib/kubelet"   # the kubelet's --root-dir default
 FILE_NAME = "checkpoint.json"
 VERSION = 1
 HOLDER = "DRA claim %s/%s"      # how a prepared claim reads in the safety checks' messages
+# what to do with a checkpoint that cannot be trusted (it alone says which vGPUs prepared claims hold)
+DAMAGED_ADVICE = ("it cannot say which vGPUs prepared claims hold; drain the node's pods that use vGPU claims, "
+                  "then move the file away and restart the agent")
 
 
 class CheckpointError(EngineError):
@@ -56,13 +59,16 @@ def read_claims(path):
             doc = json.load(handle)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
-        raise CheckpointError("checkpoint %s cannot be read: %s" % (path, exc)) from None
+    except OSError as exc:
+        raise CheckpointError("checkpoint %s cannot be read: %s" % (path, exc.strerror or exc)) from None
+    except ValueError:
+        # empty or torn: written without fsync before a power loss (drivers before 2026-11), or damaged
+        raise CheckpointError("checkpoint %s is empty or cut short (a power loss or a damaged disk): %s"
+                              % (path, DAMAGED_ADVICE)) from None
     if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("claims"), dict):
         raise CheckpointError("checkpoint %s: not a version %d checkpoint" % (path, VERSION))
     if doc.get("checksum") != checksum(canonical(doc["claims"])):
-        raise CheckpointError("checkpoint %s: checksum mismatch (edited or damaged); move it away only when "
-                              "no pod on this node uses a vGPU claim" % path)
+        raise CheckpointError("checkpoint %s: checksum mismatch (edited or damaged): %s" % (path, DAMAGED_ADVICE))
     for uid, entry in sorted(doc["claims"].items()):
         _check_claim(path, uid, entry)
     return doc["claims"]

@@ -16,16 +16,18 @@ and the node's boot ID, since a reboot empties /var/run/cdi.
 The format is read in one place, node/claim_holders.py (the node engine reads the holders too); this module
 adds what only the driver does: recording claims and writing the file.
 
-Written atomically and durably (atomic_file.write_file DURABLE: temporary file, fsync, rename, fsync of the
-directory), so a kill -9 leaves the old or the new checkpoint, never a mix. A file whose checksum does not match
-is an error naming it (nothing is then prepared or unprepared: guessing could hand a held vGPU out).
+Every record, PrepareStarted included, is written atomically and durably (atomic_file.write_file DURABLE:
+temporary file, fsync, rename, fsync of the directory), so a kill -9 or a power loss leaves the old or the new
+checkpoint, never an empty or torn one: the record is what says a layout change must not retype the claim's vGPUs,
+and the kubelet may have been told about it. A file that is empty, cut short or whose checksum does not match is
+an error naming it and what to do (nothing is then prepared or unprepared: guessing could hand a held vGPU out).
 """
 
 from __future__ import annotations
 
 import os
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import DURABLE, RENAME, write_file
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import DURABLE, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import VERSION
 
@@ -53,12 +55,12 @@ class Checkpoint:
         self.claims = claim_holders.read_claims(self.path)
         return self
 
-    def save(self, durable=True):
-        """Write the checkpoint (durable: fsync, for the records that must survive a power loss); the claims
-        are encoded once, for the checksum and the file. Atomic either way: a kill -9 loses nothing written."""
+    def save(self):
+        """Write the checkpoint atomically and durably (file and directory fsynced before the answer); the
+        claims are encoded once, for the checksum and the file."""
         claims = claim_holders.canonical(self.claims)
         write_file(self.path, '{"checksum":"%s","claims":%s,"version":%d}\n' % (
-            claim_holders.checksum(claims), claims, VERSION), mode=0o600, sync=DURABLE if durable else RENAME)
+            claim_holders.checksum(claims), claims, VERSION), mode=0o600, sync=DURABLE)
 
     def get(self, uid):
         return self.claims.get(uid)

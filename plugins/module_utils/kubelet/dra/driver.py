@@ -113,8 +113,8 @@ class DraDriver:
                     raise ClaimError("%s: device %s is prepared for %s" % (ref, item.device, ", ".join(others)))
                 entries.append((item.request, item.pool, device))
             self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries))
-            # atomic, not fsynced: a power loss also loses /var/run/cdi, and the next boot prepares again
-            self.checkpoint.save(durable=False)
+            # durable: after a power loss this record is what keeps a layout change off the claim's vGPUs
+            self.checkpoint.save()
         return entries
 
     def _write(self, ref, claim, entries):

@@ -11,6 +11,7 @@ from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, metadata
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import driver as driver_module
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 
 NODE = "gpu-node-1"
@@ -220,3 +221,51 @@ def test_kill_9_then_restart_prepares_and_unprepares(tmp_path, midway):
     assert env.files() == [] and env.start().holders() == {}
     result = env.start().prepare([ref(one)])[UID1]
     assert result.error == "" and len(env.files()) == 3
+
+
+@pytest.mark.parametrize("content", ["", '{"checksum":"ab12","claims":{"11111111-aaaa'], ids=["empty", "torn"])
+def test_an_empty_or_torn_checkpoint_is_one_line_naming_the_file_and_what_to_do(tmp_path, content):
+    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+    env = Env(tmp_path, one)
+    env.driver.prepare([ref(one)])
+    path = os.path.join(env.plugin_dir, "checkpoint.json")
+    with open(path, "w") as handle:
+        handle.write(content)       # what a rename without fsync leaves after a power loss
+    for call in (env.start, claim_holders.holders_source(str(tmp_path), claim_holders.DRIVER)):
+        with pytest.raises(claim_holders.CheckpointError) as failed:
+            call()
+        message = str(failed.value)
+        assert "\n" not in message and path in message and "empty or cut short" in message
+        assert "drain the node's pods that use vGPU claims, then move the file away and restart the agent" in message
+
+
+def test_every_checkpoint_record_is_on_disk_before_the_next_step(tmp_path, monkeypatch):
+    """A power loss right after the PrepareStarted record (or any other) keeps it: the file's content and the
+    directory entry (the rename) are fsynced before prepare goes on to write the CDI spec."""
+    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+    env = Env(tmp_path, one)
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink("/proc/self/fd/%d" % fd))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    at_cdi_write = []
+    real_write_spec = driver_module.cdi.write_claim_spec
+
+    def write_claim_spec(*args, **kwargs):
+        at_cdi_write.append(list(synced))
+        return real_write_spec(*args, **kwargs)
+
+    monkeypatch.setattr(driver_module.cdi, "write_claim_spec", write_claim_spec)
+    assert env.driver.prepare([ref(one)])[UID1].error == ""
+    [before_cdi] = at_cdi_write
+    assert os.path.realpath(env.plugin_dir) in before_cdi                          # the directory (the rename)
+    assert any(os.path.basename(p).startswith(".checkpoint.json.") for p in before_cdi)   # the content
+    with open(os.path.join(env.plugin_dir, "checkpoint.json")) as handle:
+        assert json.load(handle)["claims"][UID1]["state"] == checkpoint.COMPLETED
+    del synced[:]
+    assert env.driver.unprepare([ref(one)]) == {UID1: ""}
+    assert os.path.realpath(env.plugin_dir) in synced
