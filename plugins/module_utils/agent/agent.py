@@ -425,7 +425,7 @@ def main(args):
             raise agent_settings.SettingsError("DRA_DRIVER=true needs the Python packages grpcio and protobuf "
                                                "(the agent image has them): %s" % exc) from None
         agent.dra_plugin = agent_plugin.VgpuDraPlugin(
-            settings, api, agent.engine, lambda: node_lock(settings.sysfs_root, settings.lock_timeout), log).start()
+            settings, api, agent.engine, lambda timeout: node_lock(settings.sysfs_root, timeout), log).start()
     if settings.metrics_port is not None:  # /metrics, /healthz, /readyz (agent/http_endpoint.py)
         try:
             endpoint = HttpEndpoint(telemetry, settings.metrics_bind_address, settings.metrics_port).start()

@@ -243,8 +243,8 @@ class KubeClient:
             raise KubeApiError("%s %s: %s" % (method, path, message), response.status, reason, wait)
         raise AssertionError("unreachable")
 
-    def request(self, method, path, query=None, body=None, content_type="application/json"):
-        conn, response = self._open(method, path, query, body, content_type)
+    def request(self, method, path, query=None, body=None, content_type="application/json", timeout=None):
+        conn, response = self._open(method, path, query, body, content_type, timeout=timeout)
         try:
             payload = response.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -330,6 +330,6 @@ class KubeClient:
         return self.request("DELETE", RESOURCE_API + "/resourceslices/" + urllib.parse.quote(name, safe=""),
                             body=options)
 
-    def get_resource_claim(self, namespace, name):
+    def get_resource_claim(self, namespace, name, timeout=None):
         return self.request("GET", "%s/namespaces/%s/resourceclaims/%s" % (
-            RESOURCE_API, urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")))
+            RESOURCE_API, urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")), timeout=timeout)

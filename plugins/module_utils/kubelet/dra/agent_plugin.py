@@ -44,15 +44,17 @@ def node_view(make_engine):
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed
+CLAIM_READ_TIMEOUT = 10.0       # seconds a prepare waits for the API server's answer (the kubelet waits 45 in all)
 
 
 class VgpuDraPlugin:
     def __init__(self, settings, api, make_engine, node_lock, log, watch_interval=1.0, clock=time.monotonic):
+        """`node_lock(timeout)`: the node's apply lock (node/node_lock.py), waited for at most `timeout` s."""
         self.settings, self.api, self.make_engine, self.log = settings, api, make_engine, log
         self.paths = KubeletPaths(settings.kubelet_dir)
         self.publisher = SlicePublisher(api, settings.node_name)
         self.view = node_view(make_engine)
-        self.driver = DraDriver(settings.node_name, api.get_resource_claim, self.view,
+        self.driver = DraDriver(settings.node_name, self._read_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
                                 boot_id=read_boot_id(settings.proc_root))
         self.service = DraService(self.driver, self.paths)
@@ -69,6 +71,9 @@ class VgpuDraPlugin:
         threading.Thread(target=self._watch, name="dra-watch", daemon=True).start()
         self.log("DRA driver %s: serving the kubelet at %s" % (dra_devices.DRIVER, self.service.socket))
         return self
+
+    def _read_claim(self, namespace, name):
+        return self.api.get_resource_claim(namespace, name, timeout=CLAIM_READ_TIMEOUT)
 
     def _watch(self):
         while not self._stop.wait(self.watch_interval):

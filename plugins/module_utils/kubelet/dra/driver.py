@@ -12,7 +12,8 @@ Prepare, per claim (an error is that claim's, the others go on; every claim gets
 1. recorded as completed in this boot with its files in place -> the recorded answer (idempotent);
 2. the claim is read from the API server (`get_claim(namespace, name)`), its UID checked, the
    results of this driver taken (claims.results);
-3. under the node lock (the one every layout apply takes): each device must be in this node's
+3. under the node lock (the one every layout apply takes; waited for at most LOCK_WAIT seconds): each
+   device must be in this node's
    pool, exist now with the profile it was published with (the name carries the profile, so a
    retyped VF no longer matches), and not be prepared for another claim; then the claim is
    recorded PrepareStarted, so from here on a layout change refuses to touch its vGPUs;
@@ -20,7 +21,14 @@ Prepare, per claim (an error is that claim's, the others go on; every claim gets
    claim recorded PrepareCompleted, and its CDI IDs returned (the device's, then its request's
    metadata one). A failure while writing removes what was written and the record.
 Unprepare removes the files (also those of a claim never recorded: a crash before the record
-leaves nothing behind) and the record. Calls are serialized (the kubeletplugin helper's default).
+leaves nothing behind) and the record.
+
+Waits are bounded well under the kubelet's 45 s per call (pkg/kubelet/cm/dra/plugin/dra_plugin.go,
+defaultClientCallTimeout): a claim whose node-lock wait (an apply runs) or API read would pass the
+call's CALL_BUDGET gets an error naming it, and the kubelet retries it. The driver's own lock guards
+only the checkpoint and the claim files, never a wait for the node lock or the API, so an Unprepare
+never queues behind a Prepare that waits; a claim already being prepared by an earlier call (the
+kubelet gave up on it and retried) gets an error instead of a second, concurrent prepare.
 """
 
 from __future__ import annotations
@@ -29,34 +37,42 @@ import contextlib
 import copy
 import os
 import threading
+import time
 from collections import namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, claims, metadata
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, STARTED, Checkpoint
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import HOLDER
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import NodeLockError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
 
 Prepared = namedtuple("Prepared", "devices error")   # devices: [{"requests", "pool", "device", "cdiIDs"}]
+LOCK_WAIT = 10.0        # seconds a claim waits for the node lock (an apply holds it)
+CALL_BUDGET = 25.0      # seconds one NodePrepareResources may wait in all (+ one API read); the kubelet gives up after 45
 
 
 class DraDriver:
     def __init__(self, node_name, get_claim, node_view, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
-                 boot_id=None):
+                 boot_id=None, lock_wait=LOCK_WAIT, call_budget=CALL_BUDGET, clock=time.monotonic):
+        """`node_lock(timeout)`: a context manager holding the node lock, NodeLockError after `timeout` s."""
         self.node_name, self.get_claim, self.node_view = node_name, get_claim, node_view   # devices.NodeView
         self.plugin_dir, self.cdi_dir, self.driver = plugin_dir, cdi_dir, driver
-        self.node_lock = node_lock or contextlib.nullcontext
+        self.node_lock = node_lock or (lambda timeout: contextlib.nullcontext())
+        self.lock_wait, self.call_budget, self.clock = lock_wait, call_budget, clock
         self.checkpoint = Checkpoint(plugin_dir, boot_id)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting
+        self._preparing = set()           # UIDs a call is preparing now
 
     # --- the kubelet's calls ---------------------------------------------------------------------
     def prepare(self, refs):
-        with self._lock:
-            return {ref.uid: _guarded(self._prepare_one, ref, lambda message: Prepared([], message)) for ref in refs}
+        deadline = self.clock() + self.call_budget
+        return {ref.uid: _guarded(lambda item: self._prepare_claim(item, deadline), ref,
+                                  lambda message: Prepared([], message)) for ref in refs}
 
     def unprepare(self, refs):
-        with self._lock:
+        with self._lock:     # held by a prepare only for its local steps, never while it waits
             return {ref.uid: _guarded(self._unprepare_one, ref, lambda message: message) for ref in refs}
 
     def holders(self):
@@ -69,10 +85,31 @@ class DraDriver:
             return copy.deepcopy(self.checkpoint.claims)
 
     # --- prepare ---------------------------------------------------------------------------------
-    def _prepare_one(self, ref):
-        entry = self.checkpoint.get(ref.uid)
-        if self.checkpoint.completed_this_boot(ref.uid) and self._files_present(ref, entry):
-            return Prepared(_answer_devices(entry), "")
+    def _prepare_claim(self, ref, deadline):
+        with self._lock:
+            if ref.uid in self._preparing:
+                raise ClaimError("%s: an earlier call is still preparing it; try again" % (ref,))
+            self._preparing.add(ref.uid)
+        try:
+            return self._prepare_one(ref, deadline)
+        finally:
+            with self._lock:
+                self._preparing.discard(ref.uid)
+
+    def _left(self, ref, deadline):
+        """Seconds this call may still wait; a ClaimError (the kubelet retries) when none are left."""
+        left = deadline - self.clock()
+        if left <= 0:
+            raise ClaimError("%s: not prepared: this call waited %.0f s already (the node lock or the API server); "
+                             "the kubelet retries" % (ref, self.call_budget))
+        return left
+
+    def _prepare_one(self, ref, deadline):
+        with self._lock:
+            entry = self.checkpoint.get(ref.uid)
+            if self.checkpoint.completed_this_boot(ref.uid) and self._files_present(ref, entry):
+                return Prepared(_answer_devices(entry), "")
+        self._left(ref, deadline)
         try:
             claim = self.get_claim(ref.namespace, ref.name)
         except EngineError as exc:
@@ -82,21 +119,27 @@ class DraDriver:
         allocated = claims.results(ref, claim, self.driver)
         if not allocated:
             return Prepared([], "")
-        entries = self._reserve(ref, allocated)
-        try:
-            devices = self._write(ref, claim, entries)
-        except BaseException:
-            self._remove_files(ref)
-            self.checkpoint.drop(ref.uid)
+        entries = self._reserve(ref, allocated, min(self.lock_wait, self._left(ref, deadline)))
+        with self._lock:
+            try:
+                devices = self._write(ref, claim, entries)
+            except BaseException:
+                self._remove_files(ref)
+                self.checkpoint.drop(ref.uid)
+                self.checkpoint.save()
+                raise
+            self.checkpoint.set(ref.uid, ref.namespace, ref.name, COMPLETED, devices)
             self.checkpoint.save()
-            raise
-        self.checkpoint.set(ref.uid, ref.namespace, ref.name, COMPLETED, devices)
-        self.checkpoint.save()
-        return Prepared(_answer_devices(self.checkpoint.get(ref.uid)), "")
+            return Prepared(_answer_devices(self.checkpoint.get(ref.uid)), "")
 
-    def _reserve(self, ref, allocated):
+    def _reserve(self, ref, allocated, wait):
         """Check every allocated device against the node now and record the claim as started."""
-        with self.node_lock():
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.node_lock(wait))
+            except NodeLockError as exc:
+                raise ClaimError("%s: not prepared within %.0f s: %s; the kubelet retries" % (ref, wait, exc)) from None
+            stack.enter_context(self._lock)
             current = self.node_view.current(sorted({item.device for item in allocated}))
             held = self.checkpoint.holders()
             entries = []

@@ -46,7 +46,7 @@ class SliceApi:
         self._call("delete")
         self.slices.pop(name, None)
 
-    def get_resource_claim(self, namespace, name):
+    def get_resource_claim(self, namespace, name, timeout=None):
         raise AssertionError("no claim is prepared in these tests")
 
     def published(self):

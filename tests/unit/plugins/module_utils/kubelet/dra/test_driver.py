@@ -3,6 +3,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from claim_data import ClaimStore, claim, ref
@@ -10,7 +12,8 @@ from dra_node import A16_UUID, build, view
 from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, metadata
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import driver as driver_module
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 
@@ -29,10 +32,10 @@ class Env:
         self.boot_id = boot_id
         self.driver = self.start()
 
-    def start(self, boot_id=None):
+    def start(self, boot_id=None, **kwargs):
         """A (re)started driver on the same node, directories and API."""
         return DraDriver(NODE, self.store.get, view(self.node), self.plugin_dir, self.cdi_dir,
-                         boot_id=boot_id or self.boot_id)
+                         boot_id=boot_id or self.boot_id, **kwargs)
 
     def files(self):
         found = []
@@ -269,3 +272,69 @@ def test_every_checkpoint_record_is_on_disk_before_the_next_step(tmp_path, monke
     del synced[:]
     assert env.driver.unprepare([ref(one)]) == {UID1: ""}
     assert os.path.realpath(env.plugin_dir) in synced
+
+
+HOLD_LOCK = """
+import fcntl, os, sys
+handle = open(sys.argv[1], "a+")
+fcntl.flock(handle, fcntl.LOCK_EX)       # as node_lock takes it: an apply of the boot unit, a module, the CLI
+handle.write("%d\\n" % os.getpid())
+handle.flush()
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def lock_holder(tmp_path):
+    """start() -> another process holds the node lock until the test ends."""
+    procs = []
+
+    def start(path):
+        proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == "held"
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+
+
+def test_a_prepare_waiting_for_the_node_lock_gives_up_in_time_and_never_holds_up_unprepare(tmp_path, lock_holder):
+    one, two, three = (claim("vm-a-gpu", UID1, [VF4], NODE), claim("vm-b-gpu", UID2, [VF5], NODE),
+                       claim("vm-c-gpu", UID3, [A16_DEVICE], NODE))
+    env = Env(tmp_path, one, two, three)
+    locks = str(tmp_path / "locks")
+    os.makedirs(locks)
+    driver = env.start(node_lock=lambda timeout: node_lock.node_lock(env.node.sys, timeout, directory=locks),
+                       lock_wait=1.5, call_budget=2.5)
+    assert driver.prepare([ref(two)])[UID2].error == ""
+    path = node_lock.lock_path(env.node.sys, locks)
+    holder = lock_holder(path)
+
+    answers = {}
+    started = time.monotonic()
+    waiting = threading.Thread(target=lambda: answers.update(driver.prepare([ref(one), ref(three)])))
+    waiting.start()
+    time.sleep(0.3)
+    assert "an earlier call is still preparing it" in driver.prepare([ref(one)])[UID1].error   # a kubelet retry
+    before = time.monotonic()
+    assert driver.unprepare([ref(two)]) == {UID2: ""}         # not queued behind the waiting prepare
+    assert time.monotonic() - before < 0.5
+    waiting.join(timeout=10)
+    assert not waiting.is_alive()
+    assert time.monotonic() - started < 2.5 + 1.0             # the call's budget, not the lock's 300 s
+    assert "not prepared within 2 s" in answers[UID1].error and path in answers[UID1].error
+    assert "(pid %d)" % holder.pid in answers[UID1].error and "the kubelet retries" in answers[UID1].error
+    assert answers[UID3].error and "the kubelet retries" in answers[UID3].error   # what was left of the budget
+    assert driver.holders() == {} and env.files() == []       # nothing recorded or written for them
+
+    holder.stdin.close()
+    holder.wait(timeout=10)
+    assert driver.prepare([ref(one)])[UID1].error == ""      # the kubelet's retry, once the apply is done
+    # the defaults: a call's waits plus one API read stay well under the kubelet's 45 s
+    assert driver_module.LOCK_WAIT <= driver_module.CALL_BUDGET and \
+        driver_module.CALL_BUDGET + agent_plugin.CLAIM_READ_TIMEOUT <= 35
