@@ -9,12 +9,16 @@ pkg/apis/dra/v1, v1beta1, dra-health/v1alpha1, pluginregistration/v1).
   when the plugin offers "v1.DRAPlugin", else v1beta1 (`version=` forces one); an answer that lacks a
   claim asked for is an error, as in the kubelet.
 - watch_health(driver): a NodeWatchResources stream (v1alpha1.DRAResourceHealth, when offered), its
-  latest list kept in `health[driver]`.
+  latest list kept in `health[driver]`; device_health(driver) is what the kubelet reports for each device
+  it heard of: its last status, or Unknown once that is older than the device's timeout
+  (health_check_timeout_seconds, `default_health_timeout` = 30 s when 0; pkg/kubelet/cm/dra/healthinfo.go:
+  updateHealthInfo stamps every reported device with the time it arrived, getHealthInfo applies the timeout).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 
@@ -34,10 +38,12 @@ class KubeletError(Exception):
 class DraKubelet(TestKubelet):
     __test__ = False
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, default_health_timeout=30.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.health = {}            # driver -> [(pool, device, health name, message)] as last streamed
         self.health_updates = {}    # driver -> number of lists received
+        self.default_health_timeout = default_health_timeout     # DefaultHealthTimeout
+        self._health_cache = {}     # driver -> {(pool, device): (health, message, received, timeout)}
         self._streams = []
 
     def registration(self, driver):
@@ -98,12 +104,24 @@ class DraKubelet(TestKubelet):
                     with self._lock:
                         self.health[driver] = [(d.device.pool_name, d.device.device_name,
                                                 health_pb.HealthStatus.Name(d.health), d.message) for d in answer.devices]
+                        cache, now = self._health_cache.setdefault(driver, {}), time.monotonic()
+                        for d in answer.devices:
+                            cache[d.device.pool_name, d.device.device_name] = (
+                                health_pb.HealthStatus.Name(d.health), d.message, now,
+                                d.health_check_timeout_seconds or self.default_health_timeout)
                         self.health_updates[driver] = self.health_updates.get(driver, 0) + 1
                         self.changed.notify_all()
             except grpc.RpcError:
                 pass
 
         threading.Thread(target=follow, name="health-" + driver, daemon=True).start()
+
+    def device_health(self, driver):
+        """{(pool, device): (health name, message)} as the kubelet reports them now (getHealthInfo)."""
+        now = time.monotonic()
+        with self._lock:
+            return {key: (health, message) if now - received <= timeout else ("UNKNOWN", "")
+                    for key, (health, message, received, timeout) in self._health_cache.get(driver, {}).items()}
 
     def stop(self):
         for channel, stream in self._streams:

@@ -38,6 +38,13 @@ PLUGIN_TYPE = "DRAPlugin"
 SERVICE_SOCKET = "dra.sock"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
 HEALTH_POLL = 1.0       # a health stream looks at its client this often while nothing changes
+# The kubelet marks a device Unknown when its last update is older than the device's
+# health_check_timeout_seconds, 30 s when that is 0 (pkg/kubelet/cm/dra/healthinfo.go DefaultHealthTimeout,
+# getHealthInfo): every stream sends the full list again every HEALTH_RESEND seconds, changed or not, and says
+# HEALTH_TIMEOUT, so a resend that comes late (a busy node) still arrives in time; both stay under 30 s, for a
+# kubelet that ignores the field.
+HEALTH_RESEND = 10.0
+HEALTH_TIMEOUT = 25
 
 
 def _refs(request):
@@ -96,25 +103,33 @@ class HealthHub:
 
 
 class HealthServicer:
-    """NodeWatchResources of one API version: the complete list now, then on every change."""
+    """NodeWatchResources of one API version: the complete list now, on every change, and every HEALTH_RESEND
+    seconds without one (each device, UNHEALTHY ones included, says HEALTH_TIMEOUT)."""
 
-    def __init__(self, pb2, hub):
-        self.pb2, self.hub = pb2, hub
+    def __init__(self, pb2, hub, clock=time.monotonic):
+        self.pb2, self.hub, self.clock = pb2, hub, clock
 
     def NodeWatchResources(self, request, context):  # noqa: N802
-        seen = 0
+        seen, health, sent = 0, None, None
         while context.is_active() and not self.hub.stopped:
-            health, seen = self.hub.wait(seen, HEALTH_POLL)
-            if health is None:
+            wait = HEALTH_POLL if sent is None else max(0.0, min(HEALTH_POLL, sent + HEALTH_RESEND - self.clock()))
+            changed, seen = self.hub.wait(seen, wait)
+            if changed is not None:
+                health = changed
+            elif health is None or self.clock() < sent + HEALTH_RESEND:
                 continue
-            response = self.pb2.NodeWatchResourcesResponse()
-            now = int(time.time())
-            for item in health:
-                response.devices.add(
-                    device=self.pb2.DeviceIdentifier(pool_name=item.pool, device_name=item.device),
-                    health=self.pb2.HEALTHY if item.healthy else self.pb2.UNHEALTHY, last_updated_time=now,
-                    message=item.message)
-            yield response
+            sent = self.clock()
+            yield self._response(health)
+
+    def _response(self, health):
+        response = self.pb2.NodeWatchResourcesResponse()
+        now = int(time.time())
+        for item in health:
+            response.devices.add(
+                device=self.pb2.DeviceIdentifier(pool_name=item.pool, device_name=item.device),
+                health=self.pb2.HEALTHY if item.healthy else self.pb2.UNHEALTHY, last_updated_time=now,
+                message=item.message, health_check_timeout_seconds=HEALTH_TIMEOUT)
+        return response
 
 
 class DraService:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from claim_data import ClaimStore, claim, ref
 from dra_node import build, inventory, view
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import grpc_service
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import DraKubelet, KubeletError
 
@@ -76,6 +78,27 @@ def test_health_streams_unhealthy_when_a_prepared_vgpu_loses_its_type(plugin):
                           "node: its VF lost its type or the device disappeared (a vGPU-manager restart resets "
                           "types until the layout is applied again)" % VF4)]
     assert VF5 in [h[1] for h in kubelet.health[DRIVER]]   # the complete list every time
+
+
+def test_health_stays_known_past_the_kubelets_timeout_unhealthy_included(plugin, monkeypatch):
+    """The kubelet turns a device Unknown when its last update is older than its timeout (30 s by default):
+    the stream sends the list again while nothing changes. Time scaled down: resend 0.3 s, timeouts 1 s."""
+    service, kubelet, node, store = plugin
+    monkeypatch.setattr(grpc_service, "HEALTH_RESEND", 0.3)
+    monkeypatch.setattr(grpc_service, "HEALTH_TIMEOUT", 1)
+    kubelet.default_health_timeout = 1.0
+    kubelet.prepare(DRIVER, [ref(store.objects["vms", "vm-a-gpu"])])
+    node.set_type("0000:41:00.4", 0)
+    service.update_health(inventory(node))
+    kubelet.watch_health(DRIVER)
+    kubelet.wait("the vGPU unhealthy", lambda k: k.device_health(DRIVER).get((NODE, VF4), ("",))[0] == "UNHEALTHY")
+    time.sleep(2.5)                                        # nothing changes for more than twice the timeout
+    health = kubelet.device_health(DRIVER)
+    assert health[NODE, VF4][0] == "UNHEALTHY" and health[NODE, VF5] == ("HEALTHY", "")
+    assert kubelet.health_updates[DRIVER] >= 5
+    # the real intervals: a resend every 10 s, a timeout that covers a late one, under the kubelet's 30 s
+    monkeypatch.undo()
+    assert 2 * grpc_service.HEALTH_RESEND <= grpc_service.HEALTH_TIMEOUT < 30
 
 
 def test_stopping_removes_both_sockets_and_the_kubelet_forgets_the_plugin(plugin, paths):
