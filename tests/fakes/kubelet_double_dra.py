@@ -8,6 +8,12 @@ pkg/apis/dra/v1, v1beta1, dra-health/v1alpha1, pluginregistration/v1).
   with the claim references only (namespace, name, UID: the plugin reads the claim itself), through v1
   when the plugin offers "v1.DRAPlugin", else v1beta1 (`version=` forces one); an answer that lacks a
   claim asked for is an error, as in the kubelet.
+- restart(wipe="before"): a kubelet restart as the DRA manager makes it (dra_plugin_manager.go
+  NewDRAPluginManager): with `api`/`node`, every ResourceSlice of the node, all drivers, is deleted from the API
+  double (wipeResourceSlices: a DeleteCollection with fieldSelector spec.nodeName; here a list and a DELETE
+  each), the streams and the registrations are dropped, and the plugin watcher dials GetInfo and
+  NotifyRegistrationStatus again. The wipe runs in the background in the kubelet, so it may come after the
+  registration: `wipe="after"` waits for the DRA plugins to register again first;
 - watch_health(driver): a NodeWatchResources stream (v1alpha1.DRAResourceHealth, when offered), its
   latest list kept in `health[driver]`; device_health(driver) is what the kubelet reports for each device
   it heard of: its last status, or Unknown once that is older than the device's timeout
@@ -17,8 +23,11 @@ pkg/apis/dra/v1, v1beta1, dra-health/v1alpha1, pluginregistration/v1).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.parse
+import urllib.request
 
 import grpc
 
@@ -115,6 +124,38 @@ class DraKubelet(TestKubelet):
                 pass
 
         threading.Thread(target=follow, name="health-" + driver, daemon=True).start()
+
+    def restart(self, wipe="before"):
+        """A kubelet restart (module docstring); returns the names of the slices it deleted."""
+        drivers = {info["name"] for info in list(self.registrations.values()) if info["type"] == "DRAPlugin"}
+        wiped = self.wipe_resource_slices() if wipe == "before" else []
+        super().restart()
+        if wipe == "after":
+            self.wait("the DRA plugins registered again", lambda k: all(
+                any(i["name"] == name and i["registered"] for i in list(k.registrations.values())) for name in drivers))
+            wiped = self.wipe_resource_slices()
+        with self._lock:
+            self.health.clear()
+            self._health_cache.clear()
+        return wiped
+
+    def wipe_resource_slices(self):
+        """Delete every ResourceSlice of this node in the API double (what the kubelet's start does)."""
+        if not (self.api_url and self.node):
+            return []
+        url = "%s/apis/resource.k8s.io/v1/resourceslices?%s" % (
+            self.api_url, urllib.parse.urlencode({"fieldSelector": "spec.nodeName=" + self.node}))
+        with urllib.request.urlopen(url, timeout=10) as response:
+            names = [item["metadata"]["name"] for item in json.load(response)["items"]]
+        for name in names:
+            request = urllib.request.Request("%s/apis/resource.k8s.io/v1/resourceslices/%s" % (self.api_url, name),
+                                             method="DELETE")
+            urllib.request.urlopen(request, timeout=10).close()
+        return names
+
+    def _mirror(self):
+        if self.devices() or self._mirrored:      # a DRA-only kubelet has no extended resources to write
+            super()._mirror()
 
     def device_health(self, driver):
         """{(pool, device): (health name, message)} as the kubelet reports them now (getHealthInfo)."""

@@ -199,6 +199,28 @@ def _status_message(status, body):
     return "HTTP %d: %s" % (status, " ".join(body.decode("utf-8", "replace").split())[:200]), None
 
 
+def _events(conn, response, what):
+    """The JSON events of a watch response, one a line, until the server ends the stream; the connection is closed
+    when the stream ends or the caller stops reading."""
+    try:
+        while True:
+            try:
+                line = response.readline()
+            except (OSError, http.client.HTTPException) as exc:
+                raise KubeUnavailable("watch of %s broke: %s" % (what, exc or type(exc).__name__)) from None
+            if not line:
+                return
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                raise KubeUnavailable("watch of %s: a line that is not JSON" % what) from None
+            yield event
+    finally:
+        conn.close()
+
+
 class KubeClient:
     """The calls the agent makes. Every method raises KubeApiError or KubeUnavailable."""
 
@@ -288,23 +310,7 @@ class KubeClient:
         if resource_version:
             query["resourceVersion"] = resource_version
         conn, response = self._open("GET", "/api/v1/nodes", query, timeout=timeout_seconds + 30)
-        try:
-            while True:
-                try:
-                    line = response.readline()
-                except (OSError, http.client.HTTPException) as exc:
-                    raise KubeUnavailable("watch of node %s broke: %s" % (name, exc or type(exc).__name__)) from None
-                if not line:
-                    return
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    raise KubeUnavailable("watch of node %s: a line that is not JSON" % name) from None
-                yield event
-        finally:
-            conn.close()
+        return _events(conn, response, "node %s" % name)
 
     # --- DRA: ResourceSlices of this node, ResourceClaims ------------------------------------------
     def list_resource_slices(self, node_name, driver):
@@ -313,6 +319,17 @@ class KubeClient:
         found = self.request("GET", RESOURCE_API + "/resourceslices",
                              {"fieldSelector": "spec.nodeName=%s,spec.driver=%s" % (node_name, driver)})
         return found.get("items") or []
+
+    def watch_resource_slices(self, node_name, driver, resource_version, timeout_seconds):
+        """Yield the events of the ResourceSlices of `driver` on node `node_name` (as list_resource_slices selects
+        them) until the server ends the stream; without `resource_version` the stream starts with an ADDED event
+        per existing slice."""
+        query = {"watch": "true", "fieldSelector": "spec.nodeName=%s,spec.driver=%s" % (node_name, driver),
+                 "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout_seconds))}
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        conn, response = self._open("GET", RESOURCE_API + "/resourceslices", query, timeout=timeout_seconds + 30)
+        return _events(conn, response, "ResourceSlices of node %s" % node_name)
 
     def create_resource_slice(self, body):
         return self.request("POST", RESOURCE_API + "/resourceslices", body=body)

@@ -105,3 +105,44 @@ def test_slices_follow_the_node_claims_prepare_and_a_prepared_vgpu_is_held(gpusi
     wait_for("4 x L40S-12Q published", lambda: sorted(published_devices(cluster.api)) == [
         device_name("L40S-12Q", vf) for vf in vfs[:4]], timeout=1.0, interval=0.02)
     assert time.monotonic() - done <= 1.0
+
+
+@pytest.mark.parametrize("wipe", ["before", "after"], ids=["wipe-then-register", "register-then-wipe"])
+def test_a_kubelet_restart_that_wipes_the_slices_gets_them_back_within_seconds(gpusim_node, cluster, start_agent,
+                                                                               tmp_path, wipe):
+    """The kubelet deletes every ResourceSlice of its node when it starts and registers the plugins again; the
+    wipe runs in the background, before or after the registration. The slices come back in seconds (the agent
+    used to wait for its 10-minute listing publish), and the agent writes them once."""
+    node = gpusim_node("l40s:1")
+    state = dra_state()
+    state["resources"] = dict(copy.deepcopy(RESOURCES), **DRA_RESOURCES)
+    cluster.api.reset(state)
+    kubelet_dir = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+    kubelet = DraKubelet(kubelet_dir, api_url=cluster.api.url, node=NODE, grace=0.5).start()
+    try:
+        agent = start_agent(node, cluster.api, DRA_DRIVER="true", KUBELET_DIR=kubelet_dir,
+                            CDI_DIR=str(tmp_path / "cdi"))
+        agent.wait("success", "default")
+        before = wait_for("2 vGPUs published", lambda: stored_slices(cluster.api) if len(
+            published_devices(cluster.api)) == 2 else None, timeout=10)
+        kubelet.wait("the driver registered", lambda k: any(r["registered"] for r in k.registrations.values()))
+        cluster.api.control("log/clear", {})
+        wiped = kubelet.restart(wipe=wipe)
+        assert wiped == [item["metadata"]["name"] for item in before]
+        started = time.monotonic()
+        wait_for("the slices published again", lambda: sorted(published_devices(cluster.api)) == sorted(
+            published_devices_of(before)) or None, timeout=15, interval=0.1)
+        assert time.monotonic() - started < 10           # the kubeletplugin helper takes 30 s
+        kubelet.wait("registered again", lambda k: any(r["registered"] for r in k.registrations.values()))
+        time.sleep(2)                                     # a late republish would write again: none does
+        creates = [r for r in cluster.api.log() if r["method"] == "POST" and r["path"].endswith("/resourceslices")]
+        assert len(creates) == len(before)
+        assert [item["spec"]["devices"] for item in stored_slices(cluster.api)] == [
+            item["spec"]["devices"] for item in before]
+    finally:
+        kubelet.stop()
+        shutil.rmtree(kubelet_dir, ignore_errors=True)
+
+
+def published_devices_of(slices_):
+    return [device["name"] for item in slices_ for device in item["spec"]["devices"]]

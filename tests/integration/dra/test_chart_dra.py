@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import NodeView
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER, NodeView
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
@@ -80,6 +80,7 @@ def test_rbac_is_exactly_what_the_driver_does(gpusim_node, dra_api, tmp_path):
     gpu_node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % gpu_node.vfs(gpu_node.pfs()[0])[1], 0)
     publisher.publish(sysfs_devices(gpu_node, tmp_path))
     publisher.withdraw()
+    assert list(api.watch_resource_slices(NODE, DRIVER, None, 1)) == []     # the SliceKeeper's watch (none left)
     driver = DraDriver(NODE, api.get_resource_claim, NodeView(None, read_facts(gpu_node, tmp_path)),
                        str(tmp_path / "plugin"), str(tmp_path / "cdi"))
     driver.prepare([ClaimRef("vms", "absent", "u-1")])
@@ -89,6 +90,7 @@ def test_rbac_is_exactly_what_the_driver_does(gpusim_node, dra_api, tmp_path):
         if parts[1:3] == ["apis", "resource.k8s.io"]:
             resource = "resourceslices" if "resourceslices" in parts else "resourceclaims"
             named = parts[-2] == resource
-            used.add((resource, VERBS[entry["method"]] if named or entry["method"] != "GET" else "list"))
+            verb = "watch" if entry.get("watch") else "list"
+            used.add((resource, VERBS[entry["method"]] if named or entry["method"] != "GET" else verb))
     assert used == resource_rules(render("dra.enabled=true"))
     assert claim_holders.holders_of(str(tmp_path / "plugin")) == {}

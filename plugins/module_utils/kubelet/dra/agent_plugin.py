@@ -16,7 +16,10 @@ The agent calls, from its reconcile thread:
   FULL_PUBLISH_INTERVAL. An API error is logged and the next reconcile tries again;
 - `close()` at SIGTERM: the sockets go (the kubelet stops calling); the slices stay for the next pod
   (a rolling update republishes them; the Node's deletion removes them through their owner reference).
-A thread serves the sockets again when one was deleted.
+A thread serves the sockets again when one was deleted. Slices someone else deleted (a kubelet that starts
+deletes every slice of its node, then registers the plugin again) are published again by the SliceKeeper
+(slice_keeper.py): at once when the kubelet registers the plugin, and about a second after a deletion its watch
+of this node's slices sees, with the devices last published (no read of the node).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoi
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_keeper import SliceKeeper
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts
@@ -57,16 +61,19 @@ class VgpuDraPlugin:
         self.driver = DraDriver(settings.node_name, self._read_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
                                 boot_id=read_boot_id(settings.proc_root))
-        self.service = DraService(self.driver, self.paths)
+        self.keeper = SliceKeeper(api, settings.node_name, dra_devices.DRIVER, self._republish, log)
+        self.service = DraService(self.driver, self.paths, on_registered=self.keeper.resync)
         self.watch_interval = watch_interval
         self.clock = clock
         self.full_publish_due = None   # clock time of the next listing publish; None: at the next publish
+        self._publishing = threading.Lock()     # the reconcile thread and the keeper's share the publisher
         self._stop = threading.Event()
 
     def start(self):
         if not os.path.isdir(self.paths.plugins_registry):
             raise KubeletDirError("kubelet directory %s: no plugins_registry/ directory (KUBELET_DIR or --kubelet-dir "
                                   "names the kubelet's root directory)" % self.paths.root)
+        self.keeper.start()
         self.service.start()
         threading.Thread(target=self._watch, name="dra-watch", daemon=True).start()
         self.log("DRA driver %s: serving the kubelet at %s" % (dra_devices.DRIVER, self.service.socket))
@@ -94,7 +101,8 @@ class VgpuDraPlugin:
             self.publisher.node_uid = node_uid
         full = self.full_publish_due is None or self.clock() >= self.full_publish_due
         try:
-            plan = self.publisher.publish(current, force=full)
+            with self._publishing:
+                plan = self.publisher.publish(current, force=full)
         except (KubeApiError, KubeUnavailable) as exc:
             self.full_publish_due = None
             self.log("DRA driver: cannot publish the ResourceSlices of node %s: %s" % (self.settings.node_name, exc))
@@ -105,6 +113,19 @@ class VgpuDraPlugin:
             self.log("DRA driver: published %d vGPU(s) in %d ResourceSlice(s)" % (
                 len(current), len(plan.updates) + len(plan.creates) or 1))
 
+    def _republish(self):
+        """The keeper's: the devices last published, listed against the API again (only what is missing or
+        different is written); nothing before the first publish (the reconcile makes it)."""
+        with self._publishing:
+            if self.publisher.published is None:
+                return
+            plan = self.publisher.publish(self.publisher.published)
+        if not plan.empty:
+            self.log("DRA driver: the ResourceSlices of node %s had been changed or deleted (a kubelet restart "
+                     "deletes them); published %d vGPU(s) again" % (self.settings.node_name,
+                                                                    len(self.publisher.published)))
+
     def close(self):
         self._stop.set()
+        self.keeper.stop()
         self.service.stop()

@@ -133,10 +133,12 @@ class HealthServicer:
 
 
 class DraService:
-    """Serve `driver` (a DraDriver) to the kubelet under `paths` (kubelet/paths.KubeletPaths)."""
+    """Serve `driver` (a DraDriver) to the kubelet under `paths` (kubelet/paths.KubeletPaths); `on_registered()`
+    runs each time the kubelet says it registered the plugin (NotifyRegistrationStatus registered=true: a
+    kubelet that (re)started, which also deleted every ResourceSlice of its node)."""
 
-    def __init__(self, driver, paths):
-        self.driver, self.paths = driver, paths
+    def __init__(self, driver, paths, on_registered=None):
+        self.driver, self.paths, self.on_registered = driver, paths, on_registered
         self.plugin_dir = paths.plugin_dir(driver.driver)
         self.socket = os.path.join(self.plugin_dir, SERVICE_SOCKET)
         self.hub = HealthHub()
@@ -152,8 +154,12 @@ class DraService:
         os.makedirs(self.plugin_dir, mode=0o750, exist_ok=True)
         self.server = transport.UnixGrpcServer(self.socket, self._add_servicers, max_workers=8).start()
         self.registration, self.registrar = transport.serve_plugin_registration(
-            self.paths, PLUGIN_TYPE, self.driver.driver, self.socket, SUPPORTED_VERSIONS)
+            self.paths, PLUGIN_TYPE, self.driver.driver, self.socket, SUPPORTED_VERSIONS, self._status)
         return self
+
+    def _status(self, registered, error):
+        if registered and self.on_registered is not None:
+            self.on_registered()
 
     def alive(self):
         """Both sockets are still the ones bound (someone may have wiped a directory)."""

@@ -101,6 +101,19 @@ def test_health_stays_known_past_the_kubelets_timeout_unhealthy_included(plugin,
     assert 2 * grpc_service.HEALTH_RESEND <= grpc_service.HEALTH_TIMEOUT < 30
 
 
+def test_a_kubelet_restart_registers_the_plugin_again_and_the_service_hears_it(plugin):
+    service, kubelet, dummy, store = plugin
+    heard = []
+    service.on_registered = lambda: heard.append(time.monotonic())
+    kubelet.restart()
+    kubelet.wait("registered again", lambda k: any(r["registered"] for r in k.registrations.values()))
+    deadline = time.monotonic() + 5
+    while not heard and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(heard) == 1
+    assert kubelet.prepare(DRIVER, [ref(store.objects["vms", "vm-a-gpu"])])[UID1]["error"] == ""
+
+
 def test_stopping_removes_both_sockets_and_the_kubelet_forgets_the_plugin(plugin, paths):
     service, kubelet, dummy, store = plugin
     service.stop()
