@@ -190,7 +190,7 @@ def main():
     node = module_glue.NodeContext(module)
     with module_glue.engine_errors(module) as result, node.apply_lock(params["wait_timeout"]):
         plan = sriov.plan_vfs(node.sysfs, node.runner, params["devices"], params["num_vfs"], params["state"],
-                              params["method"], params["force"], held=node.held,
+                              params["method"], params["force"], held=node.holders(),
                               sriov_manage_path=params["sriov_manage_path"])
         result["pfs"] = plan.as_list()
         if not module.check_mode:

@@ -1,4 +1,4 @@
-"""python -m tests.bench [--quick] [--parts p1,p2,p3,p4,p5,p6,p8] [--out bench-results] [--runs-p1 N ...]
+"""python -m tests.bench [--quick] [--parts p1,p2,p3,p4,p5,p6,p7,p8] [--out bench-results] [--runs-p1 N ...]
 
 Every option also reads an environment variable (BENCH_QUICK=1, BENCH_PARTS, BENCH_RUNS_P1, ...,
 BENCH_GPUS, BENCH_LATENCY_MS, BENCH_FLEET=4,16,32, BENCH_FORKS_RATIO, BENCH_OUT). Writes
@@ -18,10 +18,12 @@ import time
 
 from tests.bench import REPO, report
 
-PARTS = ("p1", "p2", "p3", "p4", "p5", "p6", "p8")
-FULL = {"runs": {"p1": 5, "p2": 3, "p3": 5, "p4": 3, "p5": 5, "p6": 5, "p8": 3}, "allocate_calls": 1000, "gpus": 8, "gpus_p3": 8, "gpus_p4": 1,
+PARTS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8")
+FULL = {"runs": {"p1": 5, "p2": 3, "p3": 5, "p4": 3, "p5": 5, "p6": 5, "p7": 3, "p8": 3}, "allocate_calls": 1000,
+        "claims_p7": 128, "gpus": 8, "gpus_p3": 8, "gpus_p4": 1,
         "latency_ms": 1000, "fleet": "4,16,32", "forks_ratio": 4, "idle_p5": 30, "resync_p5": 10}
-QUICK = {"runs": {"p1": 1, "p2": 1, "p3": 1, "p4": 1, "p5": 1, "p6": 1, "p8": 1}, "allocate_calls": 100, "gpus": 2, "gpus_p3": 2, "gpus_p4": 1,
+QUICK = {"runs": {"p1": 1, "p2": 1, "p3": 1, "p4": 1, "p5": 1, "p6": 1, "p7": 1, "p8": 1}, "allocate_calls": 100,
+         "claims_p7": 8, "gpus": 2, "gpus_p3": 2, "gpus_p4": 1,
          "latency_ms": 300, "fleet": "1,2", "forks_ratio": 1, "idle_p5": 4, "resync_p5": 2}
 
 
@@ -60,7 +62,7 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", default=_env("quick", "") not in ("", "0"),
                         help="smoke run: tiny cases, one run each (defaults below are for the full run)")
     parser.add_argument("--parts", type=_parts, default=_env("parts", ",".join(PARTS)),
-                        help="which parts to run (default all: p1,p2,p3,p4,p5,p6,p8)")
+                        help="which parts to run (default all: p1,p2,p3,p4,p5,p6,p7,p8)")
     parser.add_argument("--out", default=_env("out", os.path.join(REPO, "bench-results")),
                         help="output directory (default bench-results/)")
     for part in PARTS:
@@ -80,10 +82,12 @@ def parse_args(argv=None):
                         help="the idle agent's RESYNC_INTERVAL in P5 (full: 10)")
     parser.add_argument("--allocate-calls", type=_positive, default=_env("allocate_calls"),
                         help="Allocate calls P6 times (full: 1000)")
+    parser.add_argument("--claims-p7", type=_positive, default=_env("claims_p7"),
+                        help="ResourceClaims P7 prepares, one per vGPU (full: 128)")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     args.runs = dict((p, int(getattr(args, "runs_" + p) or defaults["runs"][p])) for p in PARTS)
-    for name in ("gpus", "gpus_p3", "gpus_p4", "latency_ms", "forks_ratio", "idle_p5", "resync_p5", "allocate_calls"):
+    for name in ("gpus", "gpus_p3", "gpus_p4", "latency_ms", "forks_ratio", "idle_p5", "resync_p5", "allocate_calls", "claims_p7"):
         setattr(args, name, int(getattr(args, name) or defaults[name]))
     # argparse converts string defaults (from the environment) with `type` already
     args.fleet = sorted(args.fleet or _int_list(defaults["fleet"]))
@@ -94,7 +98,7 @@ def settings_dict(args):
     return {"quick": args.quick, "parts": args.parts, "runs": args.runs, "gpus": args.gpus,
             "gpus_p3": args.gpus_p3, "gpus_p4": args.gpus_p4, "latency_ms": args.latency_ms,
             "fleet": args.fleet, "forks_ratio": args.forks_ratio, "idle_p5": args.idle_p5,
-            "resync_p5": args.resync_p5, "allocate_calls": args.allocate_calls}
+            "resync_p5": args.resync_p5, "allocate_calls": args.allocate_calls, "claims_p7": args.claims_p7}
 
 
 def _stop(signum, dummy_frame):
@@ -116,6 +120,9 @@ def run_part(part, args):
     if part == "p6":
         from tests.bench import device_plugin
         return device_plugin.run(args)
+    if part == "p7":
+        from tests.bench import dra
+        return dra.run(argparse.Namespace(gpus=args.gpus, claims=args.claims_p7, runs=args.runs["p7"]))
     if part == "p8":
         from tests.bench import manager_restart
         return manager_restart.run(args)

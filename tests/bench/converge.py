@@ -105,7 +105,7 @@ def run_engine(node, entries, cache_dir):
     if not result["changed"]:
         raise simnodes.BenchError("P1: the engine reported no change on a node without vGPUs")
     return (elapsed, engine_node.sysfs.writes, dict(engine_node.sysfs.ops),
-            [" ".join(argv[:3]) for argv in engine_node.runner.calls])
+            [" ".join(argv[:3]) for argv in engine_node.runner.calls], dict(engine_node.holders.counts))
 
 
 def enable_vfs(node):
@@ -134,10 +134,11 @@ def measure_case(node, name, case, runs, cache_dir):
     expected = expected_types(node, case)
     minimum = sum(sum(types.values()) for types in expected.values())
     writes = floor_writes(node, expected)
-    engine_s, floor_s, engine_writes, commands, ops = [], [], [], [], []
+    engine_s, floor_s, engine_writes, commands, ops, holder_counts = [], [], [], [], [], []
     for dummy in range(runs):
         simnodes.clear_types(node)
-        seconds, counted, reads, commands = run_engine(node, entries, cache_dir)
+        seconds, counted, reads, commands, counts = run_engine(node, entries, cache_dir)
+        holder_counts.append(counts)
         engine_s.append(seconds)
         engine_writes.append(checked_writes(node, expected, "P1 %s engine" % name, engine_writes=counted))
         ops.append((sum(reads.values()) + counted) / float(counted))
@@ -149,6 +150,8 @@ def measure_case(node, name, case, runs, cache_dir):
             "engine_s": stats.summary(engine_s), "floor_s": stats.summary(floor_s), "ratio": ratio,
             "writes": max(engine_writes), "writes_min": minimum, "engine_reads": reads,
             "engine_commands": commands, "target_ratio": 1.3,
+            # the in-use work of each apply (inuse.Holders.counts): walks of /proc, group probes, source reads
+            "holder_counts": holder_counts,
             "met": stats.within(ratio["median"], 1.3) and max(engine_writes) == minimum,
             # sysfs round trips (reads, links, writes) per written VF; the floor's is 1
             "ops_per_written_vf": stats.summary(ops), "target_ops_per_written_vf": OPS_TARGET,

@@ -65,6 +65,35 @@ def _p1_rows(p1):
                "%.2f×" % ops["median"], "≤ 3.0 per written VF, writes = min", _met(p1["uniform"]["met_ops"]))
 
 
+def _counts(per_apply):
+    """'scans 1, probes 256, sources 9' per apply (min–max where the applies differ)."""
+    parts = []
+    for name in ("scans", "probes", "sources"):
+        values = [c.get(name, 0) for c in per_apply] or [0]
+        low, high = min(values), max(values)
+        parts.append("%s %d" % (name, low) if low == high else "%s %d–%d" % (name, low, high))
+    return ", ".join(parts)
+
+
+def _p1_holder_rows(p1):
+    for case in ("uniform", "mixed"):
+        counts = p1[case].get("holder_counts")
+        if counts:
+            yield ("P1 in-use checks per apply, %s" % case, "walks of /proc, VFIO group probes, holder source reads "
+                   "(inuse.Holders.counts)", _counts(counts), "", "", "≤ 1 walk per apply", _met(
+                       max(c["scans"] for c in counts) <= 1))
+
+
+def _p7_rows(p7):
+    prepare = p7["prepare_first"]
+    yield ("P7 DRA NodePrepareResources", "%d GPUs, %d vGPUs, one claim per call (first prepare)" % (
+        p7["gpus"], p7["vgpus"]), "p50 %.2f ms, p99 %.2f ms" % (prepare["p50_ms"], prepare["p99_ms"]),
+        "", "", "p99 ≤ 50 ms", _met(p7["targets"]["prepare_p99_ms<=50"]))
+    yield ("P7 ResourceSlice update", "apply done -> slices show it; applies' in-use checks: %s" % _counts(
+        p7.get("holder_counts") or []), "max %.3g s" % p7["slice_update"]["max_s"], "", "", "≤ 1 s",
+        _met(p7["targets"]["slice_update_s<=1"]))
+
+
 def _p2_rows(p2):
     what = "nodes.yml on a converged node (%d GPUs); sysfs writes %d, tasks changed %d%s" % (
         p2["gpus"], p2["writes"], p2["tasks_changed"],
@@ -150,8 +179,8 @@ def _profiles(profiles):
     return " + ".join("%d×%s" % (n, p) for p, n in profiles.items())
 
 
-ROWS = (("p1", _p1_rows), ("p2", _p2_rows), ("p3", _p3_rows), ("p4", _p4_rows), ("p4", _p4b_rows),
-        ("p5", _p5_rows), ("p6", _p6_rows), ("p8", _p8_rows))
+ROWS = (("p1", _p1_rows), ("p1", _p1_holder_rows), ("p2", _p2_rows), ("p3", _p3_rows), ("p4", _p4_rows),
+        ("p4", _p4b_rows), ("p5", _p5_rows), ("p6", _p6_rows), ("p7", _p7_rows), ("p8", _p8_rows))
 
 
 def rows(results):

@@ -147,3 +147,46 @@ def test_a_holder_in_its_own_mount_namespace_is_seen_through_the_modules(
     one_line_naming(run.message, TYPED)
     assert "pid %d" % holder.pid in run.message
     assert failure_writes.gpusim(lab.node, what="%s writes while a VM in another mount namespace held %s" % (module, TYPED)) == []
+
+
+def test_a_vm_that_opens_a_vf_during_its_gpus_writes_stops_the_write_to_that_vf(
+        lab, vfio_holders, failure_writes, tmp_path):
+    """32.4: the check-then-write window is one VF wide. PF1's writes: clear .4, set .4, set .5; the racer
+    opens .5's group as the first of them lands (the gpusim write log has it), after the GPU's own check."""
+    racer_vf = "0000:41:00.5"
+    started = []
+
+    def race():
+        assert [e["path"] for e in lab.node.log() if e["result"] == "ok"] == [
+            "bus/pci/devices/%s/nvidia/current_vgpu_type" % TYPED]      # timed by the write log: the first write
+        started.append(vfio_holders(lab.node, racer_vf))
+    sysfs = HoldAfter(lab.node, 1, race)
+    lab.engine = vgpu_apply.Node(sysfs, lab.runner, lab.node.dev_root, "/proc", cache_dir=str(tmp_path))
+    with pytest.raises(vgpu_apply.HeldSincePlan) as caught:
+        node_lab.run_layout(lab, layout=TARGET)
+    one_line_naming(str(caught.value), racer_vf)
+    assert started and "it was not written, nor anything after it on GPU %s" % PF1 in str(caught.value)
+    assert caught.value.result == {"changed": True, "gpus_changed": [PF1], "gpus_not_changed": [PF2]}
+    on_vf = failure_writes.gpusim(lab.node, keep=lambda e: e["path"].startswith("bus/pci/devices/%s/" % racer_vf),
+                                  what="write attempts to %s after a VM opened it" % racer_vf)
+    assert on_vf == [] and gpu_writes(lab, PF2) == []
+    assert vgpu_types.read_current(lab.sysfs, racer_vf) == 0
+
+
+def test_a_vm_that_opens_a_vf_after_the_sriov_plan_stops_the_vf_removal(lab, vfio_holders, failure_writes):
+    """32.4 in sriov_vfs: each VF is asked again right before its PF's VFs are removed (force: not even the
+    discarded types are cleared)."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, sriov
+
+    holders = inuse.Holders(lab.sysfs, lab.node.dev_root, "/proc")
+    plan = sriov.plan_vfs(lab.sysfs, lab.runner, [PF1], state="absent", force=True, held=holders)
+    assert plan.changed and holders.counts["scans"] == 1
+    holder = vfio_holders(lab.node, "0000:41:00.7")   # the VM starts between the plan and the removal
+    with pytest.raises(sriov.SriovError) as caught:
+        sriov.apply_vfs(lab.sysfs, lab.runner, plan, timeout=10)
+    one_line_naming(str(caught.value), "0000:41:00.7")
+    assert "since the plan" in str(caught.value) and "pid %d" % holder.pid in str(caught.value)
+    assert failure_writes.gpusim(lab.node, what="writes after a VF of %s became held" % PF1) == []
+    # the re-check probed each VF's group (no walk); only the busy one led to a walk, to name its pid
+    assert holders.counts["scans"] == 2 and holders.counts["probes"] >= 32
+    assert vgpu_types.read_current(lab.sysfs, TYPED) == 1153

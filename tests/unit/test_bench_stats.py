@@ -48,7 +48,7 @@ def test_defaults_full_and_quick(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     full = parse_args([])
     assert full.runs == FULL["runs"] and full.fleet == [4, 16, 32] and full.forks_ratio == 4
-    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p8"] and full.gpus == 8 and full.latency_ms == 1000
+    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"] and full.gpus == 8 and full.latency_ms == 1000
     assert (full.idle_p5, full.resync_p5) == (30, 10)
     quick = parse_args(["--quick", "--parts", "p3,p1", "--runs-p1", "2"])
     assert quick.parts == ["p1", "p3"] and quick.runs["p1"] == 2 and quick.runs["p3"] == QUICK["runs"]["p3"]
@@ -62,7 +62,7 @@ def test_environment_sets_options(monkeypatch):
     assert args.quick and args.runs["p4"] == 7 and args.fleet == [2, 8]
 
 
-@pytest.mark.parametrize("argv", [["--parts", "p7"], ["--fleet", "0,4"], ["--parts", ""], ["--runs-p1", "0"],
+@pytest.mark.parametrize("argv", [["--parts", "p9"], ["--fleet", "0,4"], ["--parts", ""], ["--runs-p1", "0"],
                                   ["--latency-ms", "soon"], ["--idle-p5", "0"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):

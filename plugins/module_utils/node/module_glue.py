@@ -64,8 +64,12 @@ class NodeContext:
     def held(self):
         """{address or mdev uuid: [holder]} of devices VMs hold (one /proc scan per call) and of those
         DRA claims prepared under the kubelet directory use (node/claim_holders.py)."""
-        return inuse.held_devices(self.sysfs, self.dev_root, self.proc_root, None,
-                                  (claim_holders.holders_source(self.kubelet_dir),))
+        return self.holders().held()
+
+    def holders(self):
+        """An inuse.Holders for this run (what sriov_vfs re-checks right before VFs are removed)."""
+        return inuse.Holders(self.sysfs, self.dev_root, self.proc_root,
+                             (claim_holders.holders_source(self.kubelet_dir),))
 
     def apply_lock(self, timeout):
         """The node's apply lock, waited for up to `timeout` s; nothing to lock in check mode."""

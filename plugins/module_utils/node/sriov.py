@@ -29,8 +29,9 @@ API (also used by the node CLI):
     apply_vfs(sysfs, runner, plan, timeout=120)   # writes; raises SriovError naming the PF
 sriov-manage is found at /usr/lib/nvidia/sriov-manage, then on PATH; `plan_vfs(...,
 sriov_manage_path=...)` names it instead (GPU Operator: /run/nvidia/driver/usr/lib/nvidia/sriov-manage).
-`held` is the mapping from inuse.held_devices() or a callable returning it; it is only evaluated
-when a plan removes existing VFs. Callers hold node_lock around plan + apply.
+`held` is the mapping from inuse.held_devices(), a callable returning it, or an inuse.Holders (then each
+PF's VFs are asked of the kernel again right before they are removed); it is only evaluated when a plan
+removes existing VFs. Callers hold node_lock around plan + apply.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class PfPlan:
     method: str                     # "sysfs" or "sriov_manage"
     tool: Optional[str] = None      # sriov-manage path when method is sriov_manage
     discard: List[str] = field(default_factory=list)   # VFs whose vGPU/mdev force discards
+    recheck: Optional[object] = field(default=None, repr=False, compare=False)  # inuse.Holders.recheck
 
     @property
     def changed(self):
@@ -229,7 +231,14 @@ def _check_removals(sysfs, plans, held, force):
     removing = [p for p in plans if p.changed and p.current]
     if not removing:
         return
-    held_now = held() if callable(held) else held
+    if isinstance(held, inuse.Holders):
+        # the walk of /proc this apply already made stands; right before the VFs go, each one's group is
+        # asked of the kernel again (_recheck_removal)
+        held_now = held.held([p.address for p in removing], reuse=True)
+        for plan in removing:
+            plan.recheck = held.recheck
+    else:
+        held_now = held() if callable(held) else held
     if held_now is None:
         raise SriovError("plan_vfs: cannot tell which VFs VMs hold (no held mapping given)")
     parents = inuse.mdev_parents(sysfs)
@@ -237,14 +246,33 @@ def _check_removals(sysfs, plans, held, force):
         for vf in pci.PciDevice(sysfs, plan.address).virtfns():
             pids = inuse.holders(held_now, vf, parents)
             if pids:
-                raise SriovError("%s: VF %s is held by a VM (%s); refusing to change %d -> %d VFs"
-                                 % (plan.address, vf, inuse.describe(pids), plan.current, plan.desired))
+                raise _held_error(plan, vf, pids)
             why = _programmed(sysfs, vf, parents)
             if why and not force:
                 raise SriovError("%s: VF %s has %s that changing %d -> %d VFs would discard; set force to allow it"
                                  % (plan.address, vf, why, plan.current, plan.desired))
             if why:
                 plan.discard.append(vf)
+
+
+def _held_error(plan, vf, found, since=""):
+    return SriovError("%s: VF %s is held by a VM (%s)%s; refusing to change %d -> %d VFs"
+                      % (plan.address, vf, inuse.describe(found), since, plan.current, plan.desired))
+
+
+def _recheck_removal(sysfs, plan):
+    """Right before the VFs of a PF are removed: each VF (and each mdev on one) asked again, O(1) each (its
+    group's EBUSY probe; the holder sources), so a VM that opened one since the plan stops the removal."""
+    if plan.recheck is None:
+        return
+    parents = inuse.mdev_parents(sysfs)
+    vfs = pci.PciDevice(sysfs, plan.address).virtfns()
+    names = vfs + [uuid for uuid, parent in sorted(parents.items()) if parent in vfs]
+    now = plan.recheck(names)
+    for vf in vfs:
+        found = inuse.holders(now, vf, parents)
+        if found:
+            raise _held_error(plan, vf, found, " since the plan; nothing was written to %s" % plan.address)
 
 
 def plan_vfs(sysfs, runner, devices="all", num_vfs="max", state="present", method="auto", force=False,
@@ -404,6 +432,8 @@ def _wait_ready(sysfs, plan, timeout, poll_interval, numvfs=None):
 
 
 def _apply_pf(sysfs, runner, plan, timeout, poll_interval, retries, retry_delay):
+    if plan.current:
+        _recheck_removal(sysfs, plan)
     _discard_profiles(sysfs, plan)
     numvfs = None
     if plan.method == "sriov_manage":

@@ -187,31 +187,65 @@ class Node:
         self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage
         self.names = TypeNames(sysfs, runner, cache_dir)
         self.planned_held = {}  # what plan() saw held: a device held since then stops its GPU
+        self.holders = None     # inuse.Holders of the apply under way (held() makes one)
 
-    def held(self, scope=None):
-        """inuse.held_devices for this node; `scope`: the PFs about to be written (probed when the
-        /proc scan is incomplete), None = all."""
-        return inuse.held_devices(self.sysfs, self.dev_root, self.proc_root, scope, self.holder_sources)
+    @property
+    def in_use(self):
+        """The in-use answers of this apply (inuse.Holders): the devices' groups read once, /proc walked once;
+        `begin()` starts a new one."""
+        if self.holders is None:
+            self.begin()
+        return self.holders
 
-    def stop_if_newly_held(self, plans, done=()):
-        """Scan again; raise HeldSincePlan before the first write to a GPU whose change touches a
-        device held since the plan (a VM that started while the agent waited for operands)."""
+    def begin(self):
+        """A new apply: what the last one read about the devices and the processes is read again."""
+        self.holders = inuse.Holders(self.sysfs, self.dev_root, self.proc_root, self.holder_sources)
+        return self.holders
+
+    def held(self, scope=None, reuse=False):
+        """inuse.held_devices for this node; `scope`: the devices about to be written (probed when the
+        /proc scan is incomplete), None = all; `reuse`: the last walk of /proc of this apply stands."""
+        return self.in_use.held(scope, reuse)
+
+    def stop_if_newly_held(self, plans, done=(), probe=True):
+        """Raise HeldSincePlan before the first write to a GPU whose change touches a device held since the
+        plan (a VM that started while the agent waited for operands, a claim prepared meanwhile). No new walk
+        of /proc: the holder sources are read again and, with `probe` (after a wait; a mode or MIG change that
+        touches every VF at once), each touched device's group is asked of the kernel. The write to each VF
+        or mdev is guarded again right before it (guard())."""
         changing = [(gpu, plan) for gpu, dummy, dummy2, plan in plans if plan.steps]
         if not changing:
             return
-        now = self.held([gpu.address for gpu, dummy in changing])
+        touched = dict((plan.address, _touched(self.sysfs, gpu.address, plan, self.in_use.parents()))
+                       for gpu, plan in changing)
+        wide = [plan.address for gpu, plan in changing if probe or plan.switch_mode or
+                (plan.mig is not None and plan.mig.changed)]
+        every = set().union(*touched.values())
+        now = self.in_use.recheck(sorted(set().union(*(touched[a] for a in wide))) if wide else [], watched=every)
+        self._stop_on(now, changing, touched, done)
+
+    def _stop_on(self, now, changing, touched, done):
         # a holder the plan did not see (a VF a claim held at plan time is written only to restore its type:
         # a VM that opened it since must stop that write too)
         newly = dict((name, found) for name, found in now.items()
                      if not set(found) <= set(self.planned_held.get(name) or ()))
-        if not newly:
-            return
-        parents = inuse.mdev_parents(self.sysfs)
         for gpu, plan in changing:
-            for name in sorted(_touched(self.sysfs, gpu.address, plan, parents)):
+            for name in sorted(touched.get(plan.address, ())):
                 if name in newly:
                     raise HeldSincePlan(gpu.address, name, newly[name], list(done),
                                         [p.address for dummy, p in changing if p.address not in done])
+
+    def guard(self, gpu, plans, done):
+        """guard(device): right before a write to one VF or mdev of `gpu`, its own group asked of the kernel
+        (O(1), no /proc walk); HeldSincePlan when a VM opened it since the plan."""
+        changing = [(g, p) for g, dummy, dummy2, p in plans if p.steps]
+        before = self.sysfs.writes
+
+        def check(name):
+            # the GPU counts as changed once one of its writes was made
+            made = [a for a in done if a != gpu.address or self.sysfs.writes != before]
+            self._stop_on(self.in_use.recheck([name], sources=False), changing, {gpu.address: {name}}, made)
+        return check
 
     def claimed_types(self, held):
         """{device: type ID} of the prepared DRA claims, read only when a claim holds something."""
@@ -231,8 +265,9 @@ class Node:
         be ready within `wait_timeout` s (a PF that loses its driver fails at once)."""
         return self.set_vfs(addresses, "max", wait_timeout)
 
-    def plan(self, entries, state="present", mixed_size=False, enable_vfs=False, check_mode=False):
+    def plan(self, entries, state="present", mixed_size=False, enable_vfs=False, check_mode=False, reuse=False):
         """[(gpu, framework, view, GpuPlan)] for every GPU the layout selects; raises before writes.
+        `reuse`: the processes this apply's walk of /proc saw stand (a plan again after VFs were enabled).
 
         A GPU without VFs is planned as pending when they will be enabled first: by apply itself
         (`enable_vfs`) or, in check mode, by the sriov_vfs task before it (which only plans then).
@@ -242,7 +277,9 @@ class Node:
         vfs_of = {}  # PF -> VF addresses, read once per plan (a readlink each)
         gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs, vfs_of))
         selection = resolve(entries, list(gpus.values()), self.sysfs)
-        held = self.planned_held = self.held(list(selection))
+        # the scope names the VFs too (read with the GPUs): no physfn link is read to place them
+        scope = list(selection) + [vf for address in selection for vf in vfs_of.get(address) or ()]
+        held = self.planned_held = self.held(scope, reuse=reuse)
         claimed = self.claimed_types(held)
         plans = []
         for address, gpu_entries in selection.items():
@@ -312,7 +349,9 @@ class Node:
             if not leaves_mig(plan):
                 continue
             self.stop_if_newly_held([p for p in plans if p[3] is plan], done)
-            BACKENDS[framework].execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] == "clear"])
+            gpu = [g for g, dummy, dummy2, p in plans if p is plan][0]
+            BACKENDS[framework].execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] == "clear"],
+                                        guard=self.guard(gpu, plans, done))
             mig.execute(self.smi, plan.mig)
             count, total = len(view.vfs), pci.PciDevice(self.sysfs, plan.address).sriov_totalvfs
             self.set_vfs([plan.address], 0, wait_timeout)
@@ -326,26 +365,32 @@ class Node:
         sriov-manage where it can (all or no VFs), sysfs for another count."""
         method = "auto" if num_vfs in (0, "max") else "sysfs"
         plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs=num_vfs, method=method,
-                              state="present" if num_vfs else "absent", held=self.held,
+                              state="present" if num_vfs else "absent", held=self.in_use,
                               sriov_manage_path=self.sriov_manage_path)
-        return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
+        try:
+            return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
+        finally:
+            self.in_use.forget()    # VFs came or went: the devices and their groups are read again
 
     def execute(self, plans):
         """Writes, GPU by GPU: clears/removals, mixed-size mode when the plan needs it, creations.
-        Immediately before each GPU's first write the node is scanned again (stop_if_newly_held)."""
+        Before each GPU's first write the holder sources are read again (and, for a mode or MIG change, every
+        touched device's group probed: stop_if_newly_held); right before each VF's or mdev's write its own
+        group is asked of the kernel (guard)."""
         done = []
-        for dummy, framework, view, plan in plans:
+        for gpu, framework, view, plan in plans:
             if not plan.steps:
                 continue
-            self.stop_if_newly_held([p for p in plans if p[3] is plan], done)
+            self.stop_if_newly_held([p for p in plans if p[3] is plan], done, probe=False)
+            guard = self.guard(gpu, plans, done)
             done.append(plan.address)
             backend = BACKENDS[framework]
-            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("clear", "remove")])
+            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("clear", "remove")], guard)
             if plan.mig is not None and not plan.mig.leave:
                 mig.execute(self.smi, plan.mig)
             if plan.switch_mode:
                 self.runner.run([_smi(self.runner), "vgpu", "-i", plan.address, "-shm", "1"])
-            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("set", "create")])
+            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("set", "create")], guard)
 
     def verify(self, plans):
         """Every changed GPU's vGPUs must now be what the plan said.
@@ -354,13 +399,11 @@ class Node:
         not write were read (or, on a GPU without vGPUs, known free) at plan time under the node
         lock, so the view is the node; mdev GPUs are read again.
         """
-        held = None
         for gpu, framework, view, plan in plans:
             if not plan.steps:
                 continue
-            if framework != vgpu_vfio.FRAMEWORK:
-                held = self.held() if held is None else held
-                view = self.view(gpu, framework, held)
+            if framework != vgpu_vfio.FRAMEWORK:   # the mdevs are read again; who holds them is the plan's answer
+                view = self.view(gpu, framework, self.planned_held)
             wanted = _counts(v.after for v in plan.vgpus)
             have = BACKENDS[framework].current_profiles(view)
             if wanted != have:
@@ -387,16 +430,19 @@ class Node:
 
 
 class HeldSincePlan(LayoutError):
-    """A device a GPU's change touches became held after the plan; that GPU was not written.
-    `done`: GPUs changed before it; `not_done`: it and the GPUs after it."""
+    """A device a GPU's change touches became held after the plan; that device was not written.
+    `done`: GPUs changed (the GPU itself when the guard stopped it part-way); `not_done`: the GPUs after it."""
 
     def __init__(self, gpu, device, found, done, not_done):
         self.gpu, self.device, self.done, self.not_done = gpu, device, done, not_done
         self.result = {"changed": bool(done), "gpus_changed": list(done), "gpus_not_changed": list(not_done)}
         kind = "mdev" if "-" in device else "VF"
-        super().__init__("GPU %s: %s %s became held by a VM (%s) after the plan; nothing was written to GPU %s "
-                         "(changed: %s; not changed: %s)" % (gpu, kind, device, inuse.describe(found), gpu,
-                                                             ", ".join(done) or "none", ", ".join(not_done)))
+        # before the GPU's first write, or (the guard right before one write) part-way through the GPU
+        spared = ("it was not written, nor anything after it on GPU %s" % gpu if gpu in done
+                  else "nothing was written to GPU %s" % gpu)
+        super().__init__("GPU %s: %s %s became held by a VM (%s) after the plan; %s (changed: %s; not changed: %s)"
+                         % (gpu, kind, device, inuse.describe(found), spared, ", ".join(done) or "none",
+                            ", ".join(not_done) or "none"))
 
 
 def _touched(sysfs, address, plan, parents):
@@ -428,11 +474,14 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
     `lock_timeout`: seconds to wait for the node lock; `wait_timeout`: for VFs it enables to be ready.
     `before_changes()`: called once the plan is validated and changes something, before the first
     write (the node agent sets its `pending` state there); an exception from it writes nothing.
-    The node is scanned again after it and before each GPU's first write (HeldSincePlan).
+    /proc is walked once (the plan); after the hook every device the apply touches is asked of the kernel
+    again, before each GPU's first write the holder sources, right before each write its own group
+    (HeldSincePlan; docs/design.md "In use").
     `stop`: a threading.Event that ends the wait for the node lock (the agent's SIGTERM).
     """
     lock = contextlib.nullcontext() if check_mode else node_lock(node.sysfs.root, lock_timeout, stop=stop)
     with lock:
+        node.begin()
         plans = node.plan(entries, state, mixed_size, enable_vfs, check_mode)
         if before_changes is not None and not check_mode and any(p.changed for dummy, dummy2, dummy3, p in plans):
             before_changes()
@@ -473,7 +522,7 @@ def _prepare_vfs(node, plans, entries, state, mixed_size, wait_timeout):
         if pending and state == "present":
             node.mig_before_vfs(plans)
             enabled += node.enable_vfs(pending, wait_timeout)
-        plans[:] = node.plan(entries, state, mixed_size, enable_vfs=False)
+        plans[:] = node.plan(entries, state, mixed_size, enable_vfs=False, reuse=True)
     return enabled
 
 

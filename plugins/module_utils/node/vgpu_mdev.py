@@ -176,12 +176,15 @@ def rebuild(view, gpu_plan):
                       + [s for s in gpu_plan.steps if s[0] == "create"])
 
 
-def execute(sysfs, view, gpu_plan, steps=None):
-    """Run the plan: removals first, then creations with available_instances re-read before each."""
+def execute(sysfs, view, gpu_plan, steps=None, guard=None):
+    """Run the plan: removals first, then creations with available_instances re-read before each.
+    `guard(uuid)`, right before each removal, raises when a VM opened the mdev since the plan (vgpu_apply)."""
     del view  # the mdev plan carries everything it needs; the signature matches the VFIO backend
     for step in gpu_plan.steps if steps is None else steps:
         if step[0] == "remove":
             dummy, uuid, parent = step
+            if guard is not None:
+                guard(uuid)
             sysfs.write("%s/%s/remove" % (vt.MDEV_DEVICES, uuid), 1)
             if sysfs.exists("%s/%s" % (vt.MDEV_DEVICES, uuid)):
                 raise LayoutError("mdev %s on %s is still present after remove" % (uuid, parent))

@@ -234,8 +234,9 @@ def predictable(view, gpu_plan):
     return view.lists_complete and not gpu_plan.switch_mode and len(sizes) == 1 and None not in sizes
 
 
-def execute(sysfs, view, gpu_plan, steps=None):
+def execute(sysfs, view, gpu_plan, steps=None, guard=None):
     """Run the plan's writes: clears, then fills; `view.current` follows each successful write.
+    `guard(vf)`, right before each write, raises when a VM opened the VF since the plan (vgpu_apply).
 
     The driver checks every write against what is creatable on that VF now and refuses the rest
     (brief 1.4), so a successful write is the read-back, and a refused one leaves the VF as it was.
@@ -249,6 +250,8 @@ def execute(sysfs, view, gpu_plan, steps=None):
             creatable = vt.read_creatable(sysfs, vf)
             if type_id not in [t.type_id for t in creatable]:
                 raise _not_creatable(view, gpu_plan, vf, type_id, creatable)
+        if guard is not None:
+            guard(vf)
         try:
             sysfs.write(vt.vfio_dir(vf) + "/current_vgpu_type", type_id)
         except SysfsError as err:

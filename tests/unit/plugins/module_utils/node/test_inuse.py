@@ -10,7 +10,7 @@ import pytest
 from fake_node import FakeNode
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs, SysfsError
 
 PF = "0000:41:00.0"
 
@@ -218,7 +218,8 @@ def test_the_process_table_is_read_once_whatever_the_number_of_vfs(tmp_path, mon
     monkeypatch.setattr(os, "listdir", lambda path: listed.append(path) or real_listdir(path))
     assert held(node) == {"0000:41:00.5": [pid]}
     listed = [p for p in listed if str(p).startswith(str(node.proc))]
-    assert len(listed) == 1 + 102 and len(set(listed)) == len(listed)   # /proc, then each fd dir once
+    # /proc, then each process's task list and fd dir once (a fake process has no tasks: its own table)
+    assert len(listed) == 1 + 2 * 102 and len(set(listed)) == len(listed)
 
 
 HOLDER = """
@@ -250,3 +251,34 @@ def test_a_holder_in_its_own_mount_namespace_through_a_bind_mounted_alias_is_fou
     finally:
         holder.kill()
         holder.wait()
+
+
+class LinkFailingSysfs(Sysfs):
+    """sysfs whose readlink of paths ending in `failing` fails with EIO (a kernfs or FUSE error)."""
+
+    def __init__(self, root, failing):
+        super().__init__(root)
+        self.failing = failing
+
+    def readlink(self, rel):
+        if rel.endswith(self.failing):
+            raise SysfsError(rel, errno.EIO, "readlink")
+        return super().readlink(rel)
+
+
+def test_a_device_whose_iommu_group_cannot_be_read_is_unknown_so_held(node, monkeypatch):
+    """32.6: an unreadable in-use fact is unknown, and unknown is held (also when an uninspectable process
+    makes the probe decide: a device without a group to probe is not free)."""
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: _raise(PermissionError(errno.EACCES, "no"))
+                        if str(path).endswith("/1/fd") else real_listdir(path))
+    for vf in ("0000:41:00.5", "0000:41:00.6"):
+        (node.dev / "vfio" / node.group_of(vf)).write_text("")
+    sysfs = LinkFailingSysfs(str(node.sys), "0000:41:00.5/iommu_group")
+    found = inuse.held_devices(sysfs, str(node.dev), str(node.proc))
+    assert list(found) == ["0000:41:00.5"] and found["0000:41:00.5"][0].startswith("unknown: readlink")
+    # a holder open somewhere: the device whose group cannot be read is unknown too
+    monkeypatch.setattr(os, "listdir", real_listdir)
+    pid = node.hold(node.group_of("0000:41:00.6"))
+    found = inuse.held_devices(sysfs, str(node.dev), str(node.proc))
+    assert found["0000:41:00.6"] == [pid] and "EIO" in found["0000:41:00.5"][0]

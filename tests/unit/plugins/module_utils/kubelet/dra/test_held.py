@@ -99,8 +99,12 @@ def test_a_reset_prepared_vgpu_a_process_has_open_is_not_written(tmp_path, capsy
     assert types(node) == {VF4_ADDRESS: "0", VF5_ADDRESS: "1155"}
 
 
-def test_a_process_that_opens_the_claimed_vf_after_the_plan_stops_its_restore(tmp_path):
-    """The VF was held (by the claim) when planned; a holder that appears later is new all the same."""
+def test_a_process_that_opens_the_claimed_vf_after_the_plan_stops_its_restore(tmp_path, monkeypatch):
+    """The VF was held (by the claim) when planned; a holder that appears later is new all the same. The
+    re-check asks the kernel (the group's open answers EBUSY while a VM has it open, drivers/vfio/group.c
+    vfio_group_fops_open); FakeNode's node is a plain file, so its open is made to answer as the kernel does."""
+    import errno
+    import os
     import pytest
     from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply
     from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
@@ -109,11 +113,22 @@ def test_a_process_that_opens_the_claimed_vf_after_the_plan_stops_its_restore(tm
 
     node, kubelet_dir, dummy, dummy2 = prepared(tmp_path)
     node.set_type(VF4_ADDRESS, 0)
+    real_open = os.open
+
+    def vm_opens(group):
+        node.hold(group)
+        busy = os.path.join(str(node.dev), "vfio", group)
+
+        def kernel_open(path, *args, **kwargs):
+            if str(path) == busy:
+                raise OSError(errno.EBUSY, "busy")
+            return real_open(path, *args, **kwargs)
+        monkeypatch.setattr(os, "open", kernel_open)
     engine = vgpu_apply.Node(Sysfs(str(node.sys)), CommandRunner(), str(node.dev), str(node.proc),
                              cache_dir=str(tmp_path / "cache"), kubelet_dir=kubelet_dir)
     with pytest.raises(vgpu_apply.HeldSincePlan, match="VF %s became held" % VF4_ADDRESS):
         vgpu_apply.apply(engine, from_layout([{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}}]),
-                         lock_timeout=5, before_changes=lambda: node.hold(node.group_of(VF4_ADDRESS)))
+                         lock_timeout=5, before_changes=lambda: vm_opens(node.group_of(VF4_ADDRESS)))
     assert types(node) == {VF4_ADDRESS: "0", VF5_ADDRESS: "1155"}
 
 
