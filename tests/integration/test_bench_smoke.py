@@ -53,7 +53,11 @@ def test_quick_bench_writes_plausible_json_and_table(tmp_path):
     table = (out / "bench.md").read_text()
     assert table in proc.stdout
     assert [line.split("|")[1].strip() for line in table.splitlines() if line[:4] in ("| P1", "| P3")] == [
-        "P1 cold converge, uniform", "P1 cold converge, mixed", "P1 sysfs round trips, uniform", "P3 VF enable"]
+        "P1 cold converge, uniform", "P1 cold converge, mixed", "P1 sysfs round trips, uniform",
+        "P1 in-use checks per apply, uniform", "P1 in-use checks per apply, mixed", "P3 VF enable"]
+    for case in ("uniform", "mixed"):        # one walk of /proc per apply; each written VF probed before its write
+        counts = p1[case]["holder_counts"]
+        assert len(counts) == 1 and counts[0]["scans"] == 1 and counts[0]["probes"] >= p1[case]["writes"]
 
 
 def test_quick_agent_bench_measures_a_label_change_and_an_idle_agent(tmp_path):
