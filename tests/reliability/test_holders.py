@@ -190,3 +190,41 @@ def test_a_vm_that_opens_a_vf_after_the_sriov_plan_stops_the_vf_removal(lab, vfi
     # the re-check probed each VF's group (no walk); only the busy one led to a walk, to name its pid
     assert holders.counts["scans"] == 2 and holders.counts["probes"] >= 32
     assert vgpu_types.read_current(lab.sysfs, TYPED) == 1153
+
+
+THREAD_HOLDER = r"""
+import ctypes, os, sys, threading, time
+opened = threading.Event()
+
+def vm():
+    if ctypes.CDLL(None, use_errno=True).unshare(0x400) != 0:     # CLONE_FILES: a table of this thread's own
+        raise OSError(ctypes.get_errno(), "unshare")
+    os.open(sys.argv[1], os.O_RDWR)
+    opened.set()
+    time.sleep(300)
+
+threading.Thread(target=vm, daemon=True).start()
+opened.wait()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_vm_whose_descriptor_is_in_a_threads_own_table_is_named_and_refuses_the_apply(lab, failure_writes):
+    """32.2: the VFIO fd lives only in /proc/PID/task/TID/fd (a thread after unshare(CLONE_FILES)); the scan
+    reads every task's table, so the holder is named by its pid (not only guessed from the kernel's EBUSY)."""
+    from ansible_collections.accelops.vgpu.tests.integration.vfio_holders import cdev_path
+
+    holder = subprocess.Popen([sys.executable, "-c", THREAD_HOLDER, cdev_path(lab.node, TYPED)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(vgpu_layout.LayoutError) as caught:
+            node_lab.run_layout(lab, layout=TARGET)
+        one_line_naming(str(caught.value), TYPED)
+        assert "pid %d" % holder.pid in str(caught.value)
+        assert failure_writes.gpusim(lab.node, what="writes while a thread's own fd table held %s" % TYPED) == []
+        assert vgpu_types.read_current(lab.sysfs, TYPED) == 1153
+    finally:
+        holder.kill()
+        holder.wait()
