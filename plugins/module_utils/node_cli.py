@@ -41,7 +41,7 @@ import sys
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent, settings as agent_settings
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
-    boot_retry, claim_holders, handover, mig, vgpu_apply, vgpu_busy, vgpu_layout)
+    boot_retry, handover, kubelet_holders, mig, vgpu_apply, vgpu_busy, vgpu_layout)
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_kubelet_dir, check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -220,7 +220,7 @@ def cmd_export(args):
 def cmd_idle(args):
     check_roots(args.sysfs_root, args.dev_root, args.proc_root)
     found = vgpu_busy.users(Sysfs(args.sysfs_root), args.dev_root, args.proc_root,
-                            (claim_holders.holders_source(check_kubelet_dir(args.kubelet_dir)),))
+                            kubelet_holders.holder_sources(check_kubelet_dir(args.kubelet_dir)))
     if args.json:
         _say(json.dumps({"idle": not found, "in_use": found}, indent=2))
     else:

@@ -17,10 +17,14 @@ kubernetes/kubelet pkg/apis/deviceplugin/v1beta1, pluginregistration/v1, v0.36.3
   patch through the double's control, as the kubelet's node status update would; resources gone -> removed);
 - plugins_registry/: every `*.sock` found there gets GetInfo, then NotifyRegistrationStatus (registered when the
   type is known to this double and a supported version is offered); what it learnt is in `registrations`;
-- restart(): stops serving, closes every stream, and starts again (which wipes the sockets).
+- restart(): stops serving, closes every stream, and starts again (which wipes the sockets);
+- PodResources v1 on `pod-resources/kubelet.sock` (kubelet_podresources.py): `run_pod()` calls Allocate and, once it
+  returned, records the devices for the pod, as the device manager does; `delete_pod()` ends the pod; the pods
+  survive restart() (the device manager's checkpoint).
 
 Tests use the TestKubelet class in-process (its gRPC is real, across unix sockets) or the process with its HTTP
-controls: GET /devices, GET /registrations, POST /allocate {"resource", "ids"}, POST /restart.
+controls: GET /devices, GET /registrations, POST /allocate {"resource", "ids"}, POST /restart,
+POST /pods {"namespace", "name", "resource", "ids"} (run_pod), POST /pods/delete {"namespace", "name"}.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ if __name__ == "__main__":  # run as a file: make the collection importable like
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import (  # noqa: E402
     deviceplugin_v1beta1_pb2 as pb, deviceplugin_v1beta1_pb2_grpc as pb_grpc,
     pluginregistration_v1_pb2 as reg_pb, pluginregistration_v1_pb2_grpc as reg_grpc)
+from ansible_collections.accelops.vgpu.tests.fakes.kubelet_podresources import PodResourcesServer  # noqa: E402
 
 CHECKPOINT = "kubelet_internal_checkpoint"
 SUPPORTED_VERSIONS = ("v1beta1",)
@@ -89,6 +94,8 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         self._stopped = {}                          # resource -> when its stream ended (grace period)
         self.server, self._stop = None, threading.Event()
         self._mirrored = None
+        self.pod_resources = PodResourcesServer(root, lambda: dict(
+            (r, [i for i, h, n in d]) for r, d in self.devices().items()))
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self):
@@ -102,6 +109,7 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         if not self.server.add_insecure_port("unix:" + os.path.join(self.dir, "kubelet.sock")):
             raise RuntimeError("test kubelet: cannot bind %s/kubelet.sock" % self.dir)
         self.server.start()
+        self.pod_resources.start()
         self._stop = threading.Event()
         threading.Thread(target=self._watch_registry, args=(self._stop,), daemon=True).start()
         threading.Thread(target=self._expire, args=(self._stop,), daemon=True).start()
@@ -112,6 +120,7 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         if self.server is not None:
             self.server.stop(0).wait()
             self.server = None
+        self.pod_resources.stop()
         with self._lock:
             for endpoint in self.endpoints.values():
                 endpoint.close()
@@ -225,6 +234,17 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(ids))])
         return endpoint.stub.Allocate(request, timeout=timeout).container_responses[0]
 
+    def run_pod(self, namespace, name, resource, ids, container="compute"):
+        """A pod admitted with `ids` of `resource`: Allocate, then the devices recorded for the pod (PodResources
+        lists them), as the device manager does (allocateContainerResources: podDevices.insert after Allocate)."""
+        response = self.allocate(resource, ids)
+        self.pod_resources.add(namespace, name, container, resource, ids)
+        return response
+
+    def delete_pod(self, namespace, name):
+        """The pod is gone: PodResources no longer lists it."""
+        return self.pod_resources.delete(namespace, name)
+
     def _mirror(self):
         if not (self.api_url and self.node):
             return
@@ -300,9 +320,12 @@ def _controls(kubelet):
             if self.path == "/restart":
                 kubelet.restart()
                 return self._send(200, {})
-            if self.path == "/allocate":
+            if self.path == "/pods/delete":
+                return self._send(200, {"deleted": kubelet.delete_pod(body["namespace"], body["name"])})
+            if self.path in ("/allocate", "/pods"):
                 try:
-                    response = kubelet.allocate(body["resource"], body["ids"])
+                    response = kubelet.allocate(body["resource"], body["ids"]) if self.path == "/allocate" else \
+                        kubelet.run_pod(body["namespace"], body["name"], body["resource"], body["ids"])
                 except (KeyError, grpc.RpcError) as exc:
                     details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
                     return self._send(400, {"error": details})

@@ -6,6 +6,8 @@ import subprocess
 
 import pytest
 
+from ansible_collections.accelops.vgpu.tests.integration.pod_allocations import allocate_to_pod
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(REPO, "tests", "integration", "data", "vgpu-configs.yaml")
 # The node's Python (Debian's 3.11 in the containers), not the controller's venv.
@@ -58,3 +60,19 @@ def test_export_feeds_back_into_apply_through_stdin(gpusim_node, pyz):
     again = cli(pyz, node, "apply", "--json", "--config", "-", stdin=exported.stdout)
     assert again.returncode == 0 and not json.loads(again.stdout)["changed"]
     assert node.log() == []
+
+
+def test_a_vgpu_allocated_to_a_pod_but_not_opened_is_not_retyped_nor_stopped(gpusim_node, pyz, tmp_path):
+    """Between the kubelet's Allocate and QEMU opening the VF no process holds it: the device plugin's record does."""
+    node = gpusim_node("l40s:2")
+    assert cli(pyz, node, "apply", "--config", CONFIGS, "--selected", "default").returncode == 0
+    kubelet_dir = tmp_path / "kubelet"
+    pod = allocate_to_pod(kubelet_dir, "0000:42:00.4")
+    node.clear_log()
+    relabel = cli(pyz, node, "apply", "--config", CONFIGS, "--selected", "L40S-12Q", "--kubelet-dir", str(kubelet_dir))
+    assert relabel.returncode != 0 and "0000:42:00.4" in relabel.stderr + relabel.stdout
+    assert pod in relabel.stderr + relabel.stdout
+    idle = cli(pyz, node, "idle", "--kubelet-dir", str(kubelet_dir))     # the manager image's stop asks this
+    assert idle.returncode == 1 and "in use: 0000:42:00.4 held by %s" % pod in idle.stdout
+    assert node.log() == []
+    assert node.read("bus/pci/devices/0000:42:00.4/nvidia/current_vgpu_type") == "1155"

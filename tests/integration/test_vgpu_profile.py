@@ -9,6 +9,7 @@ import sys
 import yaml
 
 from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim
+from ansible_collections.accelops.vgpu.tests.integration.pod_allocations import allocate_to_pod
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 CONFIGS = os.path.join(DATA, "vgpu-configs.yaml")
@@ -77,6 +78,21 @@ def test_a_vf_a_dra_claim_uses_under_another_kubelet_dir_blocks_the_resize_in_ch
         "L40S-12Q", kubelet_dir=str(tmp_path / "var/lib/k0s/kublet"))}], node)
     assert missing.task("typo")["msg"] == "kubelet_dir %s: no such directory" % (tmp_path / "var/lib/k0s/kublet")
     assert node.log() == []                                          # three refusals, not one write
+    assert node.read("bus/pci/devices/0000:42:00.4/nvidia/current_vgpu_type") == "1155"
+
+
+def test_a_vf_the_device_plugin_allocated_to_a_pod_blocks_the_resize(gpusim_node, run_playbook, tmp_path):
+    node = gpusim_node("l40s:2")
+    assert run_playbook(enable_and_apply(vdm("default")), node).rc == 0
+    kubelet_dir = tmp_path / "kubelet"
+    pod = allocate_to_pod(kubelet_dir, "0000:42:00.4")               # allocated, its VM not started yet
+    node.clear_log()
+    for check in (True, False):
+        task = {"name": "resize", "accelops.vgpu.vgpu_profile": vdm("L40S-12Q", kubelet_dir=str(kubelet_dir))}
+        blocked = run_playbook([dict(task, check_mode=check)], node)
+        msg = blocked.task("resize")["msg"]
+        assert blocked.rc != 0 and "\n" not in msg and "0000:42:00.4" in msg and pod in msg, msg
+    assert node.log() == []
     assert node.read("bus/pci/devices/0000:42:00.4/nvidia/current_vgpu_type") == "1155"
 
 

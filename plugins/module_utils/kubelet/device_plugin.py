@@ -131,13 +131,18 @@ def allocate(resource, devices, ids):
 
 
 class ResourceView:
-    """What the device plugin server serves for one resource: its devices and its Allocate."""
+    """What the device plugin server serves for one resource: its devices and its Allocate. `record(resource, ids)`
+    (kubelet/pod_resources.AllocationRecord.add) records the allocation durably before Allocate answers; raising
+    AllocationError fails the Allocate."""
 
-    def __init__(self, resource, devices):
-        self.resource, self.devices = resource, list(devices)
+    def __init__(self, resource, devices, record=None):
+        self.resource, self.devices, self.record = resource, list(devices), record
 
     def allocate(self, ids):
-        return allocate(self.resource, self.devices, ids)
+        allocation = allocate(self.resource, self.devices, ids)
+        if self.record is not None:
+            self.record(self.resource, list(ids))
+        return allocation
 
     def __eq__(self, other):
         return isinstance(other, ResourceView) and (self.resource, self.devices) == (other.resource, other.devices)
@@ -146,9 +151,9 @@ class ResourceView:
         return "ResourceView(%r, %r)" % (self.resource, self.devices)
 
 
-def resource_views(devices):
-    """{resource name: ResourceView}, devices in ID order."""
+def resource_views(devices, record=None):
+    """{resource name: ResourceView}, devices in ID order; `record`: see ResourceView."""
     grouped = {}
     for device in sorted(devices, key=lambda d: d.id):
         grouped.setdefault(device.resource, []).append(device)
-    return dict((name, ResourceView(name, devs)) for name, devs in grouped.items())
+    return dict((name, ResourceView(name, devs, record)) for name, devs in grouped.items())

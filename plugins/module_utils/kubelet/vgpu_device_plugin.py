@@ -5,7 +5,8 @@
 (device_plugin_server, gRPC). The agent imports this module only when it serves the kubelet (DEVICE_PLUGIN).
 
 The agent calls, from its reconcile thread:
-- `check(sysfs)` before each reconcile: the served devices' health as the node says now (a vGPU-manager restart
+- `check(sysfs)` before each reconcile: the allocation record synced with the kubelet's PodResources (a device
+  allocated to a pod stays held until no live pod has it, kubelet/pod_resources.py); the served devices' health as the node says now (a vGPU-manager restart
   that reset the types, a VF gone or off the nvidia driver -> Unhealthy); a few reads per device, no bus scan;
 - `applied(sysfs, result)` after a layout was applied or re-asserted: the devices are the engine's result (one
   inventory for the reconcile and the plugin), each Healthy; resources the node no longer has stop being served.
@@ -18,7 +19,7 @@ import os
 import threading
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin, pod_resources
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.device_plugin_server import DevicePluginHost
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 
@@ -35,6 +36,8 @@ class VgpuDevicePlugin:
         self.log = log
         self.host = DevicePluginHost(self.paths, ENDPOINT_PREFIX, log, watch_interval)
         self.devices = None      # None: nothing published yet (no reconcile finished)
+        # every Allocate recorded before it answers, until the kubelet lists no live pod with the device
+        self.allocations = pod_resources.AllocationRecord(kubelet_dir, log)
         self._stop = threading.Event()
 
     def start(self):
@@ -50,6 +53,7 @@ class VgpuDevicePlugin:
         self._publish(device_plugin.devices_from_apply(sysfs, result))
 
     def check(self, sysfs):
+        self.allocations.sync()
         if self.devices:
             self._publish(device_plugin.check_health(sysfs, self.devices))
 
@@ -62,7 +66,7 @@ class VgpuDevicePlugin:
                                                          "Healthy" if device.healthy else "Unhealthy"))
         if devices != self.devices:
             self.devices = devices
-            self.host.publish(device_plugin.resource_views(devices))
+            self.host.publish(device_plugin.resource_views(devices, self.allocations.add))
 
     def close(self):
         self._stop.set()

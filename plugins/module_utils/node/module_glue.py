@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, kubelet_holders, roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
@@ -63,13 +63,13 @@ class NodeContext:
 
     def held(self):
         """{address or mdev uuid: [holder]} of devices VMs hold (one /proc scan per call) and of those
-        DRA claims prepared under the kubelet directory use (node/claim_holders.py)."""
+        pods hold through the kubelet's plugins under the kubelet directory (node/kubelet_holders.py)."""
         return self.holders().held()
 
     def holders(self):
         """An inuse.Holders for this run (what sriov_vfs re-checks right before VFs are removed)."""
         return inuse.Holders(self.sysfs, self.dev_root, self.proc_root,
-                             (claim_holders.holders_source(self.kubelet_dir),))
+                             kubelet_holders.holder_sources(self.kubelet_dir))
 
     def apply_lock(self, timeout):
         """The node's apply lock, waited for up to `timeout` s; nothing to lock in check mode."""

@@ -35,7 +35,8 @@ import re
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_busy
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import write_file
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import DEFAULT_KUBELET_DIR, holders_source
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import DEFAULT_KUBELET_DIR
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.kubelet_holders import holder_sources
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import InUseError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 
@@ -172,8 +173,8 @@ class DriverManager:
     def __init__(self, runner, sysfs_root="/sys", modprobe_dir="/etc/modprobe.d", proc_root="/proc",
                  dev_root="/dev", modules_dir="/lib/modules", kubelet_dir=DEFAULT_KUBELET_DIR):
         self.runner = runner
-        # a vGPU a DRA claim prepared on the node uses is in use too (node/claim_holders.py)
-        self.holder_sources = (holders_source(kubelet_dir),)
+        # a vGPU a pod holds through a DRA claim or a device plugin allocation is in use too (node/kubelet_holders.py)
+        self.holder_sources = holder_sources(kubelet_dir)
         self.sysfs = Sysfs(sysfs_root)
         self.modprobe_dir = modprobe_dir
         self.proc_root, self.dev_root, self.modules_dir = proc_root, dev_root, modules_dir

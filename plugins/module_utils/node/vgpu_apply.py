@@ -30,7 +30,7 @@ import json
 import os
 from collections import OrderedDict
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, layout_fit, mig, pci, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, kubelet_holders, layout_fit, mig, pci, sriov
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_mdev, vgpu_vfio
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
@@ -179,9 +179,10 @@ class Node:
     def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None,
                  mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR):
         self.sysfs, self.runner = sysfs, runner
-        # vGPUs of DRA claims prepared on this node are held like a VM's (kubelet/dra/checkpoint.py)
+        # vGPUs of DRA claims prepared on this node and of device plugin allocations to live pods are held like a
+        # VM's (node/kubelet_holders.py)
         self.kubelet_dir = kubelet_dir
-        self.holder_sources = (claim_holders.holders_source(kubelet_dir),)
+        self.holder_sources = kubelet_holders.holder_sources(kubelet_dir)
         self.smi, self.mig_options = mig.Smi(runner), mig_options or mig.MigOptions()  # MIG-backed vGPU (node/mig.py)
         self.dev_root, self.proc_root = dev_root, proc_root
         self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage

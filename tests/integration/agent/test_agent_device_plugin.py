@@ -13,6 +13,7 @@ import pytest
 
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double import TestKubelet
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, wait_for
+from ansible_collections.accelops.vgpu.tests.integration.pod_allocations import allocate_to_pod
 
 R24, R12 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/NVIDIA_L40S-12Q"
 ENV24 = "PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-24Q"
@@ -134,6 +135,45 @@ def test_a_vgpu_a_vm_holds_stays_listed_and_healthy(gpusim_node, cluster, start_
     agent.wait("failed", "L40S-12Q")
     assert ids(kubelet, R24) == sorted(i for i, h, n in kubelet.devices(R24)) and held in ids(kubelet, R24)
     assert node_status(cluster)[1] == {R24: "2"}
+
+
+def test_a_vgpu_allocated_to_a_pod_is_not_retyped_until_the_pod_is_gone(gpusim_node, cluster, start_agent, kubelet):
+    """Allocate answered, the VM not started (image pull): no process holds the VF, the record does."""
+    node = gpusim_node("l40s:1")
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet)
+    agent.wait("success", "default")
+    kubelet.wait("registered", lambda k: len(ids(k, R24)) == 2)
+    allocated = ids(kubelet, R24)[0]
+    kubelet.run_pod("vms", "virt-launcher-vm-a", R24, [allocated])
+    node.clear_log()
+    agent.forget_status()
+    cluster.select("L40S-12Q")
+    status = agent.wait("failed", "L40S-12Q")
+    assert allocated in status["reason"] and "pod vms/virt-launcher-vm-a" in status["reason"], status
+    assert node.log() == [] and typed_vfs(node)[allocated] == "1155"
+    agent.forget_status()
+    kubelet.delete_pod("vms", "virt-launcher-vm-a")    # the pod is gone: free at the next reconcile
+    agent.wait("success", "L40S-12Q")
+    kubelet.wait("12Q served", lambda k: len(ids(k, R12)) == 4)
+
+
+def test_podresources_unreachable_keeps_an_allocated_vgpu_held(gpusim_node, cluster, start_agent, kubelet):
+    node = gpusim_node("l40s:1")
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet)
+    agent.wait("success", "default")
+    kubelet.wait("registered", lambda k: len(ids(k, R24)) == 2)
+    allocated = ids(kubelet, R24)[1]
+    pod = allocate_to_pod(kubelet.root, allocated, pod=None)   # allocated long ago, never listed by the kubelet
+    kubelet.pod_resources.unavailable = True
+    node.clear_log()
+    agent.forget_status()
+    cluster.select("L40S-12Q")
+    status = agent.wait("failed", "L40S-12Q")
+    assert allocated in status["reason"] and pod in status["reason"], status
+    assert node.log() == [] and "the vGPUs it allocated stay held" in agent.output()
+    agent.forget_status()
+    kubelet.pod_resources.unavailable = False          # the kubelet answers: no live pod holds it
+    agent.wait("success", "L40S-12Q")
 
 
 def test_sigterm_removes_the_sockets_and_the_kubelet_drops_the_vgpus(gpusim_node, cluster, start_agent, kubelet):

@@ -8,6 +8,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_g
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import NodeLock
 from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim
+from ansible_collections.accelops.vgpu.tests.integration.pod_allocations import allocate_to_pod
 
 
 class Exited(Exception):
@@ -75,8 +76,9 @@ def test_node_context_holds_what_dra_claims_prepared_under_the_kubelet_dir_use(t
     (tmp_path / "1/fd").mkdir(parents=True)
     roots = dict(sysfs_root=str(tmp_path), proc_root=str(tmp_path), dev_root=str(tmp_path))
     claim = prepare_claim(tmp_path / "k0s-kubelet", "0000:41:00.4", 1155)
+    pod = allocate_to_pod(tmp_path / "k0s-kubelet", "0000:41:00.5")     # sriov_vfs, vgpu_profile: the same answer
     assert module_glue.NodeContext(FakeModule(dict(roots, kubelet_dir=str(tmp_path / "k0s-kubelet")))).held() == {
-        "0000:41:00.4": [claim]}
+        "0000:41:00.4": [claim], "0000:41:00.5": [pod]}
     node = module_glue.NodeContext(FakeModule(roots))   # not set: /var/lib/kubelet, absent here or without this claim
     assert node.kubelet_dir == "/var/lib/kubelet" and "0000:41:00.4" not in node.held()
 

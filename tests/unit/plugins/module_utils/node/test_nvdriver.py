@@ -243,6 +243,21 @@ def test_upgrade_with_a_prepared_dra_claim_is_refused_naming_it(node, check_mode
     assert changing_calls(node.dir) == [] and node.loaded_version() == OLD
 
 
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_upgrade_with_a_vgpu_the_device_plugin_allocated_to_a_pod_is_refused_naming_it(node, check_mode):
+    """Allocated, the VM not started yet (image pull): the device plugin's record holds the VF."""
+    from ansible_collections.accelops.vgpu.tests.integration.pod_allocations import allocate_to_pod
+
+    install(node, OLD)
+    node.sim.pf("0000:41:00.0", total=2)
+    node.sim.set_numvfs("0000:41:00.0", 2)
+    pod = allocate_to_pod(node.kubelet_dir, "0000:41:00.5")
+    with pytest.raises(nvdriver.DriverError, match="refusing to install %s while the vGPU stack is in use" % NEW) as err:
+        node.run(check_mode=check_mode, runfile=node.runfile(NEW))
+    assert "0000:41:00.5 held by %s" % pod in str(err.value) and "\n" not in str(err.value)
+    assert changing_calls(node.dir) == [] and node.loaded_version() == OLD
+
+
 def test_a_held_non_nvidia_vf_does_not_block_the_upgrade(node):
     install(node, OLD)
     node.sim.nic("0000:81:00.0", total=2)

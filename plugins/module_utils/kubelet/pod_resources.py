@@ -1,0 +1,122 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The device plugin's allocations, held from Allocate until the pod is gone.
+
+The kubelet publishes the devices of its live pods through the PodResources API v1 [kubernetes/kubelet
+pkg/apis/podresources/v1/api.proto: PodResourcesLister.List on `<kubelet dir>/pod-resources/kubelet.sock`; List
+answers the active pods only, ContainerDevices{resource_name, device_ids}]. The kubelet calls the plugin's Allocate
+and records the devices for the pod only after Allocate returned (pkg/kubelet/cm/devicemanager/manager.go
+allocateContainerResources: podDevices.insert after the plugin's answer).
+
+AllocationRecord keeps node/pod_allocations.py's record (the file the node engine, CLI, modules and boot unit read):
+- `add(resource, ids)` from Allocate, written durably before Allocate answers (a write that fails fails the
+  Allocate: a device is never handed out unrecorded);
+- `sync()` at every reconcile: List; a recorded device no live pod holds is dropped, unless the kubelet never listed
+  it and it was allocated less than `grace` seconds ago (the kubelet lists it only once Allocate returned); a device
+  a live pod holds is recorded with the pod's name (also one allocated before this record existed). PodResources unreadable: nothing is dropped.
+Needs grpcio/protobuf (the agent image); the node side reads the record with the standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+try:
+    import grpc
+except ImportError:  # the agent image ships grpcio; transport.require_grpc() says so before any use
+    grpc = None
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import transport
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import podresources_v1_pb2 as pb
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import podresources_v1_pb2_grpc as pb_grpc
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import pod_allocations
+
+LIST_TIMEOUT = 10.0
+RESOURCE_DOMAIN = "nvidia.com/"   # vgpu_types.resource_name: the resources whose live devices are recorded
+GRACE = 60.0    # seconds a fresh allocation stays without the kubelet listing it
+
+
+class PodResourcesError(EngineError):
+    """The kubelet's PodResources API cannot be read; the message names the socket."""
+
+
+def socket_path(kubelet_dir):
+    return os.path.join(kubelet_dir, "pod-resources", "kubelet.sock")
+
+
+def live_devices(path, timeout=LIST_TIMEOUT):
+    """{device ID: (resource name, "namespace/name")} of every device of an nvidia.com/ resource the kubelet lists
+    for a live pod (whichever plugin allocated it: a VF a live pod holds is held)."""
+    transport.require_grpc("PodResources client")
+    try:
+        with grpc.insecure_channel(transport.unix_target(path)) as channel:
+            response = pb_grpc.PodResourcesListerStub(channel).List(pb.ListPodResourcesRequest(), timeout=timeout)
+    except grpc.RpcError as exc:
+        raise PodResourcesError("PodResources List at %s failed: %s: %s" % (path, exc.code().name, exc.details()))
+    found = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                if not devices.resource_name.startswith(RESOURCE_DOMAIN):
+                    continue
+                for device_id in devices.device_ids:
+                    found[device_id] = (devices.resource_name, "%s/%s" % (pod.namespace, pod.name))
+    return found
+
+
+class AllocationRecord:
+    """The record of one kubelet directory, owned by this process (the agent's device plugin)."""
+
+    def __init__(self, kubelet_dir, log=lambda message: None, grace=GRACE, clock=time.time):
+        self.path = pod_allocations.record_path(kubelet_dir)
+        self.socket = socket_path(kubelet_dir)
+        self.log, self.grace, self.clock = log, grace, clock
+        self._lock = threading.Lock()
+        self._failing = None    # the last PodResources error logged (logged once until it changes)
+
+    def add(self, resource, ids):
+        """Record `ids` of `resource` as allocated, durably; AllocationError (the Allocate fails) when it cannot."""
+        with self._lock:
+            try:
+                devices = pod_allocations.read(self.path)
+                now = self.clock()
+                for device_id in ids:
+                    devices[device_id] = {"resource": resource, "allocatedAt": now}
+                pod_allocations.write(self.path, devices)
+            except (EngineError, OSError) as exc:
+                raise AllocationError("resource %s: cannot record the allocation of %s in %s: %s" % (
+                    resource, ", ".join(ids), self.path, exc)) from None
+
+    def sync(self):
+        """Drop what no live pod holds, name the pods of what they hold; False when PodResources could not be read
+        (then nothing changed: what was allocated stays held). A damaged record raises (names the file)."""
+        try:
+            live = live_devices(self.socket)
+        except (PodResourcesError, transport.TransportError) as exc:
+            if str(exc) != self._failing:
+                self.log("device plugin: %s; the vGPUs it allocated stay held" % exc)
+            self._failing = str(exc)
+            return False
+        self._failing = None
+        with self._lock:
+            devices = pod_allocations.read(self.path)
+            now, kept = self.clock(), {}
+            for device_id, entry in devices.items():
+                pending = not entry.get("pod") and now - float(entry.get("allocatedAt") or 0) < self.grace
+                if device_id in live or pending:
+                    kept[device_id] = entry
+                else:
+                    self.log("device plugin: %s %s is free again (no live pod holds it)" % (entry["resource"],
+                                                                                           device_id))
+            for device_id, (resource, pod) in live.items():
+                entry = dict(kept.get(device_id) or {"allocatedAt": now})
+                entry.update(resource=resource, pod=pod)
+                kept[device_id] = entry
+            if kept != devices:
+                pod_allocations.write(self.path, kept)
+        return True

@@ -1,0 +1,125 @@
+"""A vGPU the device plugin allocated is held from Allocate until the kubelet lists no live pod with it: the record
+(node/pod_allocations.py) written before Allocate answers and synced with the test kubelet's PodResources v1."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin, pod_resources
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.device_plugin_server import DevicePluginHost
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import kubelet_holders, pod_allocations
+
+R24 = "nvidia.com/NVIDIA_L40S-24Q"
+VF1, VF2 = "0000:41:00.4", "0000:41:00.5"
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def vf(address):
+    return device_plugin.VgpuDevice(address, R24, device_plugin.PCI, address, 1155, True, (), "12", ())
+
+
+@pytest.fixture
+def served(kubelet, paths, kubelet_dir):
+    """(record, clock): R24 with VF1 and VF2 served to the test kubelet, every Allocate recorded."""
+    clock = Clock()
+    record = pod_resources.AllocationRecord(kubelet_dir, clock=clock, grace=60)
+    host = DevicePluginHost(paths, "test")
+    host.publish(device_plugin.resource_views([vf(VF1), vf(VF2)], record.add))
+    kubelet.wait("registered", lambda k: len(k.devices(R24)) == 2)
+    yield record, clock
+    host.close()
+
+
+def held(kubelet_dir):
+    found = {}
+    for source in kubelet_holders.holder_sources(kubelet_dir):
+        found.update(source())
+    return found
+
+
+def test_an_allocated_vgpu_is_held_from_allocate_until_its_pod_is_gone(kubelet, served, kubelet_dir):
+    record, clock = served
+    kubelet.allocate(R24, [VF1])              # Allocate answered: recorded before, the kubelet lists no pod yet
+    assert held(kubelet_dir) == {VF1: ["a pod not listed yet (device plugin, %s)" % R24]}
+    assert record.sync() and VF1 in held(kubelet_dir)           # within the grace: the kubelet lists it later
+    clock.now += 61
+    assert record.sync() and held(kubelet_dir) == {}            # never listed: an Allocate whose pod never ran
+    kubelet.allocate(R24, [VF1])
+    kubelet.pod_resources.add("vms", "virt-launcher-a", "compute", R24, [VF1])
+    assert record.sync()
+    assert held(kubelet_dir) == {VF1: ["pod vms/virt-launcher-a (device plugin, %s)" % R24]}
+    kubelet.delete_pod("vms", "virt-launcher-a")      # listed once, gone now: free, grace or not
+    assert record.sync() and held(kubelet_dir) == {}
+    assert json.load(open(pod_allocations.record_path(kubelet_dir)))["devices"] == {}
+
+
+def test_run_pod_is_recorded_with_its_pod_and_a_pod_allocated_before_the_record_is_learnt(kubelet, served,
+                                                                                        kubelet_dir):
+    record, clock = served
+    kubelet.run_pod("vms", "vm-a", R24, [VF1])
+    kubelet.pod_resources.add("vms", "vm-old", "compute", R24, [VF2])   # allocated by an agent without the record
+    clock.now += 600
+    assert record.sync()
+    assert held(kubelet_dir) == {VF1: ["pod vms/vm-a (device plugin, %s)" % R24],
+                                 VF2: ["pod vms/vm-old (device plugin, %s)" % R24]}
+
+
+def test_podresources_unreachable_keeps_every_allocation_held(kubelet, served, kubelet_dir):
+    record, clock = served
+    kubelet.allocate(R24, [VF2])
+    kubelet.pod_resources.unavailable = True
+    clock.now += 3600
+    assert record.sync() is False
+    assert VF2 in held(kubelet_dir)
+    kubelet.pod_resources.stop()                 # no socket at all
+    assert record.sync() is False and VF2 in held(kubelet_dir)
+
+
+def test_a_damaged_record_is_an_error_naming_it_and_fails_the_allocate(kubelet, served, kubelet_dir):
+    record, dummy = served
+    kubelet.allocate(R24, [VF1])
+    path = pod_allocations.record_path(kubelet_dir)
+    with open(path, "w") as handle:
+        handle.write('{"version": 1, "devices": {}, "checksum": "x"}')
+    for source in (lambda: held(kubelet_dir), record.sync):
+        with pytest.raises(pod_allocations.AllocationRecordError, match="record %s: checksum mismatch" % path):
+            source()
+    with pytest.raises(grpc.RpcError) as refused:
+        kubelet.allocate(R24, [VF2])                     # never handed out unrecorded
+    assert path in refused.value.details()
+    with open(path, "w") as handle:
+        handle.write("{")
+    with pytest.raises(pod_allocations.AllocationRecordError, match="record %s cannot be read" % path):
+        held(kubelet_dir)
+
+
+def test_a_record_that_cannot_be_written_fails_the_allocate(kubelet_dir):
+    record = pod_resources.AllocationRecord(kubelet_dir + "/missing/\0bad")
+    with pytest.raises(AllocationError, match="resource %s: cannot record the allocation of %s" % (R24, VF1)):
+        record.add(R24, [VF1])
+
+
+def test_the_podresources_double_answers_get_and_allocatable(kubelet, served):
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import (
+        podresources_v1_pb2 as pb, podresources_v1_pb2_grpc as pb_grpc)
+    kubelet.run_pod("vms", "vm-a", R24, [VF1])
+    with grpc.insecure_channel("unix:" + kubelet.pod_resources.path) as channel:
+        stub = pb_grpc.PodResourcesListerStub(channel)
+        pod = stub.Get(pb.GetPodResourcesRequest(pod_name="vm-a", pod_namespace="vms")).pod_resources
+        assert [list(d.device_ids) for c in pod.containers for d in c.devices] == [[VF1]]
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.Get(pb.GetPodResourcesRequest(pod_name="vm-b", pod_namespace="vms"))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        allocatable = stub.GetAllocatableResources(pb.AllocatableResourcesRequest())
+        assert [(d.resource_name, sorted(d.device_ids)) for d in allocatable.devices] == [(R24, [VF1, VF2])]
