@@ -23,12 +23,12 @@ Not under device-plugins/: the kubelet deletes the files there when it starts.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import DURABLE, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import DEFAULT_KUBELET_DIR
 
 DIRECTORY = "accelops-vgpu-device-plugin"  # under <kubelet dir>/plugins/
@@ -47,7 +47,8 @@ def record_path(kubelet_dir=DEFAULT_KUBELET_DIR):
 
 
 def _checksum(devices):
-    return hashlib.sha256(json.dumps(devices, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """The DRA checkpoint's checksum (sha256 of the canonical JSON), over `devices`."""
+    return claim_holders.checksum(claim_holders.canonical(devices))
 
 
 def _valid(devices):

@@ -47,6 +47,21 @@ def test_every_object_with_dra_is_valid(version):
         kubernetes_validate.validate(obj, version, strict=True)
 
 
+def test_the_device_plugin_reads_pod_resources_read_only_and_keeps_its_record_on_the_host():
+    objects = render("devicePlugin.enabled=true", "kubeletDir=/var/lib/k0s/kubelet")
+    [daemonset] = of_kind(objects, "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert host["pod-resources"] == mounts["pod-resources"]["mountPath"] == "/var/lib/k0s/kubelet/pod-resources"
+    assert mounts["pod-resources"]["readOnly"] is True
+    assert host["device-plugin-record"] == mounts["device-plugin-record"]["mountPath"] == \
+        "/var/lib/k0s/kubelet/plugins/accelops-vgpu-device-plugin"      # node/pod_allocations.record_path
+    [without] = of_kind(render(), "DaemonSet")
+    assert "pod-resources" not in {v["name"] for v in without["spec"]["template"]["spec"]["volumes"]}
+
+
 def test_without_dra_nothing_of_resource_k8s_io():
     objects = render()
     assert not of_kind(objects, "DeviceClass") and resource_rules(objects) == set()
