@@ -111,8 +111,8 @@ class AllocationRecord:
                 if device_id in live or pending:
                     kept[device_id] = entry
                 else:
-                    self.log("device plugin: %s %s is free again (no live pod holds it)" % (entry["resource"],
-                                                                                           device_id))
+                    self.log("device plugin: %s %s is free again (no live pod holds it)"
+                             % (entry["resource"], device_id))
             for device_id, (resource, pod) in live.items():
                 entry = dict(kept.get(device_id) or {"allocatedAt": now})
                 entry.update(resource=resource, pod=pod)

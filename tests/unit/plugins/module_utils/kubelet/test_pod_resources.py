@@ -64,8 +64,8 @@ def test_an_allocated_vgpu_is_held_from_allocate_until_its_pod_is_gone(kubelet, 
     assert json.load(open(pod_allocations.record_path(kubelet_dir)))["devices"] == {}
 
 
-def test_run_pod_is_recorded_with_its_pod_and_a_pod_allocated_before_the_record_is_learnt(kubelet, served,
-                                                                                        kubelet_dir):
+def test_run_pod_is_recorded_with_its_pod_and_one_allocated_before_the_record_is_learnt(
+        kubelet, served, kubelet_dir):
     record, clock = served
     kubelet.run_pod("vms", "vm-a", R24, [VF1])
     kubelet.pod_resources.add("vms", "vm-old", "compute", R24, [VF2])   # allocated by an agent without the record
