@@ -9,9 +9,9 @@ answers the active pods only, ContainerDevices{resource_name, device_ids}]. The 
 and records the devices for the pod only after Allocate returned (pkg/kubelet/cm/devicemanager/manager.go
 allocateContainerResources: podDevices.insert after the plugin's answer).
 
-AllocationRecord keeps node/pod_allocations.py's record (the file the node engine, CLI, modules and boot unit read):
-- `add(resource, ids)` from Allocate, written durably before Allocate answers (a write that fails fails the
-  Allocate: a device is never handed out unrecorded);
+AllocationRecord keeps node/pod_allocations.py's record (the files the node engine, CLI, modules and boot unit read):
+- `add(resource, ids)` from Allocate: journal lines appended and flushed before Allocate answers (a write that
+  fails fails the Allocate: a device is never handed out unrecorded);
 - `sync()` at every reconcile: List; a recorded device no live pod holds is dropped, unless the kubelet never listed
   it and it was allocated less than `grace` seconds ago (the kubelet lists it only once Allocate returned); a device
   a live pod holds is recorded with the pod's name (also one allocated before this record existed). PodResources unreadable: nothing is dropped.
@@ -80,17 +80,14 @@ class AllocationRecord:
         self._failing = None    # the last PodResources error logged (logged once until it changes)
 
     def add(self, resource, ids):
-        """Record `ids` of `resource` as allocated, durably; AllocationError (the Allocate fails) when it cannot."""
+        """Record `ids` of `resource` as allocated, durably (a journal line each, flushed); AllocationError (the
+        Allocate fails) when it cannot."""
         with self._lock:
             try:
-                devices = pod_allocations.read(self.path)
-                now = self.clock()
-                for device_id in ids:
-                    devices[device_id] = {"resource": resource, "allocatedAt": now}
-                pod_allocations.write(self.path, devices)
-            except (EngineError, OSError) as exc:
+                pod_allocations.append(self.path, resource, ids, self.clock())
+            except OSError as exc:
                 raise AllocationError("resource %s: cannot record the allocation of %s in %s: %s" % (
-                    resource, ", ".join(ids), self.path, exc)) from None
+                    resource, ", ".join(ids), pod_allocations.journal_path(self.path), exc)) from None
 
     def sync(self):
         """Drop what no live pod holds, name the pods of what they hold; False when PodResources could not be read
@@ -117,6 +114,6 @@ class AllocationRecord:
                 entry = dict(kept.get(device_id) or {"allocatedAt": now})
                 entry.update(resource=resource, pod=pod)
                 kept[device_id] = entry
-            if kept != devices:
-                pod_allocations.write(self.path, kept)
+            if kept != devices or pod_allocations.journal_pending(self.path):
+                pod_allocations.write(self.path, kept)   # the snapshot; the journal emptied
         return True

@@ -5,20 +5,24 @@
 allocation record (standard library only).
 
 Between the kubelet's Allocate and QEMU opening the VF (image pull, volume attach: seconds to minutes) no process
-holds the VF, so the /proc scan (node/inuse.py) sees it free. The device plugin (kubelet/device_plugin.py, in the
-agent) therefore records every device it hands out, durably, BEFORE it answers Allocate, in
+holds the VF, so the /proc scan (node/inuse.py) sees it free. The device plugin (kubelet/pod_resources.py, in the
+agent) therefore records every device it hands out, durably, BEFORE it answers Allocate, in two files of
+`<kubelet dir>/plugins/accelops-vgpu-device-plugin/` (not device-plugins/: the kubelet empties that one at start):
 
-    <kubelet dir>/plugins/accelops-vgpu-device-plugin/allocations.json
-    {"version": 1, "checksum": "<sha256 of the canonical devices JSON>",
-     "devices": {"<VF address or mdev UUID>": {"resource": "nvidia.com/NVIDIA_L40S-24Q", "allocatedAt": <unix s>,
-                                              "pod": "<namespace>/<name>" once the kubelet lists it}}}
+- `allocations.journal`, what Allocate appends: one JSON line per device, {"id", "resource", "allocatedAt" (unix
+  s), "sum" (sha256 of the other fields)}, then fdatasync (one flush on the Allocate path, no rename). A last line
+  without its newline is a write cut short: its Allocate never answered, so it is ignored; any other bad line is
+  damage (an error naming the file and line);
+- `allocations.json`, the snapshot the reconcile writes (atomic, file and directory fsynced), after which the
+  journal is emptied: {"version": 1, "checksum": "<sha256 of the canonical devices JSON>", "devices": {"<VF address
+  or mdev UUID>": {"resource", "allocatedAt", "pod": "<namespace>/<name>" once the kubelet lists it}}}.
 
-and at every reconcile drops the devices no live pod holds any more, as the kubelet's PodResources API v1 says
-(kubelet/pod_resources.py; a device allocated moments ago and not listed yet is kept: the kubelet lists it only
-after Allocate returned). Fail closed: when PodResources cannot be read nothing is dropped, and a record that cannot be read or
-trusted is an error naming the file (never "nothing held"). The node engine, the CLI, the modules, the boot unit
-and the manager image read it through `holders_source` (node/kubelet_holders.py gathers every kubelet source).
-Not under device-plugins/: the kubelet deletes the files there when it starts.
+The record is the snapshot with the journal's lines on top. At every reconcile the agent drops the devices no live
+pod holds any more, as the kubelet's PodResources API v1 says (a device allocated moments ago and never listed is
+kept: the kubelet lists it only after Allocate returned). Fail closed: when PodResources cannot be read nothing is
+dropped, and a record that cannot be read or trusted is an error naming the file (never "nothing held"). The node
+engine, the CLI, the modules, the boot unit and the manager image read it through `holders_source`
+(node/kubelet_holders.py gathers every kubelet source).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders i
 
 DIRECTORY = "accelops-vgpu-device-plugin"  # under <kubelet dir>/plugins/
 FILE_NAME = "allocations.json"
+JOURNAL_NAME = "allocations.journal"
 VERSION = 1
 HOLDER = "pod %s (device plugin, %s)"                        # a device the kubelet lists for a live pod
 HOLDER_PENDING = "a pod not listed yet (device plugin, %s)"  # allocated, not (yet) in PodResources
@@ -56,13 +61,46 @@ def _valid(devices):
         isinstance(entry, dict) and isinstance(entry.get("resource"), str) for entry in devices.values())
 
 
+def journal_path(path):
+    """The journal beside the snapshot `path`."""
+    return os.path.join(os.path.dirname(path), JOURNAL_NAME)
+
+
+def _line_sum(entry):
+    return _checksum(dict((k, entry.get(k)) for k in ("id", "resource", "allocatedAt")))
+
+
+def _read_journal(path):
+    """{device: entry} of the journal's complete lines, in order; [] when there is none."""
+    try:
+        with open(path, "rb") as handle:
+            lines = handle.read().split(b"\n")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise AllocationRecordError("device plugin allocation journal %s cannot be read: %s" % (path, exc)) from None
+    found = {}
+    for number, line in enumerate(lines[:-1], 1):    # lines[-1]: after the last newline, a cut write or b""
+        try:
+            entry = json.loads(line)
+            valid = isinstance(entry, dict) and entry.get("sum") == _line_sum(entry) and isinstance(entry["id"], str) \
+                and isinstance(entry.get("resource"), str)
+        except (ValueError, KeyError):
+            valid = False
+        if not valid:
+            raise AllocationRecordError("device plugin allocation journal %s: line %d is damaged; move it away only "
+                                        "when no pod on this node uses a vGPU resource" % (path, number))
+        found[entry["id"]] = {"resource": entry["resource"], "allocatedAt": entry["allocatedAt"]}
+    return found
+
+
 def read(path):
-    """The verified `devices` of the record at `path`; {} when there is none."""
+    """The verified devices of the record whose snapshot is `path` (the journal's on top); {} when there is none."""
     try:
         with open(path) as handle:
             doc = json.load(handle)
     except FileNotFoundError:
-        return {}
+        doc = {"version": VERSION, "devices": {}, "checksum": _checksum({})}
     except (OSError, ValueError) as exc:
         raise AllocationRecordError("device plugin allocation record %s cannot be read: %s" % (path, exc)) from None
     if not isinstance(doc, dict) or doc.get("version") != VERSION or not _valid(doc.get("devices")):
@@ -70,13 +108,59 @@ def read(path):
     if doc.get("checksum") != _checksum(doc["devices"]):
         raise AllocationRecordError("device plugin allocation record %s: checksum mismatch (edited or damaged); "
                                     "move it away only when no pod on this node uses a vGPU resource" % path)
-    return doc["devices"]
+    devices = doc["devices"]
+    devices.update(_read_journal(journal_path(path)))
+    return devices
+
+
+def append(path, resource, ids, allocated_at):
+    """Add `ids` of `resource` to the record whose snapshot is `path`: journal lines, flushed (fdatasync) before
+    returning; the directory is synced too when the journal is new."""
+    journal = journal_path(path)
+    os.makedirs(os.path.dirname(journal), mode=0o755, exist_ok=True)
+    new = not os.path.exists(journal)
+    lines = []
+    for device_id in ids:
+        entry = {"id": device_id, "resource": resource, "allocatedAt": allocated_at}
+        entry["sum"] = _line_sum(entry)
+        lines.append(json.dumps(entry, sort_keys=True) + "\n")
+    handle = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(handle, "".join(lines).encode())
+        os.fdatasync(handle)
+    finally:
+        os.close(handle)
+    if new:
+        _sync_dir(os.path.dirname(journal))
+
+
+def journal_pending(path):
+    """Whether the journal beside the snapshot `path` has lines."""
+    try:
+        return os.path.getsize(journal_path(path)) > 0
+    except FileNotFoundError:
+        return False
+
+
+def _sync_dir(directory):
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def write(path, devices):
-    """Replace the record atomically and durably (file and directory fsynced: it must survive a power cut)."""
+    """Replace the record: the snapshot atomically and durably (file and directory fsynced: it must survive a power
+    cut), then the journal emptied (a cut between the two replays lines the snapshot already has: harmless)."""
     write_file(path, json.dumps({"version": VERSION, "checksum": _checksum(devices), "devices": devices},
                                 sort_keys=True) + "\n", mode=0o600, sync=DURABLE)
+    if journal_pending(path):
+        handle = os.open(journal_path(path), os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
 
 
 def holders(devices):

@@ -86,7 +86,7 @@ def test_podresources_unreachable_keeps_every_allocation_held(kubelet, served, k
     assert record.sync() is False and VF2 in held(kubelet_dir)
 
 
-def test_a_damaged_record_is_an_error_naming_it_and_fails_the_allocate(kubelet, served, kubelet_dir):
+def test_a_damaged_record_is_an_error_naming_it_unknown_is_held(kubelet, served, kubelet_dir):
     record, dummy = served
     kubelet.allocate(R24, [VF1])
     path = pod_allocations.record_path(kubelet_dir)
@@ -95,17 +95,46 @@ def test_a_damaged_record_is_an_error_naming_it_and_fails_the_allocate(kubelet, 
     for source in (lambda: held(kubelet_dir), record.sync):
         with pytest.raises(pod_allocations.AllocationRecordError, match="record %s: checksum mismatch" % path):
             source()
-    with pytest.raises(grpc.RpcError) as refused:
-        kubelet.allocate(R24, [VF2])                     # never handed out unrecorded
-    assert path in refused.value.details()
+    kubelet.allocate(R24, [VF2])        # still recorded (journal), and every reader still fails: held
+    assert '"id": "%s"' % VF2 in open(pod_allocations.journal_path(path)).read()
     with open(path, "w") as handle:
         handle.write("{")
     with pytest.raises(pod_allocations.AllocationRecordError, match="record %s cannot be read" % path):
         held(kubelet_dir)
 
 
+def test_a_journal_line_cut_short_is_an_allocate_that_never_answered_any_other_bad_line_is_damage(kubelet_dir):
+    path = pod_allocations.record_path(kubelet_dir)
+    pod_allocations.append(path, R24, [VF1], 5.0)
+    journal = pod_allocations.journal_path(path)
+    with open(journal, "a") as handle:
+        handle.write('{"id": "%s", "resou' % VF2)         # power cut mid-write: that Allocate never answered
+    assert pod_allocations.read(path) == {VF1: {"resource": R24, "allocatedAt": 5.0}}
+    with open(journal, "a") as handle:
+        handle.write("\n")
+    with pytest.raises(pod_allocations.AllocationRecordError, match="journal %s: line 2 is damaged" % journal):
+        pod_allocations.read(path)
+    text = open(journal).read().replace(R24, "nvidia.com/NVIDIA_L40S-12Q", 1).splitlines()[0] + "\n"
+    with open(journal, "w") as handle:
+        handle.write(text)                                 # edited: its sum no longer matches
+    with pytest.raises(pod_allocations.AllocationRecordError, match="journal %s: line 1 is damaged" % journal):
+        pod_allocations.read(path)
+
+
+def test_sync_folds_the_journal_into_the_snapshot(kubelet, served, kubelet_dir):
+    record, dummy = served
+    kubelet.run_pod("vms", "vm-a", R24, [VF1])
+    path = pod_allocations.record_path(kubelet_dir)
+    assert pod_allocations.journal_pending(path)
+    assert record.sync() and not pod_allocations.journal_pending(path)
+    assert json.load(open(path))["devices"][VF1]["pod"] == "vms/vm-a"
+    assert held(kubelet_dir) == {VF1: ["pod vms/vm-a (device plugin, %s)" % R24]}
+
+
 def test_a_record_that_cannot_be_written_fails_the_allocate(kubelet_dir):
-    record = pod_resources.AllocationRecord(kubelet_dir + "/missing/\0bad")
+    with open(kubelet_dir + "/plugins", "w"):
+        pass                                    # no directory can be made there
+    record = pod_resources.AllocationRecord(kubelet_dir)
     with pytest.raises(AllocationError, match="resource %s: cannot record the allocation of %s" % (R24, VF1)):
         record.add(R24, [VF1])
 
