@@ -36,7 +36,7 @@ options:
       - The kubelet's root directory (its C(--root-dir)). A vGPU that a DRA claim prepared there by the
         C(vgpu.accelops.io) driver uses (C(<kubelet_dir>/plugins/vgpu.accelops.io/checkpoint.json)) counts as
         held, like one a VM holds open; so does a vGPU the node agent's device plugin allocated to a pod that still
-        lives (C(<kubelet_dir>/plugins/accelops-vgpu-device-plugin/allocations.json)), before its VM opens it.
+        lives (its record in C(<kubelet_dir>/plugins/accelops-vgpu-device-plugin/)), before its VM opens it.
       - Set it where the kubelet keeps another directory, for example C(/var/lib/k0s/kubelet) (k0s) or
         C(/var/snap/microk8s/common/var/lib/kubelet) (MicroK8s); otherwise the claims prepared there are not seen.
       - When not set, C(/var/lib/kubelet), which may be absent (a host without a kubelet has no claims). A directory
