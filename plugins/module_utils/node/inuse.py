@@ -19,6 +19,17 @@ Public entry point (everything else in this file serves it; docs/design.md "In u
   "nothing held".
 - Raises InUseError (one line) when it cannot answer at all (proc_root missing or showing no process).
 
+    Holders(sysfs, dev_root, proc_root, sources)    # one apply: .held(scope, reuse), .recheck(names), .counts
+
+held_devices() is one Holders' held(). An apply keeps one Holders: each device's group and identity read
+once, /proc walked once, and right before each write `recheck()` asks the kernel about that device's own
+group (O(1), no walk); see the class doc and docs/design.md "In use".
+
+Every task's fd table is read (`/proc/PID/task/TID/fd`: a thread after unshare(CLONE_FILES), the live
+threads of a group whose leader exited); a task sharing a table already read is skipped (kcmp(2), where
+the pids are ours). A procfs mounted hidepid (it does not list what its reader may not ptrace) makes the
+walk incomplete, like a process whose fds we may not read.
+
 How (namespace-proof): a device is held when some process has an fd whose *file* is the device's
 VFIO node, compared by what the kernel says the file is, never by the path the fd link shows (that
 path is the one in the holder's mount namespace: QEMU in a virt-launcher pod opened /dev/vfio/12 in
