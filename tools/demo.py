@@ -11,7 +11,9 @@
    test kubelet (tests/fakes/kubelet_double.py, the kubelet's gRPC APIs), which writes demo-node's
    status.capacity/allocatable from the plugin's ListAndWatch; the agent is also the DRA driver
    vgpu.accelops.io (registered with the same kubelet): its ResourceSlices of demo-node appear in the
-   emulator next to the chart's DeviceClasses; the conformance report reads both; then the GitOps path:
+   emulator next to the chart's DeviceClasses; each GPU is served by one of the two, never both (the first
+   half of each model's GPUs by the device plugin, the rest by DRA: DEVICE_PLUGIN_GPUS, DRA_DRIVER_GPUS;
+   both on the same GPU would offer every vGPU twice); the conformance report reads both; then the GitOps path:
    demo-node is relabelled in the emulator, the agent converges it, the resources and slices follow;
 6. tears everything down, unless --keep (then `tools/demo.py --down` does it later).
 Last, the conformance report of the demo cluster (playbooks/conformance.yml, KAR-0003 / KAR-0004) against
@@ -46,7 +48,7 @@ KUBECONFIG = os.path.join(DEMO, "kubeconfig")
 KMOCK = os.path.join(REPO, "tests", "fakes", "kmock_serve.py")
 NODE_ROOT = os.path.join(DEMO, "node-root")
 CDI_DIR = os.path.join(DEMO, "cdi")   # the agent's CDI specs of prepared claims (the runtime's /var/run/cdi)
-DEFAULT_GPUS = "l40s:2,a16:1,t4:1"
+DEFAULT_GPUS = "l40s:2,a16:1,t4:2"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 KUBEVIRT_PATH = "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt"
 
@@ -516,14 +518,37 @@ def agent_metrics(prefixes):
     return [line for line in text.splitlines() if line.startswith(prefixes) and not line.endswith(" 0")]
 
 
-def start_agent(env, kubelet):
+def gpu_split(facts):
+    """(device plugin GPUs, DRA GPUs): of each GPU model (PCI ID) the first half of its GPUs goes to the device
+    plugin, the rest to the DRA driver, so both show every profile and no vGPU is offered twice."""
+    models = {}
+    for gpu in facts["gpus"]:
+        models.setdefault(gpu.get("pci_id"), []).append(gpu["address"])
+    plugin, dra = [], []
+    for dummy, addresses in sorted(models.items()):
+        addresses = sorted(addresses)
+        half = (len(addresses) + 1) // 2
+        plugin, dra = plugin + addresses[:half], dra + addresses[half:]
+    return plugin, dra
+
+
+def served_profiles(facts, gpus):
+    """{profile: vGPUs} the playbook left on `gpus` of demo-node (its vgpu_profiles facts)."""
+    return dict(Counter(vgpu["after"] for gpu in facts["gpus"] if gpu["address"] in gpus
+                        for vgpu in gpu.get("vgpus", []) if vgpu.get("after")))
+
+
+def start_agent(env, kubelet, split):
     """`accelops-vgpu agent`, the node CLI the vgpu_profiles role installed, as the DaemonSet would run it,
     with the simulated node's roots instead of /host and the emulator's kubeconfig instead of a service account;
-    its device plugin registers with the test kubelet, its /metrics listens on a free loopback port."""
+    its device plugin registers with the test kubelet, its /metrics listens on a free loopback port; `split`:
+    the GPUs of the device plugin and of the DRA driver."""
     cli = os.path.join(NODE_ROOT, "usr", "local", "bin", "accelops-vgpu")
     AGENT_ENDPOINT["port"] = free_port()
     agent_env = dict(env, NODE_NAME="demo-node", NAMESPACE="default", KUBECONFIG=KUBECONFIG,
-                     DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root, DRA_DRIVER="true", CDI_DIR=CDI_DIR,
+                     DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root, DRA_DRIVER="true" if split[1] else "false",
+                     CDI_DIR=CDI_DIR,
+                     DEVICE_PLUGIN_GPUS=",".join(split[0]), DRA_DRIVER_GPUS=",".join(split[1]),
                      CONFIG_FILE=os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json"),
                      DEFAULT_VGPU_CONFIG="demo", ACCELOPS_VGPU_SYSFS_ROOT=SYS,
                      ACCELOPS_VGPU_DEV_ROOT=os.path.join(SYS, ".gpusim", "dev"), ACCELOPS_VGPU_PROC_ROOT="/proc",
@@ -566,22 +591,28 @@ def start_serving(env, api_url, facts):
         print("the test kubelet did not start")
         kubelet.stop()
         return None, None, 1
-    agent, cli = start_agent(env, kubelet)
+    split = gpu_split(facts)
+    agent, cli = start_agent(env, kubelet, split)
     try:
-        return agent, kubelet, wait_served(api_url, facts, agent, kubelet, cli)
+        return agent, kubelet, wait_served(api_url, facts, agent, kubelet, cli, split)
     except BaseException:   # an error or Ctrl-C: no agent or kubelet outlives the demo
         stop_serving(agent, kubelet)
         raise
 
 
-def wait_served(api_url, facts, agent, kubelet, cli):
-    """0 once the kubelet reports the playbook's vGPUs and the DRA driver publishes them, else 1."""
+def wait_served(api_url, facts, agent, kubelet, cli, split):
+    """0 once the kubelet reports the playbook's vGPUs of the device plugin's GPUs and the DRA driver publishes
+    those of its own, else 1."""
     print("$ %s --root %s --api %s --node demo-node   (the test kubelet)" % (rel(KUBELET), kubelet.root, api_url))
     print("$ NODE_NAME=demo-node CONFIG_FILE=%s DEFAULT_VGPU_CONFIG=demo DEVICE_PLUGIN=true DRA_DRIVER=true "
-          "KUBELET_DIR=%s CDI_DIR=%s %s agent"
-          "   (pid %d; log %s)" % (rel(os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json")), kubelet.root,
-                                   rel(CDI_DIR), rel(cli), agent.pid, rel(os.path.join(DEMO, "agent.log"))))
-    wanted = dict((r["resource_name"], str(r["count"])) for r in facts["resources"])
+          "DEVICE_PLUGIN_GPUS=%s DRA_DRIVER_GPUS=%s KUBELET_DIR=%s CDI_DIR=%s %s agent"
+          "   (pid %d; log %s)" % (rel(os.path.join(NODE_ROOT, "etc", "accelops-vgpu", "layout.json")),
+                                   ",".join(split[0]), ",".join(split[1]), kubelet.root, rel(CDI_DIR), rel(cli),
+                                   agent.pid, rel(os.path.join(DEMO, "agent.log"))))
+    print("Each GPU is served one way only (both ways would offer every vGPU twice): the device plugin serves %s, "
+          "the DRA driver %s" % (", ".join(split[0]), ", ".join(split[1])))
+    resource_of = dict((r["profile"], r["resource_name"]) for r in facts["resources"])
+    wanted = dict((resource_of[p], str(n)) for p, n in served_profiles(facts, split[0]).items())
     if not wait_for(lambda: (node_allocatable(api_url) == wanted and agent_status().get("config"))
                     or agent.poll() is not None, 60):
         print("the kubelet did not report %s within 60 s (it has %s); see %s" % (
@@ -592,18 +623,21 @@ def wait_served(api_url, facts, agent, kubelet, cli):
           % (first.get("config"), STATE_LABEL, node_labels(api_url).get(STATE_LABEL)))
     print("The kubelet's devices, from the agent's ListAndWatch streams (IDs: VF addresses, mdev UUIDs):")
     print_served(kubelet, api_url)
-    return wait_published(api_url, facts, kubelet)
+    if not split[1]:
+        print("No GPU model has a second GPU for the DRA driver (--gpus): DRA stays off")
+        return 0
+    return wait_published(api_url, served_profiles(facts, split[1]), kubelet)
 
 
-def wait_published(api_url, facts, kubelet):
+def wait_published(api_url, wanted, kubelet):
     """The chart's DeviceClasses created, then 0 once the DRA driver is registered with the kubelet and its
-    ResourceSlices publish the playbook's vGPUs, else 1."""
+    ResourceSlices publish the playbook's vGPUs of its GPUs (`wanted`: {profile: count}), else 1."""
     classes = create_device_classes(api_url)
-    if not wait_for(lambda: dra_profiles(api_url) == node_profiles(facts) and dra_registered(kubelet), 30):
-        print("the DRA driver %s did not publish the node's vGPUs %s within 30 s (ResourceSlices: %s); see %s" % (
-            DRA_DRIVER, node_profiles(facts), dra_profiles(api_url), rel(os.path.join(DEMO, "agent.log"))))
+    if not wait_for(lambda: dra_profiles(api_url) == wanted and dra_registered(kubelet), 30):
+        print("the DRA driver %s did not publish the vGPUs of its GPUs %s within 30 s (ResourceSlices: %s); see %s" % (
+            DRA_DRIVER, wanted, dra_profiles(api_url), rel(os.path.join(DEMO, "agent.log"))))
         return 1
-    print("The same vGPUs through DRA (the agent is also the DRA driver %s, registered with the test kubelet):"
+    print("The other GPUs' vGPUs through DRA (the agent is also the DRA driver %s, registered with the test kubelet):"
           % DRA_DRIVER)
     print("  DeviceClasses (the chart's templates/deviceclasses.yaml, what vgpu_node_agent_dra creates): %s"
           % ", ".join(classes))
@@ -662,11 +696,6 @@ def dra_profiles(api_url):
     return dict(Counter(dra_attribute(device, "profile") for device in dra_devices(api_url)[0]))
 
 
-def node_profiles(facts):
-    """{profile: vGPUs} the playbook left on demo-node (its vgpu_profiles facts)."""
-    return dict(Counter(vgpu["after"] for gpu in facts["gpus"] for vgpu in gpu.get("vgpus", []) if vgpu.get("after")))
-
-
 def dra_registered(kubelet):
     try:
         with urllib.request.urlopen(kubelet.url + "/registrations", timeout=10) as resp:
@@ -696,7 +725,20 @@ def stop_serving(agent, kubelet):
         kubelet.stop()
 
 
-def run_gitops(api_url, kubelet):
+def vgpus_on(gpus):
+    """How many vGPUs the simulated sysfs shows on `gpus`: typed VFs (current_vgpu_type) and mdevs."""
+    devices = os.path.join(SYS, "bus", "pci", "devices")
+    parents = vf_parents()
+    count = sum(1 for vf, pf in parents.items() if pf in gpus and read(devices, vf, "nvidia", "current_vgpu_type")
+                not in (None, "", "0"))
+    mdevs = os.path.join(SYS, "bus", "mdev", "devices")
+    for uuid in os.listdir(mdevs) if os.path.isdir(mdevs) else ():
+        parent = os.path.basename(os.path.dirname(os.path.realpath(os.path.join(mdevs, uuid))))
+        count += parents.get(parent, parent) in gpus
+    return count
+
+
+def run_gitops(api_url, kubelet, split):
     """Relabel demo-node in the emulator; the node agent, a real process, converges the simulated node and its
     device plugin follows: the kubelet's resources change with it."""
     section("GitOps: the node agent (accelops-vgpu agent, a real process, against the API emulator)")
@@ -757,13 +799,14 @@ def run_gitops(api_url, kubelet):
 
     def slices_followed():
         now = dra_profiles(api_url)
-        return now != dra_before and sum(now.values()) == sum(len(d) for d in kubelet.devices().values())
-    if not wait_for(slices_followed, 30):
+        return now != dra_before and sum(now.values()) == vgpus_on(split[1])
+    if split[1] and not wait_for(slices_followed, 30):
         print("the DRA driver's ResourceSlices did not follow the relabel within 30 s")
         print_dra(api_url)
         return 1
-    print("The DRA driver's ResourceSlices followed too:")
-    print_dra(api_url)
+    if split[1]:
+        print("The DRA driver's ResourceSlices followed too:")
+        print_dra(api_url)
     return 0
 
 
@@ -794,7 +837,7 @@ def main(argv=None):
             if api_url and rc == 0:
                 rc = run_conformance(env, api_url)
             if api_url and rc == 0:
-                rc = run_gitops(api_url, kubelet)
+                rc = run_gitops(api_url, kubelet, gpu_split(facts))
         finally:
             stop_serving(agent, kubelet)
     finally:

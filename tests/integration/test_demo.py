@@ -99,13 +99,18 @@ def test_make_demo_programs_the_node_attests_it_and_follows_a_relabel(tmp_path):
         assert dra == [("consistency.dra", "resource.k8s.io/v1", "PASS")] + [
             (check, "%s@demo-node" % profile, "PASS") for check in ("over-allocation.dra", "sharing.dra")
             for profile in ("A16-4Q", "L40S-24Q", "T4-8Q")], dra
+        # each GPU served one way only (issue 31.5: both on the same GPU offered every vGPU twice)
+        split = re.search(r"the device plugin serves (\S.*), the DRA driver (\S.*)", out)
+        plugin_gpus, dra_gpus = split.group(1).split(", "), split.group(2).split(", ")
+        assert plugin_gpus and dra_gpus and not set(plugin_gpus) & set(dra_gpus)
         # the GitOps path: the agent converged the relabel and the kubelet's resources followed it
         assert "nvidia.com/vgpu.config.state: success -> pending -> success" in out
         after = re.search(r"status\.allocatable \(written by the test kubelet\): (.*)", out.split("GitOps")[-1])
-        assert after and "nvidia.com/NVIDIA_L40S-8Q=12" in after.group(1), out[-4000:]
-        # ... and so did the DRA driver's ResourceSlices: they publish exactly the vGPUs the node has now
+        assert after and "nvidia.com/NVIDIA_L40S-8Q=6" in after.group(1), out[-4000:]   # one L40S of two
+        # ... and so did the DRA driver's ResourceSlices: they publish exactly the vGPUs its GPUs have now
         published, node = published_vgpus(), node_vgpus()
-        assert published == node
+        assert published == dict((key, value) for key, value in node.items() if value[0] in dra_gpus)
+        assert set(value[0] for value in published.values()) == set(dra_gpus)
         assert sorted(type_id for _gpu, type_id in node.values() if type_id) == [1152] * 12  # 12 x L40S-8Q
         assert stored("/apis/resource.k8s.io/v1/deviceclasses/" + DRIVER)["spec"]["selectors"]
     finally:

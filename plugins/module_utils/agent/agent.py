@@ -227,6 +227,7 @@ class Agent:
             if paused and s.operand_namespace:   # also labels a failed or killed earlier try paused
                 self._wait_for_operands(paused)
 
+        engine = entries = None
         try:
             engine = self.engine()
             self._plugin_check(engine)
@@ -252,6 +253,7 @@ class Agent:
             self._finish(changing[-1] if changing else node, vdm.SUCCESS, profiles, None, applied=bool(changing),
                          config=name)
             return vdm.SUCCESS, profiles, None, bool(changing), (engine.sysfs, result)
+        self._serve_programmed(engine, entries)
         self._finish(changing[-1] if changing else node, vdm.FAILED, None, reason, applied=bool(changing),
                      config=name)
         return vdm.FAILED, None, reason, False, None
@@ -260,6 +262,19 @@ class Agent:
         """The served vGPUs' health as the node says now, before the reconcile may change them."""
         if self.device_plugin is not None:
             self.device_plugin.check(engine.sysfs)
+
+    def _serve_programmed(self, engine, entries):
+        """After a failed apply the device plugin serves what the node has programmed (the DRA driver does the
+        same in its `reconciled`): read back from sysfs on the GPUs the layout selects, or on every GPU when the
+        layout cannot say (unknown config, broken file: `entries` None)."""
+        if self.device_plugin is None or engine is None:
+            return
+        sysfs = engine.sysfs
+        try:
+            gpus = None if entries is None else set(vgpu_layout.resolve(entries, vgpu_layout.nvidia_gpus(sysfs), sysfs))
+        except EngineError:
+            gpus = None
+        self.device_plugin.not_applied(sysfs, gpus, engine.names)
 
     def hand_over_to_boot(self, name):
         """The boot unit and the vGPU manager image re-apply what this agent last applied (node/handover.py):
@@ -405,6 +420,8 @@ def main(args):
         credentials = kube.in_cluster()
     if settings.lock_key:
         os.environ[LOCK_KEY_ENV] = settings.lock_key  # the engine names the node lock after it
+    gpus = vgpu_layout.nvidia_gpus(Sysfs(settings.sysfs_root)) if settings.device_plugin or settings.dra_driver else []
+    agent_settings.check_split(settings, gpus)   # DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS: no GPU in both
     device_plugin = None
     if settings.device_plugin:
         # gRPC lives in the agent image only: imported when the agent serves the kubelet
@@ -413,7 +430,8 @@ def main(args):
         except ImportError as exc:
             raise agent_settings.SettingsError("DEVICE_PLUGIN=true needs the Python packages grpcio and protobuf "
                                                "(the agent image has them): %s" % exc) from None
-        device_plugin = vgpu_device_plugin.VgpuDevicePlugin(settings.kubelet_dir, log).start()
+        device_plugin = vgpu_device_plugin.VgpuDevicePlugin(
+            settings.kubelet_dir, log, serves=agent_settings.served(settings.device_plugin_gpus, gpus)).start()
     telemetry = Telemetry(settings)
     api = telemetry.instrument(kube.KubeClient(credentials))  # API errors and the watch counted
     agent = Agent(settings, api, settings.namespace or credentials.namespace or "default",
@@ -425,7 +443,8 @@ def main(args):
             raise agent_settings.SettingsError("DRA_DRIVER=true needs the Python packages grpcio and protobuf "
                                                "(the agent image has them): %s" % exc) from None
         agent.dra_plugin = agent_plugin.VgpuDraPlugin(
-            settings, api, agent.engine, lambda timeout: node_lock(settings.sysfs_root, timeout), log).start()
+            settings, api, agent.engine, lambda timeout: node_lock(settings.sysfs_root, timeout), log,
+            serves=agent_settings.served(settings.dra_driver_gpus, gpus)).start()
     if settings.metrics_port is not None:  # /metrics, /healthz, /readyz (agent/http_endpoint.py)
         try:
             endpoint = HttpEndpoint(telemetry, settings.metrics_bind_address, settings.metrics_port).start()

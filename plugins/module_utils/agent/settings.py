@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, pci
 
-# (flag, environment variable, default, kind, help); kind: str, seconds, bool
+# (flag, environment variable, default, kind, help); kind: str, seconds, bool, port, gpus
 OPTIONS = (
     ("--node-name", "NODE_NAME", None, "str", "required: the Node this agent reconciles (the pod's spec.nodeName)"),
     ("--config-file", "CONFIG_FILE", None, "str",
@@ -71,6 +71,13 @@ OPTIONS = (
      "true: also be the DRA driver vgpu.accelops.io: publish this node's vGPUs as ResourceSlices (resource.k8s.io/v1) "
      "and prepare ResourceClaims for the kubelet (registration in $KUBELET_DIR/plugins_registry/, service in "
      "$KUBELET_DIR/plugins/vgpu.accelops.io/); needs grpcio and protobuf (the agent image has them)"),
+    ("--device-plugin-gpus", "DEVICE_PLUGIN_GPUS", None, "gpus",
+     "the GPUs whose vGPUs the device plugin serves: comma-separated PF PCI addresses (0000:41:00.0) or PCI IDs "
+     "(10de:26b9, 0x26B910DE); unset: every GPU. Required, with DRA_DRIVER_GPUS, when DEVICE_PLUGIN and DRA_DRIVER "
+     "are both true: each GPU goes to one of them, never both (a vGPU offered twice is handed to two pods)"),
+    ("--dra-driver-gpus", "DRA_DRIVER_GPUS", None, "gpus",
+     "the GPUs whose vGPUs the DRA driver publishes, in DEVICE_PLUGIN_GPUS' form; unset: every GPU. The agent "
+     "refuses to start when a GPU of the node is in both lists"),
     ("--cdi-dir", "CDI_DIR", "/var/run/cdi", "str",
      "where the DRA driver writes CDI specs for prepared claims, as this container sees the host's CDI directory "
      "(default /var/run/cdi)"),
@@ -92,6 +99,76 @@ SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 class SettingsError(EngineError):
     """Bad startup configuration (exit 2)."""
+
+
+BOTH_MODES = ("DEVICE_PLUGIN=true and DRA_DRIVER=true offer every vGPU twice (an extended resource and a DRA device, "
+              "so two pods get the same VF): enable one of them, or give each GPU to exactly one with "
+              "DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS (disjoint)")
+
+
+class GpuSelection:
+    """The GPUs one mode serves (DEVICE_PLUGIN_GPUS, DRA_DRIVER_GPUS): PF addresses and PCI IDs; empty: every GPU."""
+
+    def __init__(self, addresses=(), ids=()):
+        self.addresses, self.ids = frozenset(addresses), frozenset(ids)
+
+    @property
+    def everything(self):
+        return not (self.addresses or self.ids)
+
+    def selects(self, gpu):
+        """`gpu`: an object with address, vendor, device (node/vgpu_layout.nvidia_gpus)."""
+        return self.everything or gpu.address in self.addresses or (gpu.vendor, gpu.device) in self.ids
+
+    def __repr__(self):
+        return "GpuSelection(%s)" % ", ".join(sorted(self.addresses) + sorted("%s:%s" % i for i in self.ids))
+
+
+def _gpus(name, text):
+    """DEVICE_PLUGIN_GPUS / DRA_DRIVER_GPUS -> GpuSelection; SettingsError names the bad entry."""
+    addresses, ids = set(), set()
+    for item in [part.strip() for part in str(text or "").split(",") if part.strip()]:
+        try:
+            if (item.count(":") == 1 and "." not in item) or item.lower().startswith("0x"):
+                ids.add(pci.parse_id_filter(item))
+            else:
+                addresses.add(pci.parse_address(item))
+        except pci.PciAddressError:
+            raise SettingsError("%s: %r is neither a GPU's PCI address (0000:41:00.0) nor a PCI ID (10de:26b9)"
+                                % (name, item[:64])) from None
+    return GpuSelection(addresses, ids)
+
+
+def _check_modes(values):
+    """Both kubelet modes on: each needs its own GPUs, and no GPU named for both (the node's GPUs are checked at
+    start by `check_split`)."""
+    plugin, dra = values["device_plugin_gpus"], values["dra_driver_gpus"]
+    if not (values["device_plugin"] and values["dra_driver"]):
+        return
+    if plugin.everything or dra.everything:
+        raise SettingsError(BOTH_MODES)
+    both = sorted(plugin.addresses & dra.addresses) + sorted("%s:%s" % i for i in plugin.ids & dra.ids)
+    if both:
+        raise SettingsError("DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS both name %s: each GPU is served by one of "
+                            "them only" % ", ".join(both))
+
+
+def served(selection, gpus):
+    """The addresses of the node's `gpus` a mode serves, as a predicate for the plugins; None: every GPU."""
+    if selection.everything:
+        return None
+    return frozenset(gpu.address for gpu in gpus if selection.selects(gpu)).__contains__
+
+
+def check_split(settings, gpus):
+    """SettingsError naming the first of the node's `gpus` both modes would serve (DEVICE_PLUGIN and DRA_DRIVER
+    true, e.g. its address in one list and its PCI ID in the other)."""
+    if not (settings.device_plugin and settings.dra_driver):
+        return
+    for gpu in gpus:
+        if settings.device_plugin_gpus.selects(gpu) and settings.dra_driver_gpus.selects(gpu):
+            raise SettingsError("GPU %s (%s:%s) is in both DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS: each GPU is "
+                                "served by one of them only" % (gpu.address, gpu.vendor, gpu.device))
 
 
 def _dest(flag):
@@ -175,11 +252,14 @@ def resolve(args, environ=None):
             raw = _bool(name, raw)
         elif kind == "port":
             raw = _port(name, raw)
+        elif kind == "gpus":
+            raw = _gpus(name, raw)
         values[dest] = raw
     for dest in REQUIRED:
         if not values[dest]:
             env = [o[1] for o in OPTIONS if _dest(o[0]) == dest][0]
             raise SettingsError("%s is required (or --%s)" % (env, dest.replace("_", "-")))
+    _check_modes(values)
     host = values["host_root_mount"]
     values["sysfs_root"] = values["sysfs_root"] or os.path.join(host, "sys")
     values["dev_root"] = values["dev_root"] or os.path.join(host, "dev")

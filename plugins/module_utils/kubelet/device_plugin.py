@@ -64,29 +64,51 @@ def _cdevs(sysfs, address):
     return tuple(n for n in sysfs.listdir("%s/%s/vfio-dev" % (pci.PCI_DEVICES, address)) if n.startswith("vfio"))
 
 
-def devices_from_apply(sysfs, result):
-    """[VgpuDevice] from an apply result (`gpus[].vgpus[]` and `resources[]`), every one Healthy (just verified)."""
+def _device(sysfs, resource, address, type_id, uuid=None):
+    """One VgpuDevice, Healthy: a VF (vendor-specific VFIO) or, with `uuid`, an mdev on `address`."""
+    if uuid:
+        group = sysfs.link_name("%s/%s/iommu_group" % (vgpu_types.MDEV_DEVICES, uuid))
+        return VgpuDevice(uuid, resource, MDEV, address, type_id, True, _numa_nodes(sysfs, address), group, ())
+    group = sysfs.link_name("%s/%s/iommu_group" % (pci.PCI_DEVICES, address))
+    return VgpuDevice(address, resource, PCI, address, type_id, True, _numa_nodes(sysfs, address), group,
+                      _cdevs(sysfs, address))
+
+
+def devices_from_apply(sysfs, result, serves=None):
+    """[VgpuDevice] from an apply result (`gpus[].vgpus[]` and `resources[]`), every one Healthy (just verified);
+    `serves(gpu address)`: whether this plugin serves that GPU's vGPUs (None: every GPU)."""
     resources = dict(((r["profile"], r["pci_vendor_selector"].upper()), r["resource_name"])
                      for r in result.get("resources") or ())
     devices = []
     for gpu in result.get("gpus") or ():
-        if not gpu.get("pci_id"):
+        if not gpu.get("pci_id") or (serves is not None and not serves(gpu.get("address"))):
             continue
         vendor, device = gpu["pci_id"].split(":")
         selector = pci.vendor_selector(vendor, device).upper()
         for vgpu in gpu.get("vgpus") or ():
             resource = resources.get((vgpu.get("after"), selector))
-            if resource is None:
-                continue
-            address = vgpu["address"]
-            if vgpu.get("uuid"):
-                group = sysfs.link_name("%s/%s/iommu_group" % (vgpu_types.MDEV_DEVICES, vgpu["uuid"]))
-                devices.append(VgpuDevice(vgpu["uuid"], resource, MDEV, address, vgpu.get("type_id"), True,
-                                          _numa_nodes(sysfs, address), group, ()))
-            else:
-                group = sysfs.link_name("%s/%s/iommu_group" % (pci.PCI_DEVICES, address))
-                devices.append(VgpuDevice(address, resource, PCI, address, vgpu.get("type_id"), True,
-                                          _numa_nodes(sysfs, address), group, _cdevs(sysfs, address)))
+            if resource is not None:
+                devices.append(_device(sysfs, resource, vgpu["address"], vgpu.get("type_id"), vgpu.get("uuid")))
+    return devices
+
+
+def devices_programmed(sysfs, found, gpus=None, serves=None):
+    """[VgpuDevice] of the vGPUs sysfs shows programmed, each as healthy as the node says now: what the plugin
+    serves when no apply succeeded since the agent started (a layout refused because a VM holds a VF).
+
+    `found`: the DRA driver's read of the node (kubelet/dra/devices.inventory: one entry per typed VF or mdev, with
+    its parent GPU, type name and ID); `gpus`: the GPU addresses the layout selects (None: every GPU);
+    `serves(gpu address)` as for devices_from_apply. Same devices, IDs and type IDs as devices_from_apply gives
+    for the same node, so a later successful apply changes nothing the kubelet sees."""
+    devices = []
+    for vgpu in found:
+        if (gpus is not None and vgpu.parent_gpu not in gpus) or (serves is not None and not serves(vgpu.parent_gpu)):
+            continue
+        type_id = vgpu.type_id
+        if vgpu.mdev_uuid:
+            type_id = None if type_id is None else "nvidia-%d" % type_id   # the mdev type's directory name
+        device = _device(sysfs, vgpu_types.resource_name(vgpu.type_name), vgpu.address, type_id, vgpu.mdev_uuid)
+        devices.append(device._replace(healthy=is_healthy(sysfs, device)))
     return devices
 
 

@@ -9,7 +9,15 @@ The agent calls, from its reconcile thread:
   allocated to a pod stays held until no live pod has it, kubelet/pod_resources.py); the served devices' health as the node says now (a vGPU-manager restart
   that reset the types, a VF gone or off the nvidia driver -> Unhealthy); a few reads per device, no bus scan;
 - `applied(sysfs, result)` after a layout was applied or re-asserted: the devices are the engine's result (one
-  inventory for the reconcile and the plugin), each Healthy; resources the node no longer has stop being served.
+  inventory for the reconcile and the plugin), each Healthy; resources the node no longer has stop being served;
+- `not_applied(sysfs, gpus, type_names)` after a reconcile that failed: what is served stays, its health read
+  again (the failure may have changed part of the node); when nothing was served yet (the agent just started and
+  its first layout is refused, e.g. a VM holds a VF), the vGPUs sysfs shows programmed on the GPUs the layout
+  selects (`gpus`, None: every GPU), each Healthy when its VF is on the nvidia driver with its type: the kubelet
+  keeps the capacity a rolled DaemonSet would otherwise drop. The node is read then as the DRA driver reads it
+  (node facts -> kubelet/dra/devices.inventory; `type_names`: the engine's type-name cache).
+`serves(gpu address)`: the GPUs this plugin serves (DEVICE_PLUGIN_GPUS; None: all), so that the DRA driver can
+serve the others without a vGPU offered twice.
 A thread watches the sockets (a kubelet restart wipes them: served and registered again).
 """
 
@@ -21,7 +29,9 @@ import threading
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin, pod_resources
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.device_plugin_server import DevicePluginHost
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts
 
 ENDPOINT_PREFIX = "accelops-vgpu"
 
@@ -31,7 +41,8 @@ class KubeletDirError(EngineError):
 
 
 class VgpuDevicePlugin:
-    def __init__(self, kubelet_dir, log, watch_interval=1.0):
+    def __init__(self, kubelet_dir, log, watch_interval=1.0, serves=None):
+        self.serves = serves
         self.paths = KubeletPaths(kubelet_dir)
         self.log = log
         self.host = DevicePluginHost(self.paths, ENDPOINT_PREFIX, log, watch_interval)
@@ -50,7 +61,16 @@ class VgpuDevicePlugin:
         return self
 
     def applied(self, sysfs, result):
-        self._publish(device_plugin.devices_from_apply(sysfs, result))
+        self._publish(device_plugin.devices_from_apply(sysfs, result, self.serves))
+
+    def not_applied(self, sysfs, gpus=None, type_names=None):
+        if self.devices is None:
+            found = dra_devices.inventory(sysfs, facts.gather(sysfs, {}, type_names))
+            devices = device_plugin.devices_programmed(sysfs, found, gpus, self.serves)
+            self.log("device plugin: no layout applied yet; serving the %d vGPU(s) programmed on the node" % len(devices))
+            self._publish(devices)
+        else:
+            self.check(sysfs)
 
     def check(self, sysfs):
         self.allocations.sync()

@@ -3,6 +3,7 @@ Debian's grpcio), the test kubelet double over the device plugin API, the API se
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import signal
@@ -12,7 +13,9 @@ import grpc
 import pytest
 
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double import TestKubelet
-from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, wait_for
+from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
+from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
+    RESOURCES as DRA_RESOURCES, dra_state, published_devices)
 from ansible_collections.accelops.vgpu.tests.integration.pod_allocations import allocate_to_pod
 
 R24, R12 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/NVIDIA_L40S-12Q"
@@ -31,6 +34,13 @@ def kubelet(cluster):
 def start_plugin_agent(start_agent, gpu_node, cluster, kubelet, **env):
     return start_agent(gpu_node, cluster.api, DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root, RESYNC_INTERVAL="1",
                        **env)
+
+
+def serving(agent, kubelet, count):
+    """`agent` once it applied the default layout and the kubelet has its `count` 24Q vGPUs."""
+    agent.wait("success", "default")
+    kubelet.wait("registered", lambda k: len(ids(k, R24)) == count)
+    return agent
 
 
 def ids(kubelet, resource, health="Healthy"):
@@ -176,6 +186,30 @@ def test_podresources_unreachable_keeps_an_allocated_vgpu_held(gpusim_node, clus
     agent.wait("success", "L40S-12Q")
 
 
+def test_an_agent_restarted_under_a_refused_layout_serves_what_the_node_has_programmed(
+        gpusim_node, cluster, start_agent, kubelet):
+    # issue 31.4: a rolled DaemonSet on a node whose relabel is refused (a VM holds a VF) kept the kubelet without
+    # the vGPUs: devices were served only after a successful apply
+    node = gpusim_node("l40s:2")
+    agent = serving(start_plugin_agent(start_agent, node, cluster, kubelet), kubelet, 4)
+    programmed = sorted(typed_vfs(node))
+    node.hold(programmed[0])
+    agent.proc.send_signal(signal.SIGTERM)      # the DaemonSet rolls: the old pod goes ...
+    assert agent.proc.wait(timeout=30) == 0
+    kubelet.wait("the capacity dropped", lambda k: not k.devices())
+    cluster.select("L40S-12Q")                  # ... a relabel it cannot converge (a VM holds a VF of GPU 0)
+    writes = len(node.writes())
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet)   # ... and the new pod starts
+    agent.wait("failed", "L40S-12Q")
+    kubelet.wait("the programmed vGPUs served again, Healthy", lambda k: ids(k, R24) == programmed)
+    assert list(kubelet.devices()) == [R24] and ids(kubelet, R24, "Unhealthy") == []
+    assert sorted(typed_vfs(node)) == programmed and len(node.writes()) == writes   # nothing written
+    wait_for("node status from the kubelet", lambda: node_status(cluster) == ({R24: "4"}, {R24: "4"}))
+    # a VF the vGPU manager lost (its type reset) is served Unhealthy by the next reconcile's check
+    node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % programmed[-1], "0")
+    kubelet.wait("the untyped VF Unhealthy", lambda k: ids(k, R24, "Unhealthy") == programmed[-1:])
+
+
 def test_sigterm_removes_the_sockets_and_the_kubelet_drops_the_vgpus(gpusim_node, cluster, start_agent, kubelet):
     node = gpusim_node("l40s:1")
     agent = start_plugin_agent(start_agent, node, cluster, kubelet)
@@ -195,3 +229,38 @@ def test_a_kubelet_dir_without_device_plugins_is_one_line_and_exit_2(gpusim_node
     assert agent.output().strip().splitlines()[-1].endswith(
         "kubelet directory %s: no device-plugins/ directory (KUBELET_DIR or --kubelet-dir names the kubelet's root "
         "directory, e.g. /var/lib/k0s/kubelet on k0s)" % tmp_path)
+
+
+def test_device_plugin_and_dra_serve_disjoint_gpus_and_never_the_same_one(
+        gpusim_node, cluster, start_agent, kubelet, tmp_path):
+    # issue 31.5: both on offered every vGPU twice (an extended resource and a DRA device)
+    node = gpusim_node("l40s:2")
+    first, second = node.pfs()
+    state = dra_state()
+    state["resources"] = dict(copy.deepcopy(RESOURCES), **DRA_RESOURCES)
+    cluster.api.reset(state)
+    both = {"DRA_DRIVER": "true", "CDI_DIR": str(tmp_path / "cdi")}
+    refused = start_plugin_agent(start_agent, node, cluster, kubelet, **both)
+    assert refused.proc.wait(timeout=30) == 2
+    assert refused.output().strip().splitlines()[-1].endswith("DEVICE_PLUGIN=true and DRA_DRIVER=true offer every "
+                                                              "vGPU twice (an extended resource and a DRA device, so "
+                                                              "two pods get the same VF): enable one of them, or give "
+                                                              "each GPU to exactly one with DEVICE_PLUGIN_GPUS and "
+                                                              "DRA_DRIVER_GPUS (disjoint)")
+    refused = start_plugin_agent(start_agent, node, cluster, kubelet, DEVICE_PLUGIN_GPUS=first,
+                                 DRA_DRIVER_GPUS="10de:26b9", **both)   # the L40S's PCI ID takes the first GPU too
+    assert refused.proc.wait(timeout=30) == 2
+    assert ("GPU %s (10de:26b9) is in both DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS" % first) in refused.output()
+    assert kubelet.devices() == {} and published_devices(cluster.api) == {}
+
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet, DEVICE_PLUGIN_GPUS=first, DRA_DRIVER_GPUS=second,
+                               **both)
+    agent.wait("success", "default")
+    vfs = typed_vfs(node)
+    kubelet.wait("the first GPU's vGPUs", lambda k: ids(k, R24) == sorted(vf for vf in vfs if vf in node.vfs(first)))
+    wait_for("the second GPU's vGPUs published", lambda: len(published_devices(cluster.api)) == 2)
+    published = sorted(d["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+                       for d in published_devices(cluster.api).values())
+    assert published == sorted(vf for vf in vfs if vf in node.vfs(second))
+    assert not set(published) & set(ids(kubelet, R24)) and sorted(published + ids(kubelet, R24)) == sorted(vfs)
+    wait_for("node status: one GPU's vGPUs", lambda: node_status(cluster) == ({R24: "2"}, {R24: "2"}))

@@ -76,11 +76,27 @@ def test_the_configmap_holds_the_layouts_in_vgpu_device_manager_form():
     ((), "configs (or vdmConfig) must have at least one layout"),
     (EXAMPLE + ("--set", "image.pullPolicy=Sometimes"), "value must be one of"),
     (EXAMPLE + ("--set", "imageTag=1"), "additional properties 'imageTag' not allowed"),
+    # issue 31.5: the device plugin and the DRA driver on the same GPUs offered every vGPU twice
+    (EXAMPLE + ("--set", "devicePlugin.enabled=true", "--set", "dra.enabled=true"),
+     "at '/devicePlugin/gpus': minItems: got 0, want 1"),
+    (EXAMPLE + ("--set", "devicePlugin.enabled=true", "--set", "dra.enabled=true", "--set", "devicePlugin.gpus={10de:26b9}"),
+     "at '/dra/gpus': minItems: got 0, want 1"),
+    (EXAMPLE + ("--set", "dra.enabled=true", "--set", "dra.gpus={L40S}"), "'L40S' does not match pattern"),
 ])
 def test_wrong_values_fail_helm_template_with_a_clear_message(args, message):
     proc = helm("template", NAME, CHART, "--namespace", NAMESPACE, *args, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     assert not proc.stdout.strip()
+
+
+def test_device_plugin_and_dra_on_disjoint_gpus_render_and_lint():
+    split = EXAMPLE + ("--set", "devicePlugin.enabled=true", "--set", "dra.enabled=true",
+                       "--set", "devicePlugin.gpus={10de:26b9}", "--set", "dra.gpus={0000:c1:00.0,0x25B610DE}")
+    assert helm("lint", "--strict", CHART, *split).returncode == 0
+    rendered = yaml.safe_load_all(helm("template", NAME, CHART, "--namespace", NAMESPACE, *split).stdout)
+    pod = [o for o in rendered if o and o["kind"] == "DaemonSet"][0]["spec"]["template"]["spec"]
+    env = dict((e["name"], e.get("value")) for e in pod["containers"][0]["env"])
+    assert (env["DEVICE_PLUGIN_GPUS"], env["DRA_DRIVER_GPUS"]) == ("10de:26b9", "0000:c1:00.0,0x25B610DE")
 
 
 def test_the_probes_and_the_scrape_target_are_the_agents_endpoint():

@@ -225,3 +225,29 @@ def test_the_dra_driver_switch_creates_the_device_classes_rbac_and_mounts(api_se
     pod = api_server.get("apps/v1/daemonsets", NAME, NAMESPACE)["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert (env["DRA_DRIVER"], env["CDI_DIR"], env["KUBELET_DIR"]) == ("true", "/etc/cdi", "/var/lib/k0s/kubelet")
+
+
+def test_device_plugin_and_dra_on_the_same_gpus_fail_before_any_request(cluster, kubeconfig, tmp_path):
+    # issue 31.5: both on offered every vGPU twice (an extended resource and a DRA device)
+    both = {"vgpu_node_agent_device_plugin": True, "vgpu_node_agent_dra": True}
+    proc = run_role(tmp_path, kubeconfig, both)
+    assert proc.returncode != 0 and "together offer every vGPU twice" in proc.stdout, proc.stdout
+    proc = run_role(tmp_path, kubeconfig, dict(both, vgpu_node_agent_device_plugin_gpus=["10de:26b9"],
+                                               vgpu_node_agent_dra_gpus=["10DE:26B9"]))
+    assert proc.returncode != 0 and "in both: ['10de:26b9']" in proc.stdout, proc.stdout
+    assert cluster.log() == []
+
+
+def test_device_plugin_and_dra_on_disjoint_gpus_reach_the_agent(api_server, kubeconfig, tmp_path):
+    state = register_chart_kinds(default_state())
+    state["resources"]["resource.k8s.io/v1/deviceclasses"] = {"kind": "DeviceClass", "singular": "deviceclass",
+                                                              "namespaced": False, "verbs": ["get", "create", "patch"]}
+    api_server.reset(state)
+    proc = run_role(tmp_path, kubeconfig, {"vgpu_node_agent_device_plugin": True, "vgpu_node_agent_dra": True,
+                                           "vgpu_node_agent_device_plugin_gpus": ["10de:26b9"],
+                                           "vgpu_node_agent_dra_gpus": ["0000:c1:00.0", "0x25B610DE"]})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pod = api_server.get("apps/v1/daemonsets", NAME, NAMESPACE)["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert (env["DEVICE_PLUGIN"], env["DEVICE_PLUGIN_GPUS"]) == ("true", "10de:26b9")
+    assert (env["DRA_DRIVER"], env["DRA_DRIVER_GPUS"]) == ("true", "0000:c1:00.0,0x25B610DE")

@@ -251,11 +251,14 @@ def inventory_checks(resources):
 
 # --- accounting --------------------------------------------------------------------------------
 
-def accounting_checks(resources, node_facts):
+def accounting_checks(resources, node_facts, dra_served=None):
     """allocatable[resource] == the node's vGPUs of the profiles published under it.
 
     The node's facts (when the inventory has the node) are the truth; the profile labels are the
-    fallback and are compared with the facts when both exist.
+    fallback and are compared with the facts when both exist. `dra_served` ({node: {profile: count}},
+    dra.dra_vgpus): the vGPUs this collection's DRA driver publishes; an agent that serves some GPUs through
+    its device plugin and the others through DRA (DEVICE_PLUGIN_GPUS, DRA_DRIVER_GPUS) leaves those out of the
+    extended resource, so they are taken off the node's count (a vGPU in both is counted twice: FAIL).
     """
     rows = []
     for res in vgpu_resources(resources):
@@ -266,12 +269,15 @@ def accounting_checks(resources, node_facts):
         for name in sorted(nodes):
             alloc = res.allocatable.get(name, 0)
             labelled = res.labelled.get(name)
-            by_label = sum(labelled.values()) if labelled else None
+            dra_count = sum(n for p, n in ((dra_served or {}).get(name) or {}).items() if publishes(res, p))
+            by_label = sum(labelled.values()) - dra_count if labelled else None
             facts = node_facts.get(name)
             by_facts = None
             if facts is not None:
-                by_facts = sum(v["count"] for p, v in facts_profiles(facts).items() if publishes(res, p))
+                by_facts = sum(v["count"] for p, v in facts_profiles(facts).items() if publishes(res, p)) - dra_count
             details = {"node": name, "allocatable": alloc, "labels": labelled, "facts": by_facts}
+            if dra_count:
+                details["dra"] = dra_count
             subject = "%s %s" % (name, res.name)
             if by_facts is not None:
                 status = PASS if alloc == by_facts and by_label in (None, by_facts) else FAIL
@@ -288,18 +294,21 @@ def accounting_checks(resources, node_facts):
                 status = UNKNOWN
                 reason = ("allocatable %d, but neither a profile label nor node facts say how many vGPUs the node "
                           "has (label the node, or add it to the inventory)" % alloc)
+            if dra_count:
+                reason += " (%d more through the DRA driver)" % dra_count
             rows.append(Check("accounting", KAR_SHARING, subject, status, reason, details))
     return rows
 
 
 # --- workloads ---------------------------------------------------------------------------------
 
-def plan_workloads(resources, profiles, node_facts, nodes):
+def plan_workloads(resources, profiles, node_facts, nodes, dra_gpus=None):
     """One workload per profile: the node with the most vGPUs of it, as many VMIs as it has.
 
     Returns [{"profile", "resource", "node", "hostname", "count", "physical_gpus"}] (physical_gpus:
     how many of the node's GPUs carry the profile, None without node facts) and the profiles no
-    node offers (a row of their own).
+    node offers (a row of their own). `dra_gpus` ({node: {GPU}}, dra.dra_gpus): GPUs whose vGPUs the DRA
+    driver publishes, which carry none of the node's extended resources.
     """
     by_name = dict((node_name(n), n) for n in nodes)
     plans, missing = [], []
@@ -318,10 +327,10 @@ def plan_workloads(resources, profiles, node_facts, nodes):
             continue
         minus_alloc, name, res = sorted(candidates, key=lambda c: (c[0], c[1]))[0]
         facts = facts_profiles(node_facts[name]).get(profile) if name in node_facts else None
+        gpus = [g for g in facts["gpus"] if g not in (dra_gpus or {}).get(name, ())] if facts else None
         plans.append({"profile": profile, "resource": res.name, "node": name,
                       "hostname": node_labels(by_name[name]).get(HOSTNAME_LABEL, name), "count": -minus_alloc,
-                      "physical_gpus": len(facts["gpus"]) if facts else None,
-                      "gpus": list(facts["gpus"]) if facts else None})
+                      "physical_gpus": len(gpus) if gpus is not None else None, "gpus": gpus})
     return plans, missing
 
 

@@ -80,6 +80,15 @@ def dra_vgpus(resource_slices):
     return counts
 
 
+def dra_gpus(resource_slices):
+    """{node: {physical GPU}} whose vGPUs the accelops DRA driver publishes (parentGPU; the newest generation): an
+    agent that splits its GPUs between its device plugin and DRA offers none of theirs as extended resources."""
+    gpus = {}
+    for (node, _pool), entry in sorted(newest_pools(resource_slices).items()):
+        gpus.setdefault(node, set()).update(g for g in (_attribute(d, "parentGPU") for d in entry["devices"]) if g)
+    return gpus
+
+
 def dra_check(served, device_classes, resource_slices):
     """resource.k8s.io/v1 DeviceClasses for GPUs next to the device-plugin resources (KAR-0004). Never FAIL:
     DRA is an alternative way to the same vGPUs (domain brief 13).

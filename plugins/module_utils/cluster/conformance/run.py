@@ -343,7 +343,7 @@ def preflight(api, params):
     if profiles:
         # only the selected profiles' resources are reported
         resources = [r for r in resources if r.profiles & set(profiles) or not r.profiles]
-    plans, missing = checks.plan_workloads(resources, profiles, node_facts, nodes)
+    plans, missing = checks.plan_workloads(resources, profiles, node_facts, nodes, dra.dra_gpus(dra_state[2]))
     dra_plans, dra_missing = dra.plan_workloads(profiles, dra_state[2], nodes, device_class) if not dra_off else ([], [])
     return {"cr": cr, "nodes": nodes, "namespace": namespace, "dra": dra_state, "resources": resources,
             "profiles": profiles, "plans": plans, "missing": missing, "node_facts": node_facts, "prefix": prefix,
@@ -439,7 +439,9 @@ def run(api, params, check_mode, now=None):
     validate_params(params)
     plan = preflight(api, params)
     run_id = uuid.uuid4().hex[:12]
-    rows = checks.inventory_checks(plan["resources"]) + checks.accounting_checks(plan["resources"], plan["node_facts"])
+    dra_served = dra.dra_vgpus(plan["dra"][2])   # the vGPUs DRA publishes are not the device plugin's to count
+    rows = checks.inventory_checks(plan["resources"]) + checks.accounting_checks(plan["resources"], plan["node_facts"],
+                                                                                 dra_served)
     manifests = _would_create(params, run_id, plan["plans"], plan["dra_plans"])
     created = Created(params["namespace"], run_id)
     cleanup = {"deleted": [], "left": []}

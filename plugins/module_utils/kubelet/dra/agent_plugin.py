@@ -40,11 +40,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts
 
 
-def node_view(make_engine):
+def node_view(make_engine, serves=None):
     """The driver's NodeView: facts through a fresh engine (its type-name cache, as the reconcile left it);
-    who holds a device does not matter here (no /proc scan)."""
+    who holds a device does not matter here (no /proc scan). `serves(gpu address)`: the GPUs whose vGPUs the
+    driver publishes (DRA_DRIVER_GPUS; None: every GPU)."""
     engine = make_engine()
-    return dra_devices.NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {}, make_engine().names))
+    return dra_devices.NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {}, make_engine().names), serves)
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed
@@ -52,12 +53,13 @@ CLAIM_READ_TIMEOUT = 10.0       # seconds a prepare waits for the API server's a
 
 
 class VgpuDraPlugin:
-    def __init__(self, settings, api, make_engine, node_lock, log, watch_interval=1.0, clock=time.monotonic):
+    def __init__(self, settings, api, make_engine, node_lock, log, watch_interval=1.0, clock=time.monotonic,
+                 serves=None):
         """`node_lock(timeout)`: the node's apply lock (node/node_lock.py), waited for at most `timeout` s."""
         self.settings, self.api, self.make_engine, self.log = settings, api, make_engine, log
         self.paths = KubeletPaths(settings.kubelet_dir)
         self.publisher = SlicePublisher(api, settings.node_name)
-        self.view = node_view(make_engine)
+        self.view = node_view(make_engine, serves)
         self.driver = DraDriver(settings.node_name, self._read_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
                                 boot_id=read_boot_id(settings.proc_root))

@@ -233,17 +233,21 @@ class NodeView:
     """The DRA driver's reads of the node. `devices()` reads everything (facts -> inventory) and
     remembers it; `current(names)` answers for a few devices with a few reads each (prepare's check:
     still there with the type they were read with), doing one full read only for a name it has not
-    seen; `nodes(device)` are its VFIO nodes for the CDI spec."""
+    seen; `nodes(device)` are its VFIO nodes for the CDI spec. `serves(gpu address)`: the GPUs whose vGPUs are
+    the driver's (DRA_DRIVER_GPUS, the others may be the device plugin's); None: every GPU."""
 
-    def __init__(self, sysfs, read_facts):
-        self.sysfs, self.read_facts = sysfs, read_facts
+    def __init__(self, sysfs, read_facts, serves=None):
+        self.sysfs, self.read_facts, self.serves = sysfs, read_facts, serves
         self.known = {}
 
     def devices(self):
         return self.remember(inventory(self.sysfs, self.read_facts()))
 
     def remember(self, found):
-        """`found` (a full inventory, e.g. from_apply's) becomes what `current()` answers from."""
+        """`found` (a full inventory, e.g. from_apply's) becomes what `current()` answers from; the vGPUs of GPUs
+        this driver does not serve are left out."""
+        if self.serves is not None:
+            found = [device for device in found if self.serves(device.parent_gpu)]
         self.known = {device.name: device for device in found}
         return found
 

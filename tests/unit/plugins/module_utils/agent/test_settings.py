@@ -73,3 +73,47 @@ def test_an_explicit_sysfs_root_below_the_host_mount_keeps_the_hosts_lock_key(tm
     (tmp_path / ".hidden" / "sys").mkdir(parents=True)
     assert settings.resolve(parse([]), dict(environ, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path / ".hidden" / "sys"))
                             ).lock_key == "/.hidden/sys"
+
+
+# issue 31.5: the device plugin and the DRA driver on the same GPUs offered every vGPU twice
+BOTH = {"DEVICE_PLUGIN": "true", "DRA_DRIVER": "true"}
+Gpu = type("Gpu", (), {})
+
+
+def gpu(address, vendor="10de", device="26b9"):
+    found = Gpu()
+    found.address, found.vendor, found.device = address, vendor, device
+    return found
+
+
+@pytest.mark.parametrize("env, message", [
+    (BOTH, settings.BOTH_MODES),
+    (dict(BOTH, DEVICE_PLUGIN_GPUS="0000:41:00.0"), settings.BOTH_MODES),
+    (dict(BOTH, DRA_DRIVER_GPUS="10de:26b9"), settings.BOTH_MODES),
+    (dict(BOTH, DEVICE_PLUGIN_GPUS="41:00.0,10de:25b6", DRA_DRIVER_GPUS="0000:41:00.0"),
+     "DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS both name 0000:41:00.0: each GPU is served by one of them only"),
+    (dict(BOTH, DEVICE_PLUGIN_GPUS="0x26B910DE", DRA_DRIVER_GPUS="10DE:26B9"),
+     "DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS both name 10de:26b9"),
+    ({"DRA_DRIVER_GPUS": "L40S"}, "DRA_DRIVER_GPUS: 'L40S' is neither a GPU's PCI address"),
+])
+def test_both_kubelet_modes_need_disjoint_gpus_one_line(env, message, tmp_path):
+    with pytest.raises(settings.SettingsError) as refused:
+        settings.resolve(parse([]), dict(REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path), **env))
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_each_gpu_goes_to_the_mode_that_names_it_and_the_node_is_checked(tmp_path):
+    got = settings.resolve(parse(["--device-plugin-gpus", "10de:26b9"]), dict(
+        REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path), DRA_DRIVER_GPUS="0000:c1:00.0, 0x25B610DE", **BOTH))
+    node = [gpu("0000:41:00.0"), gpu("0000:81:00.0", device="25b6"), gpu("0000:c1:00.0", device="1eb8")]
+    settings.check_split(got, node)
+    plugin, dra = settings.served(got.device_plugin_gpus, node), settings.served(got.dra_driver_gpus, node)
+    assert [g.address for g in node if plugin(g.address)] == ["0000:41:00.0"]
+    assert [g.address for g in node if dra(g.address)] == ["0000:81:00.0", "0000:c1:00.0"]
+    # an address in one list, its PCI ID in the other: only the node can tell; the agent refuses to start
+    both = r"^GPU 0000:c1:00.0 \(10de:26b9\) is in both DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS"
+    with pytest.raises(settings.SettingsError, match=both):
+        settings.check_split(got, [gpu("0000:c1:00.0")])
+    alone = settings.resolve(parse([]), dict(REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path), DEVICE_PLUGIN="true"))
+    assert settings.served(alone.device_plugin_gpus, node) is None   # one mode alone: every GPU
+    settings.check_split(alone, node)

@@ -245,3 +245,30 @@ def test_a_vgpu_resource_without_profile_labels_is_never_passthrough(pci, mdev):
     name = (pci + mdev)[0]["resourceName"]
     found = checks.discover_resources(cr(pci=pci, mdev=mdev), [node("a", {}, {name: 1})])
     assert found[0].passthrough is False
+
+
+@pytest.mark.parametrize("allocatable, dra_served, status, reason", [
+    # the agent split the node: 1 vGPU through the device plugin, 2 through DRA
+    (1, {"a": {"L40S-24Q": 2}}, PASS, "allocatable 1, node facts 1 vGPU(s), profile labels 1 (2 more through the DRA "
+                                      "driver)"),
+    # issue 31.5: both modes on the same GPUs: every vGPU offered twice
+    (3, {"a": {"L40S-24Q": 3}}, FAIL, "allocatable 3, node facts 0 vGPU(s), profile labels 0 (3 more through the DRA "
+                                      "driver)"),
+    (3, {"b": {"L40S-24Q": 3}, "a": {"L40S-8Q": 1}}, PASS, "allocatable 3, node facts 3 vGPU(s), profile labels 3"),
+])
+def test_accounting_leaves_out_what_the_dra_driver_publishes(allocatable, dra_served, status, reason):
+    res = checks.discover_resources(cr(pci=[L40S_ENTRY]), [node("a", {PREFIX + "L40S-24Q": "3"}, {L40S: allocatable})])
+    rows = checks.accounting_checks(res, {"a": TWO_L40S}, dra_served)
+    assert [(r.subject, r.status, r.reason) for r in rows] == [("a " + L40S, status, reason)]
+
+
+def test_a_gpu_the_dra_driver_publishes_is_no_physical_gpu_of_the_extended_resource():
+    # a node split between the device plugin (GPU 41) and DRA (GPU 42): two VMIs of the resource share one GPU
+    res = checks.discover_resources(cr(pci=[L40S_ENTRY]), [node("a", {PREFIX + "L40S-24Q": "1"}, {L40S: 2})])
+    split = {"gpus": [{"address": "0000:41:00.0", "vgpus": [{"after": "L40S-24Q"}] * 2},
+                      {"address": "0000:42:00.0", "vgpus": [{"after": "L40S-24Q"}] * 2}]}
+    plans, dummy = checks.plan_workloads(res, ["L40S-24Q"], {"a": split}, [node("a", {}, {})])
+    assert (plans[0]["physical_gpus"], plans[0]["gpus"]) == (2, ["0000:41:00.0", "0000:42:00.0"])
+    plans, dummy = checks.plan_workloads(res, ["L40S-24Q"], {"a": split}, [node("a", {}, {})],
+                                         {"a": {"0000:42:00.0"}, "b": {"0000:41:00.0"}})
+    assert (plans[0]["physical_gpus"], plans[0]["gpus"]) == (1, ["0000:41:00.0"])

@@ -203,3 +203,10 @@ def test_over_allocation_fails_naming_the_device_given_twice_or_a_vmi_placed_or_
                                               "condition after 2s")
     row = dra.overallocation_check(plan(), "x", [(vmi("x", "Pending", None), None)], capacity, 2)
     assert (row.status, row.reason) == (FAIL, "VMI or ResourceClaim x disappeared while observed")
+
+
+def test_the_gpus_dra_publishes_per_node_newest_generation():
+    # an agent split between its device plugin and DRA (issue 31.5): these GPUs carry no extended resource
+    newer = SLICES + [dra_slice("gpu-b", [device("b-0", "L40S-24Q", GPU_B)], generation=2)]
+    assert dra.dra_gpus(newer) == {"gpu-a": {GPU_A, GPU_B}, "gpu-b": {GPU_B}}
+    assert dra.dra_gpus([dra_slice("gpu-a", [device("x", "L40S-24Q", GPU_A)], driver="other.example.com")]) == {}

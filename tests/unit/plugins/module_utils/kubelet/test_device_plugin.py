@@ -8,7 +8,8 @@ import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, vgpu_apply
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import from_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -113,3 +114,31 @@ def test_a_vf_that_lost_its_driver_or_type_is_unhealthy_and_a_held_one_stays_hea
     health = dict((d.id, d.healthy) for d in device_plugin.check_health(engine.sysfs, devices))
     assert health == {"0000:41:00.4": True, "0000:41:00.5": True, "0000:42:00.4": True,
                       "0000:42:00.5": False, "0000:42:00.6": False, "0000:42:00.7": True}
+
+
+def programmed(engine, gpus=None, serves=None):
+    found = dra_devices.inventory(engine.sysfs, facts.gather(engine.sysfs, {}, engine.names))
+    return device_plugin.devices_programmed(engine.sysfs, found, gpus, serves)
+
+
+@pytest.mark.parametrize("spec, layout", [("l40s:2", MIXED_FLEET), ("t4:1,a16:1", [{"profiles": {"T4-4Q": 2}},
+                                                                                   {"profiles": {"A16-4Q": 4}}])])
+def test_what_the_node_has_programmed_is_what_the_apply_served(gpusim_node, monkeypatch, tmp_path, spec, layout):
+    # issue 31.4: an agent whose first layout is refused serves what sysfs shows, the same devices an apply gives
+    node = gpusim_node(spec)
+    engine = engine_for(node, monkeypatch, tmp_path)
+    result = vgpu_apply.apply(engine, from_layout(layout), enable_vfs=True)
+    applied = sorted(device_plugin.devices_from_apply(engine.sysfs, result))
+    assert applied and sorted(programmed(engine)) == applied
+    first = result["gpus"][0]["address"]
+    only_first = sorted(device_plugin.devices_from_apply(engine.sysfs, result, serves={first}.__contains__))
+    assert 0 < len(only_first) < len(applied) and sorted(programmed(engine, gpus={first})) == only_first
+
+
+def test_programmed_vgpus_are_served_as_healthy_as_sysfs_says(mixed):
+    node, engine, dummy = mixed
+    node.write("bus/pci/devices/0000:42:00.5/nvidia/current_vgpu_type", "0")   # no type: not programmed, not served
+    devices = programmed(engine)
+    assert "0000:42:00.5" not in [d.id for d in devices] and all(d.healthy for d in devices)
+    assert sorted(d.id for d in programmed(engine, serves={"0000:41:00.0"}.__contains__)) == [
+        "0000:41:00.4", "0000:41:00.5"]
