@@ -256,9 +256,9 @@ def accounting_checks(resources, node_facts, dra_served=None):
 
     The node's facts (when the inventory has the node) are the truth; the profile labels are the
     fallback and are compared with the facts when both exist. `dra_served` ({node: {profile: count}},
-    dra.dra_vgpus): the vGPUs this collection's DRA driver publishes; an agent that serves some GPUs through
+    dra.dra_vgpus): the vGPUs this collection's DRA driver publishes. An agent that serves some GPUs through
     its device plugin and the others through DRA (DEVICE_PLUGIN_GPUS, DRA_DRIVER_GPUS) leaves those out of the
-    extended resource, so they are taken off the node's count (a vGPU in both is counted twice: FAIL).
+    extended resource: a node whose allocatable is its count less the DRA driver's vGPUs passes too.
     """
     rows = []
     for res in vgpu_resources(resources):
@@ -269,12 +269,17 @@ def accounting_checks(resources, node_facts, dra_served=None):
         for name in sorted(nodes):
             alloc = res.allocatable.get(name, 0)
             labelled = res.labelled.get(name)
-            dra_count = sum(n for p, n in ((dra_served or {}).get(name) or {}).items() if publishes(res, p))
-            by_label = sum(labelled.values()) - dra_count if labelled else None
+            by_label = sum(labelled.values()) if labelled else None
             facts = node_facts.get(name)
             by_facts = None
             if facts is not None:
-                by_facts = sum(v["count"] for p, v in facts_profiles(facts).items() if publishes(res, p)) - dra_count
+                by_facts = sum(v["count"] for p, v in facts_profiles(facts).items() if publishes(res, p))
+            dra_count = sum(n for p, n in ((dra_served or {}).get(name) or {}).items() if publishes(res, p))
+            if dra_count and alloc not in (by_facts, by_label) and alloc + dra_count in (by_facts, by_label):
+                # a split node: the DRA driver's vGPUs are not the extended resource's
+                by_label, by_facts = [None if n is None else n - dra_count for n in (by_label, by_facts)]
+            else:
+                dra_count = 0
             details = {"node": name, "allocatable": alloc, "labels": labelled, "facts": by_facts}
             if dra_count:
                 details["dra"] = dra_count
@@ -308,7 +313,8 @@ def plan_workloads(resources, profiles, node_facts, nodes, dra_gpus=None):
     Returns [{"profile", "resource", "node", "hostname", "count", "physical_gpus"}] (physical_gpus:
     how many of the node's GPUs carry the profile, None without node facts) and the profiles no
     node offers (a row of their own). `dra_gpus` ({node: {GPU}}, dra.dra_gpus): GPUs whose vGPUs the DRA
-    driver publishes, which carry none of the node's extended resources.
+    driver publishes; on a node whose resource offers fewer vGPUs than it has (split between the agent's device
+    plugin and DRA), they carry none of it.
     """
     by_name = dict((node_name(n), n) for n in nodes)
     plans, missing = [], []
@@ -327,7 +333,9 @@ def plan_workloads(resources, profiles, node_facts, nodes, dra_gpus=None):
             continue
         minus_alloc, name, res = sorted(candidates, key=lambda c: (c[0], c[1]))[0]
         facts = facts_profiles(node_facts[name]).get(profile) if name in node_facts else None
-        gpus = [g for g in facts["gpus"] if g not in (dra_gpus or {}).get(name, ())] if facts else None
+        gpus = list(facts["gpus"]) if facts else None
+        if gpus and -minus_alloc < facts["count"]:   # a split node: the GPUs the DRA driver publishes are its own
+            gpus = [g for g in gpus if g not in (dra_gpus or {}).get(name, ())] or gpus
         plans.append({"profile": profile, "resource": res.name, "node": name,
                       "hostname": node_labels(by_name[name]).get(HOSTNAME_LABEL, name), "count": -minus_alloc,
                       "physical_gpus": len(gpus) if gpus is not None else None, "gpus": gpus})

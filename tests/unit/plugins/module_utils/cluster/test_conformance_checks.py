@@ -251,9 +251,9 @@ def test_a_vgpu_resource_without_profile_labels_is_never_passthrough(pci, mdev):
     # the agent split the node: 1 vGPU through the device plugin, 2 through DRA
     (1, {"a": {"L40S-24Q": 2}}, PASS, "allocatable 1, node facts 1 vGPU(s), profile labels 1 (2 more through the DRA "
                                       "driver)"),
-    # issue 31.5: both modes on the same GPUs: every vGPU offered twice
-    (3, {"a": {"L40S-24Q": 3}}, FAIL, "allocatable 3, node facts 0 vGPU(s), profile labels 0 (3 more through the DRA "
-                                      "driver)"),
+    # both ways on the same GPUs (refused by the agent since issue 31.5): the extended resource counts them all
+    (3, {"a": {"L40S-24Q": 3}}, PASS, "allocatable 3, node facts 3 vGPU(s), profile labels 3"),
+    (2, {"a": {"L40S-24Q": 2}}, FAIL, "allocatable 2, node facts 3 vGPU(s), profile labels 3"),
     (3, {"b": {"L40S-24Q": 3}, "a": {"L40S-8Q": 1}}, PASS, "allocatable 3, node facts 3 vGPU(s), profile labels 3"),
 ])
 def test_accounting_leaves_out_what_the_dra_driver_publishes(allocatable, dra_served, status, reason):
