@@ -29,6 +29,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections import Counter
 
 try:
@@ -58,22 +59,31 @@ def consumer(vmi):
 class DraAllocator:
     """kube-scheduler's DRA allocation (k8s.io/dynamic-resource-allocation structured allocator) for one pass.
 
+    Sources (kubernetes v1.36.2): staging/src/k8s.io/dynamic-resource-allocation/structured/allocator.go and
+    internal/incubating/allocator_incubating.go (allocateDevice, checkAvailableCounters, IsDeviceAllocated),
+    internal/incubating/consumable_capacity.go (request policies), pkg/scheduler/framework/plugins/
+    dynamicresources (Filter: "cannot allocate all claims").
     Devices come from the ResourceSlices of each pool's highest generation, and only from complete pools
     (resourceSliceCount slices there), on the node (`spec.nodeName`) or on all nodes (`spec.allNodes`).
-    A request (`exactly`: deviceClassName, selectors, allocationMode ExactCount/All, count) gets devices
-    that every selector of its DeviceClass and of the request selects (CEL, tests/fakes/dra_cel.py; an
-    evaluation error fails the allocation), never a device allocated to another claim. `firstAvailable`,
-    constraints, admin access and claim templates are not modelled: such a claim is refused loudly.
+    A request (`exactly`: deviceClassName, selectors, allocationMode ExactCount/All, count, capacity.requests)
+    gets devices that every selector of its DeviceClass and of the request selects (CEL, tests/fakes/dra_cel.py;
+    an evaluation error fails the allocation). `firstAvailable` tries its subrequests in order and the result
+    names `<request>/<subrequest>`. Partitionable devices (KEP-4815): the pool's `sharedCounters` (from its
+    counter slices) are what its devices' `consumesCounters` draw on; a device draws while it is allocated at
+    all, once, however many claims share it (IsDeviceAllocated over AllocatedDevices, AllocatedSharedDeviceIDs
+    and AggregatedCapacity: kubernetes #139040, in 1.36.2). Consumable capacity (KEP-5075): a device with
+    `allowMultipleAllocations` serves several claims; each allocation consumes, per capacity, the request's
+    amount (or the policy's default; rounded up to the next of `validValues`, none -> unfit; no policy: the
+    request's amount, else the whole capacity), and the sum stays within the capacity; its result carries
+    `shareID` and `consumedCapacity`. Other devices go to one claim. Greedy first fit per request, no
+    backtracking across requests (the real allocator backtracks; no test here depends on it). Constraints,
+    admin access and claim templates are not modelled: such a claim is refused loudly.
     """
 
     def __init__(self, classes, slices, claims, overallocate=False):
         self.classes = dict((c["metadata"]["name"], c) for c in classes)
         self.claims = claims
         self.overallocate = overallocate
-        self.taken = set()
-        for claim in claims.values():
-            for result in allocation_results(claim):
-                self.taken.add((result.get("driver"), result.get("pool"), result.get("device")))
         newest = {}
         for item in slices:
             spec = item.get("spec") or {}
@@ -86,6 +96,39 @@ class DraAllocator:
             current = [i for i in items if int(i["spec"]["pool"].get("generation") or 0) == top]
             if len(current) >= int(current[0]["spec"]["pool"].get("resourceSliceCount") or 1):
                 self.pools[key] = current
+        self.entries = {}       # (driver, pool, device) -> the device's slice entry
+        self.counter_sets = {}  # (driver, pool) -> {counter set: {counter: total}}
+        for (driver, pool), items in self.pools.items():
+            sets = self.counter_sets.setdefault((driver, pool), {})
+            for item in items:
+                for device in item["spec"].get("devices") or ():
+                    self.entries[(driver, pool, device["name"])] = device
+                for counter_set in item["spec"].get("sharedCounters") or ():
+                    sets[counter_set["name"]] = {name: quantity(value.get("value"))
+                                                 for name, value in (counter_set.get("counters") or {}).items()}
+        self.taken = set()      # devices one claim has
+        self.shares = {}        # multi-allocatable device -> {capacity: consumed}
+        for claim in claims.values():
+            for result in allocation_results(claim):
+                self._add(result)
+
+    def snapshot(self):
+        return set(self.taken), {key: dict(used) for key, used in self.shares.items()}
+
+    def restore(self, saved):
+        self.taken, self.shares = set(saved[0]), {key: dict(used) for key, used in saved[1].items()}
+
+    def _add(self, result):
+        key = (result.get("driver"), result.get("pool"), result.get("device"))
+        if result.get("shareID") or (self.entries.get(key) or {}).get("allowMultipleAllocations"):
+            used = self.shares.setdefault(key, {})
+            for name, value in (result.get("consumedCapacity") or {}).items():
+                used[name] = used.get(name, 0) + quantity(value)
+        else:
+            self.taken.add(key)
+
+    def in_use(self, key):
+        return key in self.taken or key in self.shares
 
     def devices_on(self, node):
         """[(driver, pool, device entry)] the node can use, in a stable order."""
@@ -109,47 +152,135 @@ class DraAllocator:
                 raise Unallocatable("%s: selector #%d: CEL runtime error: %s" % (where, index, exc)) from None
         return True
 
+    def _counters_fit(self, key, device):
+        """Whether `device`, not in use yet, may draw its consumesCounters from its pool now (checkAvailableCounters)."""
+        if not device.get("consumesCounters"):
+            return True
+        sets = self.counter_sets.get(key[:2]) or {}
+        drawn = {}
+        for other in set(self.taken) | set(self.shares):
+            if other[:2] != key[:2]:
+                continue
+            for entry in (self.entries.get(other) or {}).get("consumesCounters") or ():
+                for name, value in (entry.get("counters") or {}).items():
+                    drawn[entry["counterSet"], name] = drawn.get((entry["counterSet"], name), 0) + quantity(value["value"])
+        for entry in device["consumesCounters"]:
+            for name, value in (entry.get("counters") or {}).items():
+                total = (sets.get(entry["counterSet"]) or {}).get(name)
+                if total is None or drawn.get((entry["counterSet"], name), 0) + quantity(value["value"]) > total:
+                    return False
+        return True
+
+    def _consumption(self, key, device, spec):
+        """{capacity: amount} one more allocation of the multi-allocatable `device` consumes, or None (no fit)."""
+        asked = ((spec.get("capacity") or {}).get("requests")) or {}
+        used = self.shares.get(key) or {}
+        consumed = {}
+        for name, capacity in (device.get("capacity") or {}).items():
+            total, policy = quantity(capacity.get("value")), capacity.get("requestPolicy")
+            if policy is None:
+                amount = quantity(asked[name]) if name in asked else total
+            else:
+                amount = quantity(asked[name]) if name in asked else quantity(policy.get("default") or "0")
+                valid = sorted(quantity(v) for v in policy.get("validValues") or ())
+                if valid:
+                    bigger = [v for v in valid if v >= amount]
+                    if not bigger:
+                        return None
+                    amount = bigger[0]
+            if used.get(name, 0) + amount > total:
+                return None
+            consumed[name] = amount
+        return consumed
+
+    def _request(self, ref, name, spec, node, picked):
+        """The results of one (sub)request `spec` named `name`; Unallocatable when it does not fit."""
+        device_class = self.classes.get(spec.get("deviceClassName"))
+        if device_class is None:
+            raise Unallocatable("%s, request %s: device class %s does not exist" % (ref, name, spec.get("deviceClassName")))
+        mode = spec.get("allocationMode") or "ExactCount"
+        count = None if mode == "All" else int(spec.get("count") or 1)
+        results, busy = [], []
+        for driver, pool, device in self.devices_on(node):
+            key = (driver, pool, device["name"])
+            if key in picked and not device.get("allowMultipleAllocations"):
+                continue
+            if not self._selected((device_class.get("spec") or {}).get("selectors"), driver, device,
+                                  "%s, device class %s" % (ref, device_class["metadata"]["name"])):
+                continue
+            if not self._selected(spec.get("selectors"), driver, device, "%s, request %s" % (ref, name)):
+                continue
+            while count is None or len(results) < count:
+                result = {"request": name, "driver": driver, "pool": pool, "device": device["name"]}
+                if device.get("allowMultipleAllocations"):
+                    consumed = self._consumption(key, device, spec)
+                    if consumed is None or (not self.in_use(key) and not self._counters_fit(key, device)):
+                        break
+                    result.update(shareID=str(uuid.uuid4()),
+                                  consumedCapacity={k: str(v) for k, v in consumed.items()})
+                elif self.in_use(key) or not self._counters_fit(key, device):
+                    busy.append(result)
+                    break
+                self._add(result)
+                picked.add(key)
+                results.append(result)
+                if not device.get("allowMultipleAllocations") or count is None:
+                    break   # All: each matching device once
+            if count is not None and len(results) >= count:
+                break
+        if self.overallocate and count is not None and len(results) < count:
+            results += busy[:count - len(results)]   # the injected bug: hand out devices other claims hold
+        if (count is not None and len(results) < count) or not results:
+            raise Unallocatable(CANNOT_ALLOCATE)
+        return results
+
     def allocate(self, claim, node):
-        """The claim's allocation on `node`, or Unallocatable."""
+        """The claim's allocation on `node`, or Unallocatable; what it takes counts for later claims only after
+        commit() (a failed claim leaves the state as it was)."""
         ref = "claim %s/%s" % (claim["metadata"].get("namespace"), claim["metadata"]["name"])
+        saved = self.snapshot()
         results, picked = [], set()
-        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-            exactly = request.get("exactly")
-            if exactly is None:
-                raise Unallocatable("%s, request %s: only `exactly` requests are modelled by this fake"
-                                    % (ref, request.get("name")))
-            device_class = self.classes.get(exactly.get("deviceClassName"))
-            if device_class is None:
-                raise Unallocatable("%s, request %s: device class %s does not exist" % (
-                    ref, request.get("name"), exactly.get("deviceClassName")))
-            fitting, busy = [], []
-            for driver, pool, device in self.devices_on(node):
-                key = (driver, pool, device["name"])
-                if key in picked:
+        try:
+            for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+                if request.get("exactly") is not None:
+                    results += self._request(ref, request.get("name"), request["exactly"], node, picked)
                     continue
-                if not self._selected((device_class.get("spec") or {}).get("selectors"), driver, device,
-                                      "%s, device class %s" % (ref, device_class["metadata"]["name"])):
-                    continue
-                if not self._selected(exactly.get("selectors"), driver, device,
-                                      "%s, request %s" % (ref, request.get("name"))):
-                    continue
-                (busy if key in self.taken else fitting).append(key)
-            mode = exactly.get("allocationMode") or "ExactCount"
-            count = len(fitting) if mode == "All" else int(exactly.get("count") or 1)
-            if self.overallocate and len(fitting) < count:
-                fitting += busy   # the injected bug: hand out devices other claims hold
-            if count < 1 or len(fitting) < count:
-                raise Unallocatable(CANNOT_ALLOCATE)
-            for driver, pool, name in fitting[:count]:
-                picked.add((driver, pool, name))
-                results.append({"request": request.get("name"), "driver": driver, "pool": pool, "device": name})
+                choices = request.get("firstAvailable")
+                if not choices:
+                    raise Unallocatable("%s, request %s: neither exactly nor firstAvailable" % (ref, request.get("name")))
+                for sub in choices:   # DeviceRequest.FirstAvailable: the first subrequest that fits wins
+                    before = self.snapshot(), set(picked)
+                    try:
+                        results += self._request(ref, "%s/%s" % (request.get("name"), sub.get("name")), sub, node,
+                                                 picked)
+                        break
+                    except Unallocatable:
+                        self.restore(before[0])
+                        picked = before[1]
+                else:
+                    raise Unallocatable(CANNOT_ALLOCATE)
+        finally:
+            self.restore(saved)
         return {"devices": {"results": results},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                     {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
 
     def commit(self, allocation):
         for result in allocation["devices"]["results"]:
-            self.taken.add((result["driver"], result["pool"], result["device"]))
+            self._add(result)
+
+
+_SUFFIXES = {"Ki": 1024, "Mi": 1024 ** 2, "Gi": 1024 ** 3, "Ti": 1024 ** 4, "k": 1000, "M": 1000 ** 2,
+             "G": 1000 ** 3, "T": 1000 ** 4}
+
+
+def quantity(text):
+    """A resource.Quantity string as an int (whole units; the values used here are integral)."""
+    text = str(text or "0").strip()
+    for suffix, factor in sorted(_SUFFIXES.items(), key=lambda item: -len(item[0])):
+        if text.endswith(suffix):
+            return int(text[:-len(suffix)]) * factor
+    return int(text)
 
 
 def allocation_results(claim):
@@ -313,7 +444,7 @@ class VmiController(threading.Thread):
 
     def _allocate_on(self, vmi, pod_claims, node, dra):
         """{claim key: allocation} for the VMI's claims on `node` (allocated ones must be for it); commits."""
-        name, saved, fresh = node["metadata"]["name"], set(dra.taken), {}
+        name, saved, fresh = node["metadata"]["name"], dra.snapshot(), {}
         try:
             for claim in pod_claims:
                 bound = allocated_node(claim)
@@ -323,7 +454,7 @@ class VmiController(threading.Thread):
                 elif bound not in ("", name):
                     raise Unallocatable(CANNOT_ALLOCATE)
         except Unallocatable:
-            dra.taken = saved
+            dra.restore(saved)
             raise
         return fresh
 

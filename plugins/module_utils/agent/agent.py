@@ -232,6 +232,7 @@ class Agent:
             engine = self.engine()
             self._plugin_check(engine)
             entries = self.config.entries(name)
+            engine.claim_time = self.config.claim_time()   # GPUs whose profiles DRA claims choose: not the layout's
             result = vgpu_apply.apply(engine, entries, mixed_size=s.mixed_size, lock_timeout=s.lock_timeout,
                                       enable_vfs=True, wait_timeout=s.wait_timeout, before_changes=before_changes,
                                       stop=self.stop)

@@ -30,7 +30,8 @@ import json
 import os
 from collections import OrderedDict
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, kubelet_holders, layout_fit, mig, pci, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, claim_time_layout, inuse, kubelet_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import layout_fit, mig, pci, sriov
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_mdev, vgpu_vfio
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
@@ -189,6 +190,11 @@ class Node:
         self.names = TypeNames(sysfs, runner, cache_dir)
         self.planned_held = {}  # what plan() saw held: a device held since then stops its GPU
         self.holders = None     # inuse.Holders of the apply under way (held() makes one)
+        # GPUs whose profile DRA claims choose (node/claim_time_layout.py): the agent sets the declaration;
+        # plan() leaves those GPUs out and records the modes in `modes`
+        self.claim_time = None
+        self.modes_file = claim_time_layout.modes_path(kubelet_dir)
+        self.modes = claim_time_layout.Modes()
 
     @property
     def in_use(self):
@@ -278,9 +284,19 @@ class Node:
         vfs_of = {}  # PF -> VF addresses, read once per plan (a readlink each)
         gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs, vfs_of))
         selection = resolve(entries, list(gpus.values()), self.sysfs)
+        walked = []
+
+        def held_for_modes(scope):
+            walked.append(True)
+            return self.held(scope, reuse=reuse)
+        self.modes = claim_time_layout.plan(self.sysfs, self.claim_time, list(gpus.values()), self.modes_file,
+                                            held_for_modes, vfs_of)
+        selection = OrderedDict((a, e) for a, e in selection.items() if a not in self.modes.gpus)
+        for address, allow in self.modes.gpus.items():
+            self._claim_time_offers(gpus[address], allow, vfs_of.get(address))
         # the scope names the VFs too (read with the GPUs): no physfn link is read to place them
         scope = list(selection) + [vf for address in selection for vf in vfs_of.get(address) or ()]
-        held = self.planned_held = self.held(scope, reuse=reuse)
+        held = self.planned_held = self.held(scope, reuse=reuse or bool(walked))
         claimed = self.claimed_types(held)
         plans = []
         for address, gpu_entries in selection.items():
@@ -311,6 +327,22 @@ class Node:
                 BACKENDS[framework].rebuild(view, plan)
             plans.append((gpu, framework, view, plan))
         return plans
+
+    def _claim_time_offers(self, gpu, allow, vfs):
+        """What a claim-time GPU offers (claim_time_layout.offers) into self.modes; a GPU without VFs offers
+        nothing yet (a warning), one that is no vendor-VFIO GPU is an error naming it."""
+        framework = framework_of(self.sysfs, gpu, vfs)
+        if framework == NEEDS_VFS:
+            self.modes.warnings.append("GPU %s: claim-time mode: SR-IOV VFs are not enabled; it offers no vGPU until "
+                                       "they are (accelops.vgpu.sriov_vfs)" % gpu.address)
+            return
+        if framework != vgpu_vfio.FRAMEWORK:
+            raise LayoutError("GPU %s: claim-time mode needs a vendor-VFIO GPU (vGPU 17+ on Ada, Hopper or Blackwell); "
+                              "this one is an mdev GPU" % gpu.address)
+        view = self.view(gpu, framework, {}, vfs)
+        self.modes.offers[gpu.address] = {
+            "model": view.model or model_name(gpu.vendor, gpu.device), "vfs": len(view.vfs),
+            "profiles": claim_time_layout.offers(view, allow, claim_time_layout.max_instances(self.runner, gpu.address))}
 
     def _check_mixed_supported(self, plan):
         if not mixed_mode_supported(self.runner, plan.address):
@@ -494,7 +526,12 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
             node.names.save()
             node.execute(plans)
             node.verify(plans)
+            claim_time_layout.finish(node.sysfs, node.modes, node.modes_file)
     result = summarize([p for dummy, dummy2, dummy3, p in plans])
+    if node.modes.gpus:
+        result["claim_time"] = node.modes.result()
+        result["warnings"].extend(node.modes.warnings)
+    result["changed"] = result["changed"] or bool(node.modes.stale)
     result["vfs_enabled"] = enabled
     if not plans:
         result["warnings"].append("the layout selects no NVIDIA GPU on this node; nothing to do")

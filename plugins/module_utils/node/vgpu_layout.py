@@ -30,7 +30,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node import device_s
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import VgpuTypeError, parse_profile
 
-VDM_TOP_KEYS = ("version", "vgpu-configs")
+VDM_TOP_KEYS = ("version", "vgpu-configs", "claim-time")   # claim-time: node/claim_time_layout.py
 VDM_ENTRY_KEYS = ("devices", "device-filter", "vgpu-devices")
 LAYOUT_ENTRY_KEYS = ("devices", "device_filter", "profiles")
 
@@ -251,7 +251,7 @@ def from_document(document, selected=None, source="the file"):
     try:
         if isinstance(document, dict) and "vgpu-configs" in document:
             return entries(config=document, selected=selected)
-        if isinstance(document, dict) and list(document) == ["layout"]:
+        if isinstance(document, dict) and "layout" in document and set(document) <= {"layout", "claim_time"}:
             return entries(layout=document["layout"], selected=selected)
         if isinstance(document, list):
             return entries(layout=document, selected=selected)

@@ -29,7 +29,8 @@ import threading
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError, KubeUnavailable
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, devices as dra_devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import read_boot_id
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
@@ -48,6 +49,13 @@ def node_view(make_engine, serves=None):
     return dra_devices.NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {}, make_engine().names), serves)
 
 
+def claim_time_preparer(make_engine):
+    """Prepare's chooser and writer for claim-time devices: sysfs and held devices (every holder source) through
+    a fresh engine each time, as the reconcile sees them."""
+    engine = make_engine()
+    return ClaimTimePreparer(engine.sysfs, lambda scope: make_engine().held(scope))
+
+
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed
 CLAIM_READ_TIMEOUT = 10.0       # seconds a prepare waits for the API server's answer (the kubelet waits 45 in all)
 
@@ -63,6 +71,8 @@ class VgpuDraPlugin:
         self.driver = DraDriver(settings.node_name, self._read_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
                                 boot_id=read_boot_id(settings.proc_root))
+        self.driver.claim_time = claim_time_preparer(make_engine)
+        self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
         self.keeper = SliceKeeper(api, settings.node_name, dra_devices.DRIVER, self._republish, log)
         self.service = DraService(self.driver, self.paths, on_registered=self.keeper.resync)
         self.watch_interval = watch_interval
@@ -96,15 +106,19 @@ class VgpuDraPlugin:
     def reconciled(self, node_uid=None, sysfs=None, result=None):
         if result is not None:
             current = self.view.remember(dra_devices.from_apply(sysfs, result))
+            self.claim_time = claim_time.offers(sysfs, result.get("claim_time"))
+            self.driver.claim_time.update(self.claim_time)
         else:
             current = self.view.still_there()
+        on_claim_time = claim_time.gpus_of(self.claim_time)   # their VFs are typed by Prepare: no fixed devices
+        current = [device for device in current if device.parent_gpu not in on_claim_time]
         self.service.update_health(current)
         if node_uid and not self.publisher.node_uid:
             self.publisher.node_uid = node_uid
         full = self.full_publish_due is None or self.clock() >= self.full_publish_due
         try:
             with self._publishing:
-                plan = self.publisher.publish(current, force=full)
+                plan = self.publisher.publish(current + self.claim_time, force=full)
         except (KubeApiError, KubeUnavailable) as exc:
             self.full_publish_due = None
             self.log("DRA driver: cannot publish the ResourceSlices of node %s: %s" % (self.settings.node_name, exc))

@@ -64,6 +64,7 @@ class DraDriver:
         self.checkpoint = Checkpoint(plugin_dir, boot_id)
         self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting
         self._preparing = set()           # UIDs a call is preparing now
+        self.claim_time = None      # claim_time_prepare.ClaimTimePreparer: devices whose VF Prepare chooses and types
 
     # --- the kubelet's calls ---------------------------------------------------------------------
     def prepare(self, refs):
@@ -72,8 +73,14 @@ class DraDriver:
                                   lambda message: Prepared([], message)) for ref in refs}
 
     def unprepare(self, refs):
-        with self._lock:     # held by a prepare only for its local steps, never while it waits
-            return {ref.uid: _guarded(self._unprepare_one, ref, lambda message: message) for ref in refs}
+        try:
+            lock = self._claim_time_lock(refs)
+            with lock:       # taken before the driver's lock: that one is never held while waiting
+                with self._lock:     # held by a prepare only for its local steps, never while it waits
+                    return {ref.uid: _guarded(self._unprepare_one, ref, lambda message: message) for ref in refs}
+        except NodeLockError as exc:
+            return {ref.uid: "%s: not unprepared within %.0f s (its claim-time VF is cleared under the node lock): %s; "
+                             "the kubelet retries" % (ref, self.lock_wait, exc) for ref in refs}
 
     def holders(self):
         with self._lock:
@@ -125,8 +132,9 @@ class DraDriver:
                 devices = self._write(ref, claim, entries)
             except BaseException:
                 self._remove_files(ref)
-                self.checkpoint.drop(ref.uid)
-                self.checkpoint.save()
+                if not any(d.get("claimTime") for d in (self.checkpoint.get(ref.uid) or {}).get("devices") or ()):
+                    self.checkpoint.drop(ref.uid)     # a typed claim-time VF stays recorded (_release_claim_time)
+                    self.checkpoint.save()
                 raise
             self.checkpoint.set(ref.uid, ref.namespace, ref.name, COMPLETED, devices)
             self.checkpoint.save()
@@ -140,13 +148,23 @@ class DraDriver:
             except NodeLockError as exc:
                 raise ClaimError("%s: not prepared within %.0f s: %s; the kubelet retries" % (ref, wait, exc)) from None
             stack.enter_context(self._lock)
-            current = self.node_view.current(sorted({item.device for item in allocated}))
+            current = self.node_view.current(sorted({item.device for item in allocated if not self._chosen_now(item)}))
             held = self.checkpoint.holders()
-            entries = []
+            mine = HOLDER % (ref.namespace, ref.name)
+            earlier = {d["device"]: d for d in (self.checkpoint.get(ref.uid) or {}).get("devices") or ()}
+            entries, typed = [], []
             for item in allocated:
                 if item.pool != self.node_name:
                     raise ClaimError("%s: device %s/%s is not in this node's pool (%s)" % (
                         ref, item.pool, item.device, self.node_name))
+                if self._chosen_now(item):   # claim-time: a free VF of the allocated GPU (claim_time_prepare.py)
+                    taken = {key for key, names in held.items() if set(names) - {mine}} | {e[2].key for e in entries}
+                    if item.device in [e[2].name for e in entries]:
+                        raise ClaimError("%s: device %s is allocated twice in one claim; ask one vGPU per request"
+                                         % (ref, item.device))
+                    typed.append(self.claim_time.choose(ref, item.device, earlier.get(item.device), taken))
+                    entries.append((item.request, item.pool, typed[-1]))
+                    continue
                 device = current.get(item.device)
                 if device is None:
                     raise ClaimError("%s: device %s (request %s) is not on node %s: its vGPU was retyped or removed "
@@ -155,10 +173,38 @@ class DraDriver:
                 if others:
                     raise ClaimError("%s: device %s is prepared for %s" % (ref, item.device, ", ".join(others)))
                 entries.append((item.request, item.pool, device))
-            self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries))
-            # durable: after a power loss this record is what keeps a layout change off the claim's vGPUs
+            self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries, typed))
+            # durable: after a power loss this record is what keeps a layout change off the claim's vGPUs, and a
+            # claim-time VF typed next is found recorded after a crash
             self.checkpoint.save()
+            try:
+                for device in typed:
+                    self.claim_time.write(ref, device)
+            except BaseException:
+                self._release_claim_time(ref, self.checkpoint.get(ref.uid))
+                self.checkpoint.drop(ref.uid)
+                self.checkpoint.save()
+                raise
         return entries
+
+    def _chosen_now(self, item):
+        return self.claim_time is not None and self.claim_time.owns(item.device)
+
+    def _release_claim_time(self, ref, entry):
+        """Clear the VFs a claim-time record typed, where nothing but the claim holds them; the caller holds the
+        node lock. (A prepare that fails after the type write keeps its PrepareStarted record, VF typed: the
+        kubelet's retry adopts the VF, its unprepare clears it.)"""
+        for record in [d for d in (entry or {}).get("devices") or () if d.get("claimTime")]:
+            if self.claim_time is not None:
+                self.claim_time.release(ref, record)
+
+    def _claim_time_lock(self, refs):
+        """The node lock (at most lock_wait s) when an unprepare must clear claim-time VFs, else nothing."""
+        with self._lock:
+            entries = [self.checkpoint.get(ref.uid) or {} for ref in refs]
+        if not any(d.get("claimTime") for entry in entries for d in entry.get("devices") or ()):
+            return contextlib.nullcontext()
+        return self.node_lock(self.lock_wait)
 
     def _write(self, ref, claim, entries):
         """The CDI spec and the metadata files; the record's devices with their CDI IDs."""
@@ -170,7 +216,7 @@ class DraDriver:
         metadata_ids = {request: metadata.write_request(self.plugin_dir, self.cdi_dir, self.driver, ref, request, group,
                                                         claims.pod_claim_name(claim))
                         for request, group in sorted(by_request.items())}
-        devices = _record(entries)
+        devices = _record(entries, [e[2] for e in entries if self._chosen_now(claims.Allocated(e[0], e[1], e[2].name))])
         for record, (request, dummy, device) in zip(devices, entries):
             record["cdiIDs"] = [cdi.device_id(self.driver, ref.uid, device.name), metadata_ids[claims.base_request(request)]]
         return devices
@@ -188,6 +234,7 @@ class DraDriver:
     def _unprepare_one(self, ref):
         entry = self.checkpoint.get(ref.uid)
         self._remove_files(ref)
+        self._release_claim_time(ref, entry)
         if entry and (entry["namespace"], entry["name"]) != (ref.namespace, ref.name):
             self._remove_files(claims.ClaimRef(entry["namespace"], entry["name"], ref.uid))
         if entry is not None:
@@ -213,9 +260,13 @@ def _guarded(call, ref, on_error):
         return on_error("%s: internal error: %s: %s" % (ref, type(exc).__name__, exc))
 
 
-def _record(entries):
-    return [{"requests": [request], "pool": pool, "device": device.name, "key": device.key,
-             "typeID": device.type_id, "cdiIDs": []} for request, pool, device in entries]
+def _record(entries, claim_time_devices=()):
+    records = [{"requests": [request], "pool": pool, "device": device.name, "key": device.key,
+                "typeID": device.type_id, "cdiIDs": []} for request, pool, device in entries]
+    for record, (dummy, dummy2, device) in zip(records, entries):
+        if device in claim_time_devices:
+            record["claimTime"] = True     # its VF was typed by this prepare: unprepare clears it
+    return records
 
 
 def _answer_devices(entry):

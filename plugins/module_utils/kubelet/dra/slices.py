@@ -4,7 +4,9 @@
 """This node's ResourceSlices (resource.k8s.io/v1) as plain data, and the writes that make the API match.
 
 One pool per node, named after the node; its devices are split into slices of at most
-MAX_DEVICES_PER_SLICE (the API's limit for devices without taints or counters). Every slice of the
+MAX_DEVICES_PER_SLICE (the API's limit for devices without taints or counters; 64 when a device consumes
+counters), and the counter sets of claim-time GPUs (kubelet/dra/claim_time.py) come first, in slices of
+their own (at most 8 counter sets each). Every slice of the
 pool carries the same `pool.generation` and `pool.resourceSliceCount`; the scheduler uses only the
 slices of a pool's highest generation and treats the pool as incomplete until it sees
 resourceSliceCount of them, so a change that needs more than one write bumps the generation and
@@ -26,6 +28,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices 
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_WITH_COUNTERS = 64      # when a device of the slice consumes counters (or has taints)
+MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_NAME = 253
 
 
@@ -40,24 +44,33 @@ def slice_name(node, index, driver=DRIVER):
 
 
 def chunks(devices, size=MAX_DEVICES_PER_SLICE):
-    """The devices' API entries in slices of at most `size`; an empty pool is one empty slice
-    (the pool stays published, with no devices, so the scheduler knows it is complete)."""
-    entries = [device.to_api() for device in devices]
-    return [entries[i:i + size] for i in range(0, len(entries), size)] or [[]]
+    """[(spec field, entries)]: the counter sets of claim-time GPUs (items with `shared_counters`,
+    kubelet/dra/claim_time.py) in slices of their own, at most MAX_COUNTER_SETS_PER_SLICE each (since 1.35 a
+    slice carries devices or sharedCounters, not both), then the devices, at most `size` per slice (64 when
+    any consumes counters). An empty pool is one empty device slice (the pool stays published, with no
+    devices, so the scheduler knows it is complete)."""
+    sets = [item.to_api() for item in devices if getattr(item, "shared_counters", False)]
+    entries = [item.to_api() for item in devices if not getattr(item, "shared_counters", False)]
+    if any(getattr(item, "consumes_counters", False) for item in devices):
+        size = min(size, MAX_DEVICES_WITH_COUNTERS)
+    parts = [("sharedCounters", sets[i:i + MAX_COUNTER_SETS_PER_SLICE])
+             for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)]
+    parts += [("devices", entries[i:i + size]) for i in range(0, len(entries), size)]
+    return parts if entries else parts + [("devices", [])]
 
 
 def desired_slices(node, devices, generation, node_uid=None, driver=DRIVER):
     """The full ResourceSlice objects for `devices` at `generation`."""
     parts = chunks(devices)
     slices = []
-    for index, entries in enumerate(parts):
+    for index, (kind, entries) in enumerate(parts):
         metadata = {"name": slice_name(node, index, driver)}
         if node_uid:
             # the Node owns its slices: they go when the Node object goes (the kubelet plugin helper does the same)
             metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
                                             "controller": True}]
         slices.append({"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata,
-                       "spec": {"driver": driver, "nodeName": node, "devices": entries,
+                       "spec": {"driver": driver, "nodeName": node, kind: entries,
                                 "pool": {"name": node, "generation": generation, "resourceSliceCount": len(parts)}}})
     return slices
 
@@ -77,7 +90,8 @@ class Plan:
 
 def _spec_view(item):
     spec = item.get("spec") or {}
-    return (spec.get("pool"), spec.get("devices") or [], spec.get("nodeName"), spec.get("driver"))
+    return (spec.get("pool"), spec.get("devices") or [], spec.get("sharedCounters") or [], spec.get("nodeName"),
+            spec.get("driver"))
 
 
 def _owners_view(item):

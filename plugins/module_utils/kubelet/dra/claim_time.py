@@ -1,0 +1,123 @@
+# -*- coding: utf-8 -*-
+# Copyright: accelops.vgpu contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Claim-time GPUs as DRA devices: what the node offers, so that the scheduler picks the profile.
+
+Beta APIs only (Kubernetes 1.36.2+: DRAPartitionableDevices and DRAConsumableCapacity on by default, the
+counter fix of kubernetes #139040/#139211 in). docs/design.md "Profiles chosen at claim time" has the reasoning;
+in short, per claim-time GPU (node/claim_time_layout.py says which, and what each offers):
+
+- one counter set `gpu-<address>` with one counter `gpu: 1` (the GPU's equal-size mode: one profile at a time),
+  published in counter slices of their own (a slice carries devices or sharedCounters since 1.35; at most 8
+  counter sets per slice, so a 9th GPU opens a second counter slice);
+- one device per GPU and offered profile, `<profile>-gpu-<address>`, with `allowMultipleAllocations: true`,
+  `consumesCounters: [{counterSet: gpu-<address>, counters: {gpu: 1}}]` and the capacity `instances`
+  (value: the profile's maximum on this GPU, the driver's `Max Instances` capped by the VFs) with
+  `requestPolicy {default: 1, validValues: [1]}`: every allocation takes one instance.
+  The scheduler charges a multi-allocatable device's counters once, while it has any allocation: the first
+  claim of a profile takes the GPU's whole `gpu` counter, so no other profile's device of that GPU fits until
+  the last claim of that profile is released; further claims of the same profile cost no counter, only an
+  instance, and `instances` stops them at the maximum. A whole-GPU profile (48Q) has one instance.
+- attributes for CEL: `profile`, `typeName`, `typeID`, `series`, `framebuffer` (MiB, int), `parentGPU`,
+  `resource.kubernetes.io/pcieRoot`, `numaNode`, `productName`, `framework`, `claimTime: true`. No
+  `resource.kubernetes.io/pciBusID`: no VF is chosen before NodePrepareResources (claim_time_prepare.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
+
+COUNTER = "gpu"                     # the one counter of a GPU's counter set
+INSTANCES = "instances"             # the consumable capacity of a profile device
+FRAMEWORK = "vendor-vfio"
+
+
+def counter_set_name(address):
+    return dra_devices.device_name("gpu", address)
+
+
+def device_name(profile, address):
+    return dra_devices.device_name(profile, "gpu-" + address)
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    """One GPU's shared counters (a `spec.sharedCounters[]` entry)."""
+
+    name: str
+    gpu: str
+    value: int = 1
+
+    shared_counters = True          # slices.py puts these in counter slices
+
+    def to_api(self):
+        return {"name": self.name, "counters": {COUNTER: {"value": str(self.value)}}}
+
+
+@dataclass(frozen=True)
+class ProfileDevice:
+    """One profile of one claim-time GPU: multi-allocatable, `instances` of it at most."""
+
+    name: str
+    gpu: str
+    profile: str
+    type_name: str
+    type_id: int
+    size_mib: int
+    max_instances: int
+    pcie_root: str | None = None
+    numa_node: int | None = None
+    product: str | None = None
+
+    consumes_counters = True        # slices.py: at most 64 such devices per slice
+
+    @property
+    def counter_set(self):
+        return counter_set_name(self.gpu)
+
+    @property
+    def series(self):
+        return self.profile[-1:]
+
+    def attributes(self):
+        attrs = {"profile": {"string": self.profile}, "typeName": {"string": self.type_name[:dra_devices.MAX_STRING]},
+                 "typeID": {"int": self.type_id}, "series": {"string": self.series},
+                 "framebuffer": {"int": self.size_mib}, "framework": {"string": FRAMEWORK},
+                 "parentGPU": {"string": self.gpu}, "claimTime": {"bool": True}}
+        if self.pcie_root:
+            attrs[dra_devices.PCIE_ROOT] = {"string": self.pcie_root}
+        if self.numa_node is not None:
+            attrs["numaNode"] = {"int": self.numa_node}
+        if self.product:
+            attrs["productName"] = {"string": self.product[:dra_devices.MAX_STRING]}
+        return attrs
+
+    def to_api(self):
+        return {"name": self.name, "attributes": self.attributes(), "allowMultipleAllocations": True,
+                "capacity": {INSTANCES: {"value": str(self.max_instances),
+                                         "requestPolicy": {"default": "1", "validValues": ["1"]}}},
+                "consumesCounters": [{"counterSet": self.counter_set, "counters": {COUNTER: {"value": "1"}}}]}
+
+
+def offers(sysfs, claim_time_result):
+    """[CounterSet, ..., ProfileDevice, ...] for the apply result's `claim_time` list (node/claim_time_layout
+    Modes.result); a GPU that offers no profile (no VFs yet) publishes nothing."""
+    sets, found = [], []
+    for gpu in claim_time_result or ():
+        if not gpu.get("profiles"):
+            continue
+        address = gpu["address"]
+        root, numa = dra_devices.pcie_root(sysfs, address), dra_devices.numa_node(sysfs, address)
+        sets.append(CounterSet(counter_set_name(address), address))
+        for offer in gpu["profiles"]:
+            found.append(ProfileDevice(device_name(offer["profile"], address), address, offer["profile"],
+                                       offer["type_name"], offer["type_id"], offer["size_mib"],
+                                       offer["max_instances"], root, numa, gpu.get("model")))
+    return sets + sorted(found, key=lambda device: device.name)
+
+
+def gpus_of(items):
+    """The claim-time GPUs (PF addresses) that `items` (offers()) publish."""
+    return {item.gpu for item in items if isinstance(item, (CounterSet, ProfileDevice))}

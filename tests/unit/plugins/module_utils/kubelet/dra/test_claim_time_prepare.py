@@ -1,0 +1,167 @@
+"""NodePrepareResources of claim-time devices against gpusim (kubelet/dra/claim_time_prepare.py, driver.py):
+a free VF is chosen and typed, recorded before the answer, the metadata names it; crash recovery, idempotence,
+unprepare clears the type."""
+
+import os
+
+import pytest
+from claim_data import ClaimStore, claim, ref
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, claim_time, devices, metadata
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+
+NODE = "gpu-node-1"
+GPU1 = "0000:42:00.0"
+DOC = {"version": "v1", "vgpu-configs": {"default": [{"devices": [0], "vgpu-devices": {"L40S-24Q": 2}}]},
+       "claim-time": [{"devices": [1], "profiles": ["L40S-24Q", "L40S-12Q", "L40S-48Q"]}]}
+D24, D12 = "l40s-24q-gpu-0000-42-00-0", "l40s-12q-gpu-0000-42-00-0"
+UIDS = ["%08d-aaaa-4bbb-8ccc-000000000000" % n for n in range(1, 10)]
+
+
+class Env:
+    def __init__(self, node, monkeypatch, tmp_path, *claims):
+        for name in ("PATH", "GPUSIM_ROOT"):
+            monkeypatch.setenv(name, node.env[name])
+        self.node, self.tmp = node, tmp_path
+        self.kubelet = str(tmp_path / "kubelet")
+        self.engine = vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc",
+                                      cache_dir=str(tmp_path), kubelet_dir=self.kubelet)
+        vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
+        self.engine.claim_time = declaration(DOC)
+        self.result = vgpu_apply.apply(self.engine, vgpu_layout.from_document(DOC, "default"))
+        self.store = ClaimStore(*claims)
+        self.plugin_dir, self.cdi_dir = claim_holders.plugin_dir(self.kubelet), str(tmp_path / "cdi")
+        self.driver = self.start()
+        node.clear_log()
+
+    def start(self):
+        sysfs = self.engine.sysfs
+        driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
+                           self.plugin_dir, self.cdi_dir, boot_id="boot-1")
+        driver.claim_time = ClaimTimePreparer(sysfs, self.engine.held)
+        driver.claim_time.update(claim_time.offers(sysfs, self.result["claim_time"]))
+        return driver
+
+    def current(self, vf):
+        return int(open(os.path.join(self.node.root, "bus/pci/devices", vf, "nvidia/current_vgpu_type")).read())
+
+    def type_writes(self):
+        return [(w["path"].split("/")[3], w["value"]) for w in self.node.log()
+                if w["path"].endswith("current_vgpu_type")]
+
+
+@pytest.fixture
+def env(gpusim_node, monkeypatch, tmp_path):
+    def make(*claims):
+        return Env(gpusim_node("l40s:2"), monkeypatch, tmp_path, *claims)
+    return make
+
+
+def vf_of(answer_or_entry):
+    return answer_or_entry["devices"][0]["key"]
+
+
+def test_prepare_types_a_free_vf_records_it_and_the_metadata_names_it(env):
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+    answer = e.driver.prepare([ref(one)])
+    assert answer[UIDS[0]].error == "" and answer[UIDS[0]].devices[0]["device"] == D24
+    entry = checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0])
+    vf = vf_of(entry)
+    assert entry["state"] == checkpoint.COMPLETED and entry["devices"][0]["claimTime"] is True
+    assert vf.startswith("0000:42:") and e.current(vf) == 1155 and e.type_writes() == [(vf, "1155")]
+    with open(metadata.file_path(e.plugin_dir, "vms", "vm-a", "gpu")) as handle:
+        doc = metadata.read_stream(handle.read())[0]
+    attrs = doc["requests"][0]["devices"][0]["attributes"]
+    assert doc["requests"][0]["devices"][0]["name"] == D24
+    assert attrs["resource.kubernetes.io/pciBusID"] == {"string": vf} and attrs["profile"] == {"string": "L40S-24Q"}
+    # the same claim again: the recorded answer, no write
+    e.node.clear_log()
+    assert e.driver.prepare([ref(one)]) == answer and e.type_writes() == []
+
+
+def test_two_claims_of_one_profile_get_two_vfs_and_unprepare_clears_each(env):
+    one, two = claim("vm-a", UIDS[0], [D24], NODE), claim("vm-b", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    e.driver.prepare([ref(one)])
+    e.driver.prepare([ref(two)])
+    cp = checkpoint.Checkpoint(e.plugin_dir)
+    vfs = [vf_of(cp.get(UIDS[0])), vf_of(cp.get(UIDS[1]))]
+    assert len(set(vfs)) == 2 and [e.current(vf) for vf in vfs] == [1155, 1155]
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""}
+    assert e.current(vfs[0]) == 0 and e.current(vfs[1]) == 1155
+    assert checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0]) is None
+
+
+def test_a_vf_a_process_holds_is_never_chosen_nor_cleared(env):
+    one, two = claim("vm-a", UIDS[0], [D24], NODE), claim("vm-b", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    e.node.hold("0000:42:00.4")
+    e.driver.prepare([ref(one)])
+    vf = vf_of(checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0]))
+    assert vf != "0000:42:00.4" and e.current("0000:42:00.4") == 0
+    e.node.hold(vf)    # the VM opened its VF; the claim is unprepared while it still runs
+    e.node.clear_log()
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""}
+    assert e.current(vf) == 1155 and e.type_writes() == []
+
+
+def test_a_type_the_gpu_cannot_create_now_is_that_claims_error_and_writes_nothing(env):
+    one, two = claim("vm-a", UIDS[0], [D24], NODE), claim("vm-b", UIDS[1], [D12], NODE)
+    e = env(one, two)
+    e.driver.prepare([ref(one)])    # equal-size mode: a 12Q next to a 24Q is not creatable
+    e.node.clear_log()
+    answer = e.driver.prepare([ref(two)])[UIDS[1]]
+    assert answer.devices == [] and answer.error.startswith(
+        "claim vms/vm-b: device %s: no free VF of GPU %s can take L40S-12Q now" % (D12, GPU1))
+    assert e.type_writes() == [] and checkpoint.Checkpoint(e.plugin_dir).get(UIDS[1]) is None
+
+
+def test_a_failure_after_the_type_write_clears_the_vf_and_the_record(env, monkeypatch):
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+
+    def broken(*dummy):
+        raise OSError(28, "No space left on device", "/cdi/spec.json")
+    monkeypatch.setattr(e.driver, "_write", broken)
+    answer = e.driver.prepare([ref(one)])[UIDS[0]]
+    assert "No space left on device" in answer.error
+    writes = e.type_writes()
+    assert len(writes) == 2 and writes[0][1] == "1155" and writes[1] == (writes[0][0], "0")
+    assert checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0]) is None
+
+
+def test_a_restarted_driver_adopts_the_vf_its_started_record_names(env):
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+    e.driver._write = None   # the first driver dies in the middle of its files: simulated below by a record
+    sysfs = e.engine.sysfs
+    vf = "0000:42:00.6"
+    sysfs.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf, 1155)
+    cp = checkpoint.Checkpoint(e.plugin_dir, "boot-1")
+    cp.set(UIDS[0], "vms", "vm-a", checkpoint.STARTED, [{"requests": ["gpu"], "pool": NODE, "device": D24, "key": vf,
+                                                         "typeID": 1155, "cdiIDs": [], "claimTime": True}])
+    cp.save()
+    e.node.clear_log()
+    restarted = e.start()
+    answer = restarted.prepare([ref(one)])[UIDS[0]]
+    assert answer.error == ""
+    assert vf_of(checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0])) == vf and e.type_writes() == []
+    assert checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0])["state"] == checkpoint.COMPLETED
+
+
+def test_the_reconcile_keeps_prepared_vfs_and_clears_a_type_nobody_records(env):
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+    e.driver.prepare([ref(one)])
+    vf = vf_of(checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0]))
+    stray = "0000:42:00.7" if vf != "0000:42:00.7" else "0000:42:01.0"
+    e.engine.sysfs.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % stray, 1155)   # crash before any record
+    e.node.clear_log()
+    vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"))
+    assert e.type_writes() == [(stray, "0")] and e.current(vf) == 1155
