@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import OrderedDict, namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
@@ -243,24 +244,20 @@ def finish(sysfs, modes, modes_file):
 
 # --- what a claim-time GPU can offer ---------------------------------------------------------------------
 
+_TYPE_BLOCK = re.compile(r"vGPU Type ID\s*:\s*(\S+)(.*?)(?=vGPU Type ID|\Z)", re.IGNORECASE | re.DOTALL)
+_MAX_INSTANCES = re.compile(r"^\s*Max Instances\s*:\s*(\d+)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
 def parse_max_instances(text):
     """`nvidia-smi vgpu -s -v` output -> {type ID: Max Instances} (the per-GPU maximum of each type)."""
-    found, pending = {}, None
-    for raw in str(text or "").splitlines():
-        key, sep, value = raw.partition(":")
-        if not sep:
+    found = {}
+    for type_id, body in _TYPE_BLOCK.findall(str(text or "")):
+        match = _MAX_INSTANCES.search(body)
+        try:
+            if match:
+                found[int(type_id, 0)] = int(match.group(1))
+        except ValueError:
             continue
-        key, value = " ".join(key.split()).lower(), value.strip()
-        if key == "vgpu type id":
-            try:
-                pending = int(value, 0)
-            except ValueError:
-                pending = None
-        elif key == "max instances" and pending is not None:
-            try:
-                found[pending] = int(value, 0)
-            except ValueError:
-                pass
     return found
 
 

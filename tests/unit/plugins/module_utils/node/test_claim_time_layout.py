@@ -118,3 +118,10 @@ def test_the_boot_unit_without_a_declaration_keeps_the_agents_claim_time_gpus(l4
     engine.claim_time = None   # the node CLI / boot unit: declares nothing
     vgpu_apply.apply(engine, vgpu_layout.from_document(VDM, "default"))
     assert all(vf.startswith("0000:41:") for vf, dummy in type_writes(node)) and type_writes(node) == []
+
+
+def test_max_instances_are_read_from_nvidia_smi_verbose_output():
+    text = ("GPU 00000000:41:00.0\n    vGPU Type ID : 0x483\n        Name : NVIDIA L40S-24Q\n"
+            "        Max Instances : 2\n    vGPU Type ID : 0x481\n        Name : NVIDIA L40S-12Q\n"
+            "        Max Instances : 4\n        Max Instances Per GI : 1\n    vGPU Type ID : junk\n")
+    assert claim_time_layout.parse_max_instances(text) == {0x483: 2, 0x481: 4}

@@ -141,3 +141,20 @@ def test_the_api_is_asked_only_when_something_changed_after_an_error_or_at_the_f
     plugin.api.down = False
     plugin.dra.reconciled("uid-1", plugin.sysfs, result)
     assert plugin.api.calls == ["list", "list", "replace"] and plugin.api.published() == []   # an empty pool: one slice
+
+
+def test_a_claim_time_gpu_is_published_as_profile_devices_and_a_counter_set_never_as_its_vfs(plugin):
+    """The apply result's claim_time (node/claim_time_layout.py): the GPU's typed VFs are Prepare's, not fixed devices;
+    the failed reconcile after it keeps both apart too."""
+    result = apply_result(plugin.node)
+    result["gpus"] = []    # the reconcile left the claim-time GPU out
+    result["claim_time"] = [{"address": L40S, "model": "L40S", "vfs": 2, "allow": None, "profiles": [
+        {"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q", "type_id": 1155, "size_mib": 24576,
+         "max_instances": 2}]}]
+    for failed in (False, True):
+        plugin.dra.reconciled("uid-1", *(() if failed else (plugin.sysfs, result)))
+        stored = list(plugin.api.slices.values())
+        names = [d["name"] for s in stored for d in s["spec"].get("devices") or ()]
+        assert "l40s-24q-gpu-0000-41-00-0" in names and not [n for n in names if n.startswith("l40s-24q-0000-41")]
+        assert [c["name"] for s in stored for c in s["spec"].get("sharedCounters") or ()] == ["gpu-0000-41-00-0"]
+    assert plugin.dra.driver.claim_time.owns("l40s-24q-gpu-0000-41-00-0")
