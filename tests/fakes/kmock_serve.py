@@ -51,7 +51,8 @@ Semantics (each as a real API server; a request the double cannot model fails lo
 
 Test controls (JSON over HTTP, never logged):
     POST /_ctl/reset     {"resources": {"kubevirt.io/v1/kubevirts": {"kind": ..., "namespaced": true}},
-                          "objects": [{"resource": ..., "namespace": ..., "name": ..., "body": {...}}]}
+                          "objects": [{"resource": ..., "namespace": ..., "name": ..., "body": {...}}],
+                          "disabledFeatures": ["DRAPartitionableDevices"]}  gates off: their fields dropped
     POST /_ctl/conflict  {"count": 1, "patch": {...}}  the next `count` writes (PATCH, PUT, DELETE) lose
                           a race: the stored object first gets `patch` (merge) and a new
                           resourceVersion, then the write's resourceVersion (precondition) -> 409
@@ -166,6 +167,7 @@ class StrictEmulator(KubernetesEmulator):
         self.conflicts = {"count": 0, "patch": None}
         self.forbidden = []
         self.faults = []
+        self.disabled = set()   # feature gates off (reset state "disabledFeatures"): kube_api_rules.drop_disabled_fields
         self.selectable = {}                 # "group/version/plural" -> a CRD's selectableFields
         self.resource_version = 999
         self.history = collections.deque()   # (resourceVersion, resource, namespace, (kind, obj, prev))
@@ -290,6 +292,7 @@ class StrictEmulator(KubernetesEmulator):
         self.forbidden.clear()
         self.faults.clear()
         self.conflicts = {"count": 0, "patch": None}
+        self.disabled = set(state.get("disabledFeatures") or ())   # gates off: their fields are dropped
         for key, info in (state.get("resources") or {}).items():
             info = dict(info)
             self.selectable[key] = tuple(info.pop("selectableFields", ()))
@@ -454,7 +457,7 @@ class StrictEmulator(KubernetesEmulator):
         if body.get("apiVersion", api_version) != api_version:
             raise rules.ApiError(400, "BadRequest", "the API version in the data (%s) does not match the expected API "
                                  "version (%s)" % (body["apiVersion"], api_version))
-        obj = copy.deepcopy(body)
+        obj = rules.drop_disabled_fields(res.plural, copy.deepcopy(body), self.disabled)
         obj["apiVersion"] = api_version
         if info is not None and info.kind:
             obj.setdefault("kind", info.kind)
@@ -600,7 +603,7 @@ class StrictEmulator(KubernetesEmulator):
         if method == "PUT":
             if not isinstance(request.data, dict):
                 raise rules.ApiError(400, "BadRequest", "the body of the request is not a JSON object")
-            result = copy.deepcopy(request.data)
+            result = rules.drop_disabled_fields(request.resource.plural, copy.deepcopy(request.data), self.disabled)
             wanted = _meta(result).get("resourceVersion")
         else:
             result = rules.apply_patch(media, before, request.data)

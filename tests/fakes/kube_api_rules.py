@@ -436,4 +436,28 @@ def canonicalize(resource, obj):
         except ValueError as exc:
             raise ApiError(422, "Invalid", "%s: Invalid value: %s: %s" % (key, json.dumps(container[key]), exc)) \
                 from None
+
+
+# Feature gates an API server of the test may run with off (the reset state's "disabledFeatures"). A disabled
+# field is dropped from a written object, not refused: k8s.io/kubernetes pkg/registry/resource/resourceslice/
+# strategy.go dropDisabledFields (dropDisabledDRAPartitionableDevicesFields: spec.sharedCounters and
+# devices[].consumesCounters; dropDisabledDRAConsumableCapacityFields: devices[].allowMultipleAllocations and
+# capacity[].requestPolicy), which is what an API server older than the fields or with the gates off answers.
+DRA_GATED_FIELDS = ("DRAPartitionableDevices", "DRAConsumableCapacity")
+
+
+def drop_disabled_fields(plural, obj, disabled):
+    """`obj` (a ResourceSlice being created or replaced) without the fields of the `disabled` gates."""
+    if plural != "resourceslices" or not disabled or not isinstance(obj, dict):
+        return obj
+    spec = obj.get("spec") or {}
+    if "DRAPartitionableDevices" in disabled:
+        spec.pop("sharedCounters", None)
+    for device in spec.get("devices") or ():
+        if "DRAPartitionableDevices" in disabled:
+            device.pop("consumesCounters", None)
+        if "DRAConsumableCapacity" in disabled:
+            device.pop("allowMultipleAllocations", None)
+            for capacity in (device.get("capacity") or {}).values():
+                capacity.pop("requestPolicy", None)
     return obj

@@ -37,8 +37,8 @@ def request(profile):
 
 def claim(name, profile=None, fallback=None):
     if fallback:
-        requests = [{"name": "vgpu", "firstAvailable": [dict(request(p), name=p.split("-")[1].lower())
-                                                         for p in fallback]}]
+        choices = [dict(request(p), name=p.split("-")[1].lower()) for p in fallback]
+        requests = [{"name": "vgpu", "firstAvailable": choices}]
     else:
         requests = [{"name": "vgpu", "exactly": request(profile)}]
     return {"metadata": {"name": name, "namespace": NS}, "spec": {"devices": {"requests": requests}}}

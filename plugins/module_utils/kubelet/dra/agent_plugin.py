@@ -73,6 +73,7 @@ class VgpuDraPlugin:
                                 boot_id=read_boot_id(settings.proc_root))
         self.driver.claim_time = claim_time_preparer(make_engine)
         self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
+        self.claim_time_refused = None  # why the API server cannot take them (claim_time.FeatureMissing), for good
         self.keeper = SliceKeeper(api, settings.node_name, dra_devices.DRIVER, self._republish, log)
         self.service = DraService(self.driver, self.paths, on_registered=self.keeper.resync)
         self.watch_interval = watch_interval
@@ -106,7 +107,7 @@ class VgpuDraPlugin:
     def reconciled(self, node_uid=None, sysfs=None, result=None):
         if result is not None:
             current = self.view.remember(dra_devices.from_apply(sysfs, result))
-            self.claim_time = claim_time.offers(sysfs, result.get("claim_time"))
+            self.claim_time = [] if self.claim_time_refused else claim_time.offers(sysfs, result.get("claim_time"))
             self.driver.claim_time.update(self.claim_time)
         else:
             current = self.view.still_there()
@@ -118,7 +119,11 @@ class VgpuDraPlugin:
         full = self.full_publish_due is None or self.clock() >= self.full_publish_due
         try:
             with self._publishing:
-                plan = self.publisher.publish(current + self.claim_time, force=full)
+                try:
+                    plan = self.publisher.publish(current + self.claim_time, force=full)
+                except claim_time.FeatureMissing as exc:
+                    self._refuse_claim_time(exc)
+                    plan = self.publisher.publish(current, force=True)
         except (KubeApiError, KubeUnavailable) as exc:
             self.full_publish_due = None
             self.log("DRA driver: cannot publish the ResourceSlices of node %s: %s" % (self.settings.node_name, exc))
@@ -140,6 +145,15 @@ class VgpuDraPlugin:
             self.log("DRA driver: the ResourceSlices of node %s had been changed or deleted (a kubelet restart "
                      "deletes them); published %d vGPU(s) again" % (self.settings.node_name,
                                                                     len(self.publisher.published)))
+
+    def _refuse_claim_time(self, exc):
+        """Claim-time mode off for this agent's life: its devices withdrawn, fixed-profile vGPUs still published."""
+        self.claim_time_refused = str(exc)
+        self.log("DRA driver: claim-time mode refused on node %s: %s; the claim-time GPUs %s offer nothing, "
+                 "fixed-profile vGPUs are published" % (self.settings.node_name, exc,
+                                                        ", ".join(sorted(claim_time.gpus_of(self.claim_time)))))
+        self.claim_time = []
+        self.driver.claim_time.update([])
 
     def close(self):
         self._stop.set()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
 
 COUNTER = "gpu"                     # the one counter of a GPU's counter set
@@ -121,3 +122,35 @@ def offers(sysfs, claim_time_result):
 def gpus_of(items):
     """The claim-time GPUs (PF addresses) that `items` (offers()) publish."""
     return {item.gpu for item in items if isinstance(item, (CounterSet, ProfileDevice))}
+
+
+class FeatureMissing(EngineError):
+    """The API server stored a claim-time slice without the fields it needs; the message names the slice and field."""
+
+
+def dropped_field(sent, stored):
+    """The first claim-time field of `sent` (a ResourceSlice we wrote) that `stored` (the API server's answer) lacks:
+    an API server older than 1.36 or with DRAPartitionableDevices / DRAConsumableCapacity off drops them
+    (kubernetes pkg/registry/resource/resourceslice/strategy.go dropDisabledFields) instead of refusing the write."""
+    if not isinstance(stored, dict):
+        return None
+    ours, theirs = sent.get("spec") or {}, stored.get("spec") or {}
+    if ours.get("sharedCounters") and not theirs.get("sharedCounters"):
+        return "spec.sharedCounters"
+    for mine, kept in zip(ours.get("devices") or (), theirs.get("devices") or ()):
+        for field in ("consumesCounters", "allowMultipleAllocations"):
+            if mine.get(field) and not kept.get(field):
+                return "spec.devices[%s].%s" % (mine.get("name"), field)
+        for name, capacity in (mine.get("capacity") or {}).items():
+            if capacity.get("requestPolicy") and not ((kept.get("capacity") or {}).get(name) or {}).get("requestPolicy"):
+                return "spec.devices[%s].capacity.%s.requestPolicy" % (mine.get("name"), name)
+    return None
+
+
+def check_stored(sent, stored):
+    """FeatureMissing when the API server dropped a claim-time field of the slice `sent`."""
+    field = dropped_field(sent, stored)
+    if field:
+        raise FeatureMissing("ResourceSlice %s: the API server dropped %s: it does not serve partitionable devices and "
+                             "consumable capacity (Kubernetes 1.36.2 or later with DRAPartitionableDevices and "
+                             "DRAConsumableCapacity on)" % (sent["metadata"]["name"], field))

@@ -11,12 +11,14 @@ A write that loses a race (409: someone changed a slice since it was listed; a d
 listed resourceVersion as its precondition) starts over from a fresh list, a few times, in
 `publish` and `withdraw` alike; a delete of a slice already gone (404) is done. Any other API
 error propagates (KubeApiError / KubeUnavailable): the caller retries on its own schedule.
+A slice the API server stored without the claim-time fields we sent (claim_time.check_stored) raises
+claim_time.FeatureMissing: the server lacks partitionable devices or consumable capacity.
 """
 
 from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices as slice_plan
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, slices as slice_plan
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
 
 CONFLICT_RETRIES = 5
@@ -51,10 +53,10 @@ class SlicePublisher:
         for name, version in plan.deletes:
             self._delete(name, version)
         for body in plan.updates:
-            self.api.replace_resource_slice(body)
+            claim_time.check_stored(body, self.api.replace_resource_slice(body))
             self.writes += 1
         for body in plan.creates:
-            self.api.create_resource_slice(body)
+            claim_time.check_stored(body, self.api.create_resource_slice(body))
             self.writes += 1
 
     def _delete(self, name, version):

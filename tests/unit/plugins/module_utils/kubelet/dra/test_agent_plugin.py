@@ -1,6 +1,7 @@
 """The agent's DRA plugin after each reconcile: which inventory it publishes and when it asks the API (no gRPC here:
 the sockets are never started)."""
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -9,6 +10,7 @@ from dra_node import L40S, build, node_facts
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.tests.fakes import kube_api_rules as rules
 
 NODE = "gpu-node-1"
 
@@ -50,7 +52,7 @@ class SliceApi:
         raise AssertionError("no claim is prepared in these tests")
 
     def published(self):
-        return sorted(d["name"] for s in self.slices.values() for d in s["spec"]["devices"])
+        return sorted(d["name"] for s in self.slices.values() for d in s["spec"].get("devices") or ())
 
 
 @pytest.fixture
@@ -158,3 +160,25 @@ def test_a_claim_time_gpu_is_published_as_profile_devices_and_a_counter_set_neve
         assert "l40s-24q-gpu-0000-41-00-0" in names and not [n for n in names if n.startswith("l40s-24q-0000-41")]
         assert [c["name"] for s in stored for c in s["spec"].get("sharedCounters") or ()] == ["gpu-0000-41-00-0"]
     assert plugin.dra.driver.claim_time.owns("l40s-24q-gpu-0000-41-00-0")
+
+
+def test_a_server_without_partitionable_devices_refuses_claim_time_once_and_fixed_vgpus_stay_published(plugin):
+    """An API server < 1.36 or with the gates off drops the fields (kube_api_rules.drop_disabled_fields, as its
+    resourceslice strategy does): claim-time mode is refused with one line naming the node, the GPU and the field."""
+    lines = []
+    plugin.dra.log = lines.append
+    stored = plugin.api._stored
+
+    def dropping(body):
+        return stored(rules.drop_disabled_fields("resourceslices", copy.deepcopy(body), {"DRAPartitionableDevices"}))
+    plugin.api._stored = dropping
+    result = apply_result(plugin.node)
+    result["claim_time"] = [{"address": "0000:99:00.0", "model": "L40S", "vfs": 2, "allow": None, "profiles": [
+        {"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q", "type_id": 1155, "size_mib": 24576,
+         "max_instances": 2}]}]
+    for dummy in range(2):
+        plugin.dra.reconciled("uid-1", plugin.sysfs, result)
+    assert plugin.api.published() == ["l40s-24q-0000-41-00-4", "l40s-24q-0000-41-00-5"]
+    refused = [line for line in lines if "claim-time mode refused" in line]
+    assert len(refused) == 1 and "0000:99:00.0" in refused[0] and "spec.sharedCounters" in refused[0]
+    assert not plugin.dra.driver.claim_time.owns("l40s-24q-gpu-0000-99-00-0")

@@ -7,8 +7,8 @@ import pytest
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, slices
 
 NODE = "gpu-node-1"
-L40S = [("L40S-48Q", 1156, 1), ("L40S-24Q", 1155, 2), ("L40S-16Q", 1154, 3), ("L40S-12Q", 1153, 4),
-        ("L40S-8Q", 1152, 6)]
+L40S = (("L40S-48Q", 1156, 1), ("L40S-24Q", 1155, 2), ("L40S-16Q", 1154, 3), ("L40S-12Q", 1153, 4),
+        ("L40S-8Q", 1152, 6))
 
 
 def claim_time_result(gpus, profiles=L40S):
@@ -33,8 +33,8 @@ def strict(body):
         kubernetes_validate.validate(body, version, strict=True)
 
 
-@pytest.mark.parametrize("gpus, counter_slices, device_slices", [(1, [1], [5]), (8, [8], [40]), (9, [8, 1], [45]),
-                                                                  (13, [8, 5], [64, 1])])
+@pytest.mark.parametrize("gpus, counter_slices, device_slices", [
+    (1, [1], [5]), (8, [8], [40]), (9, [8, 1], [45]), (13, [8, 5], [64, 1])])
 def test_counter_sets_and_devices_live_in_separate_slices_within_the_limits(gpus, counter_slices, device_slices):
     result = slices.desired_slices(NODE, offers(gpus), 2)
     counters = [item["spec"]["sharedCounters"] for item in result if "sharedCounters" in item["spec"]]
