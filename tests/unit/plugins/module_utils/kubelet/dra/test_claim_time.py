@@ -1,10 +1,17 @@
 """What a node publishes for claim-time GPUs (kubelet/dra/claim_time.py, slices.py): counter slices apart from
 device slices, the API's limits, strict 1.36/1.37 schemas, no pciBusID on an abstract device."""
 
+import pathlib
+import re
+
 import kubernetes_validate
 import pytest
+import yaml
+from cel_devices import selected
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, slices
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
 
 NODE = "gpu-node-1"
 L40S = (("L40S-48Q", 1156, 1), ("L40S-24Q", 1155, 2), ("L40S-16Q", 1154, 3), ("L40S-12Q", 1153, 4),
@@ -74,3 +81,26 @@ def test_fixed_and_claim_time_devices_share_the_pool_and_a_change_bumps_the_gene
     assert again.empty
     grown = slices.plan(NODE, offers(2), existing)
     assert {body["spec"]["pool"]["generation"] for body in grown.updates + grown.creates} == {2}
+
+
+def readme_claim_time_objects():
+    text = (pathlib.Path(__file__).resolve().parents[6] / "README.md").read_text()
+    section = text.split("\n### Profiles chosen at claim time", 1)[1].split("\n## ", 1)[0]
+    return [doc for block in re.findall(r"```yaml\n(.*?)```", section, re.S) for doc in yaml.safe_load_all(block)]
+
+
+def test_the_readme_config_declares_gpu_1_and_its_templates_select_the_claim_time_devices():
+    config, *templates = readme_claim_time_objects()
+    assert [e.devices for e in declaration(config, "README").entries] == [(1,)]
+    assert [e.profiles for e in vgpu_layout.from_document(config, "default")] == [{"L40S-24Q": 2}]
+    devices = [d for item in slices.desired_slices(NODE, offers(1), 1) for d in item["spec"].get("devices") or ()]
+    expected = {"l40s-12q": ["l40s-12q-gpu-0000-41-00-0"],
+                "l40s-24q-else-12q": ["l40s-24q-gpu-0000-41-00-0", "l40s-12q-gpu-0000-41-00-0"]}
+    for template in templates:
+        assert template["kind"] == "ResourceClaimTemplate"
+        strict(template)
+        [request] = template["spec"]["spec"]["devices"]["requests"]
+        choices = request.get("firstAvailable") or [request["exactly"]]
+        got = [selected([s["cel"]["expression"] for s in choice["selectors"]], claim_time.dra_devices.DRIVER, devices)
+               for choice in choices]
+        assert [name for names in got for name in names] == expected[template["metadata"]["name"]]
