@@ -436,6 +436,7 @@ def canonicalize(resource, obj):
         except ValueError as exc:
             raise ApiError(422, "Invalid", "%s: Invalid value: %s: %s" % (key, json.dumps(container[key]), exc)) \
                 from None
+    return obj
 
 
 # Feature gates an API server of the test may run with off (the reset state's "disabledFeatures"). A disabled

@@ -122,18 +122,24 @@ def test_a_type_the_gpu_cannot_create_now_is_that_claims_error_and_writes_nothin
     assert e.type_writes() == [] and checkpoint.Checkpoint(e.plugin_dir).get(UIDS[1]) is None
 
 
-def test_a_failure_after_the_type_write_clears_the_vf_and_the_record(env, monkeypatch):
+def test_a_failure_after_the_type_write_keeps_the_vf_recorded_the_retry_adopts_it_unprepare_clears_it(env, monkeypatch):
     one = claim("vm-a", UIDS[0], [D24], NODE)
     e = env(one)
+    real_write = e.driver._write
 
     def broken(*dummy):
         raise OSError(28, "No space left on device", "/cdi/spec.json")
     monkeypatch.setattr(e.driver, "_write", broken)
     answer = e.driver.prepare([ref(one)])[UIDS[0]]
     assert "No space left on device" in answer.error
-    writes = e.type_writes()
-    assert len(writes) == 2 and writes[0][1] == "1155" and writes[1] == (writes[0][0], "0")
-    assert checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0]) is None
+    [(vf, value)] = e.type_writes()
+    entry = checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0])
+    assert value == "1155" and entry["state"] == checkpoint.STARTED and vf_of(entry) == vf   # held: nobody retypes it
+    monkeypatch.setattr(e.driver, "_write", real_write)
+    e.node.clear_log()
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""          # the kubelet's retry: same VF, no write
+    assert vf_of(checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0])) == vf and e.type_writes() == []
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and e.type_writes() == [(vf, "0")]
 
 
 def test_a_restarted_driver_adopts_the_vf_its_started_record_names(env):
