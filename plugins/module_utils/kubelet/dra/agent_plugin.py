@@ -53,7 +53,8 @@ def claim_time_preparer(make_engine):
     """Prepare's chooser and writer for claim-time devices: sysfs and held devices (every holder source) through
     a fresh engine each time, as the reconcile sees them."""
     engine = make_engine()
-    return ClaimTimePreparer(engine.sysfs, lambda scope: make_engine().held(scope))
+    return ClaimTimePreparer(engine.sysfs, lambda scope: make_engine().held(scope),
+                             lambda names: make_engine().in_use.recheck(names))
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed

@@ -27,11 +27,14 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sy
 
 
 class ClaimTimePreparer:
-    """`held_of(PF addresses)` -> {device: [holder]} (the engine's held_devices for those GPUs)."""
+    """`held_of(devices)` -> {device: [holder]}: the engine's in-use answer (vgpu_apply.Node.held, every holder
+    source; `devices`, the GPU and the VF asked about, are its probe scope); `recheck(devices)`: the engine's
+    O(1) re-check right before a write (inuse.Holders.recheck), None to skip it."""
 
-    def __init__(self, sysfs, held_of):
-        self.sysfs, self.held_of = sysfs, held_of
+    def __init__(self, sysfs, held_of, recheck=None):
+        self.sysfs, self.held_of, self.recheck = sysfs, held_of, recheck
         self.devices = {}       # published device name -> claim_time.ProfileDevice
+        self.vf_lists = {}      # PF address -> its VF addresses (_vfs)
 
     def update(self, items):
         """The claim-time devices as last published (claim_time.offers)."""
@@ -46,24 +49,31 @@ class ClaimTimePreparer:
         `earlier`: this claim's checkpoint record of that device from an earlier, unfinished prepare;
         `taken`: VFs other devices of this call or other prepared claims have."""
         offer = self.devices[name]
-        vfs = PciDevice(self.sysfs, offer.gpu).virtfns()
+        vfs = self._vfs(offer.gpu)
         mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-        held = self.held_of([offer.gpu])
         if earlier and earlier.get("key") in vfs:
             vf = earlier["key"]
             current = vgpu_types.read_current(self.sysfs, vf) or 0
-            others = [h for h in inuse.holders(held, vf) if h != mine]
+            others = [h for h in inuse.holders(self.held_of([offer.gpu, vf]), vf) if h != mine]
             if current in (0, offer.type_id) and not others:
                 return self._device(name, offer, vf)
         for vf in vfs:
-            if vf in taken or inuse.holders(held, vf):
+            # cheapest first: a typed VF is out at one read; the holder scan runs for a candidate only
+            if vf in taken or vgpu_types.read_current(self.sysfs, vf):
                 continue
-            if vgpu_types.read_current(self.sysfs, vf):
+            if inuse.holders(self.held_of([offer.gpu, vf]), vf):
                 continue
             if offer.type_id in [t.type_id for t in vgpu_types.read_creatable(self.sysfs, vf)]:
                 return self._device(name, offer, vf)
         raise ClaimError("%s: device %s: no free VF of GPU %s can take %s now (VFs without a type and without "
                          "holder offer no such type)" % (ref, name, offer.gpu, offer.profile))
+
+    def _vfs(self, gpu):
+        """The GPU's VFs, read once (33 sysfs reads) and again when one of them is gone (VFs re-enabled)."""
+        known = self.vf_lists.get(gpu)
+        if not known or not self.sysfs.exists(vgpu_types.vfio_dir(known[-1]) + "/current_vgpu_type"):
+            known = self.vf_lists[gpu] = PciDevice(self.sysfs, gpu).virtfns()
+        return known
 
     @staticmethod
     def _device(name, offer, vf):
@@ -77,6 +87,12 @@ class ClaimTimePreparer:
         path = vgpu_types.vfio_dir(device.address) + "/current_vgpu_type"
         if (vgpu_types.read_current(self.sysfs, device.address) or 0) == device.type_id:
             return
+        if self.recheck is not None:   # a VM may have opened the VF since it was chosen: asked right before
+            mine = claim_holders.HOLDER % (ref.namespace, ref.name)
+            found = [h for h in self.recheck([device.address]).get(device.address, ()) if h != mine]
+            if found:
+                raise ClaimError("%s: VF %s of GPU %s is held by %s since it was chosen; nothing written" % (
+                    ref, device.address, device.parent_gpu, inuse.describe(found)))
         try:
             self.sysfs.write(path, device.type_id)
         except SysfsError as exc:
@@ -103,7 +119,7 @@ class ClaimTimePreparer:
             return False    # someone else's type now: never ours to clear
         pf = gpu or self.sysfs.link_name("%s/%s/physfn" % (vgpu_types.PCI_DEVICES, vf))
         mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-        if [h for h in inuse.holders(self.held_of([pf] if pf else None), vf) if h != mine]:
+        if [h for h in inuse.holders(self.held_of([pf, vf] if pf else [vf]), vf) if h != mine]:
             return False
         self.sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", 0)
         return True

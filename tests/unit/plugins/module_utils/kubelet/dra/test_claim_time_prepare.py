@@ -43,7 +43,7 @@ class Env:
         sysfs = self.engine.sysfs
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
                            self.plugin_dir, self.cdi_dir, boot_id="boot-1")
-        driver.claim_time = ClaimTimePreparer(sysfs, self.engine.held)
+        driver.claim_time = ClaimTimePreparer(sysfs, self.engine.held, self.engine.in_use.recheck)
         driver.claim_time.update(claim_time.offers(sysfs, self.result["claim_time"]))
         return driver
 
