@@ -52,9 +52,12 @@ def node_view(make_engine, serves=None):
 def claim_time_preparer(make_engine):
     """Prepare's chooser and writer for claim-time devices: sysfs and held devices (every holder source) through
     a fresh engine each time, as the reconcile sees them."""
-    engine = make_engine()
-    return ClaimTimePreparer(engine.sysfs, lambda scope: make_engine().held(scope),
-                             lambda names: make_engine().in_use.recheck(names))
+    def held(scope):
+        return make_engine().held(scope)
+
+    def recheck(names):
+        return make_engine().in_use.recheck(names)
+    return ClaimTimePreparer(make_engine().sysfs, held, recheck)
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed
