@@ -111,12 +111,19 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         self.server.start()
         self.pod_resources.start()
         self._stop = threading.Event()
-        threading.Thread(target=self._watch_registry, args=(self._stop,), daemon=True).start()
-        threading.Thread(target=self._expire, args=(self._stop,), daemon=True).start()
+        self._threads = [threading.Thread(target=target, args=(self._stop,), daemon=True)
+                         for target in (self._watch_registry, self._expire)]
+        for thread in self._threads:
+            thread.start()
         return self
 
     def stop(self):
         self._stop.set()
+        # the old plugin watcher must be done before a restart clears the registrations: one still
+        # mid-pass would register a plugin a second time (a real kubelet's reconciler registers a socket once)
+        for thread in getattr(self, "_threads", ()):
+            if thread is not threading.current_thread():
+                thread.join(timeout=15)
         if self.server is not None:
             self.server.stop(0).wait()
             self.server = None
