@@ -14,7 +14,9 @@
 FILE (`-` = stdin) is a vgpu-device-manager config (`version: v1`, `vgpu-configs`) or a layout
 list (`[{devices, device_filter, profiles}]`, optionally under a `layout:` key), JSON or YAML when
 PyYAML is importable. `apply` first enables the maximum number of VFs on selected SR-IOV GPUs that
-have none (sriov-manage when present), then programs the profiles; --wait-timeout (default 120 s)
+have none (sriov-manage when present), then programs the profiles; a GPU passed through (bound to
+vfio-pci, or to another driver than nvidia) is skipped and printed as such, naming one in the layout is
+an error, and --take-over ADDRESS lets apply rebind it (node/pf_driver.py); --wait-timeout (default 120 s)
 bounds the wait for those VFs, separately from --lock-timeout (the wait for another apply's node
 lock). --sriov-manage names the tool when it is not /usr/lib/nvidia/sriov-manage or on PATH (GPU
 Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage). `assert` exits 0 when the node
@@ -41,7 +43,7 @@ import sys
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent, settings as agent_settings
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
-    boot_retry, handover, kubelet_holders, mig, vgpu_apply, vgpu_busy, vgpu_layout)
+    boot_retry, handover, kubelet_holders, mig, pci, vgpu_apply, vgpu_busy, vgpu_layout)
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_kubelet_dir, check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -101,6 +103,10 @@ def _parser():
                               "GPU Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage)")
     apply_p.add_argument("--no-enable-vfs", dest="enable_vfs", action="store_false",
                          help="fail instead of enabling VFs on GPUs that have none")
+    apply_p.add_argument("--take-over", metavar="PCI_ADDRESS", action="append", default=[],
+                         help="a GPU passed through (bound to vfio-pci or another driver than nvidia) that apply may "
+                              "rebind to nvidia anyway, unless a VM holds it; repeatable (default: such GPUs are "
+                              "skipped, and naming one in the layout is an error)"),
     apply_p.add_argument("--retry-for", type=float, default=os.environ.get("ACCELOPS_VGPU_RETRY_FOR") or "0",
                          metavar="S", help="retry a failing apply with backoff (2 s doubling, at most 60 s) for up to "
                                            "S seconds; a broken layout is not retried (default 0: once; env "
@@ -137,7 +143,15 @@ def _node(args):
         if hasattr(args, "mig_mode_order") else None
     return vgpu_apply.Node(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
                            sriov_manage_path=getattr(args, "sriov_manage", None), mig_options=options,
-                           kubelet_dir=check_kubelet_dir(args.kubelet_dir))
+                           kubelet_dir=check_kubelet_dir(args.kubelet_dir),
+                           take_over=_addresses(getattr(args, "take_over", ())))
+
+
+def _addresses(items):
+    try:
+        return tuple(pci.parse_address(item) for item in items)
+    except pci.PciAddressError as err:
+        raise vgpu_layout.LayoutError("--take-over: %s" % err) from None
 
 
 def _entries(args):

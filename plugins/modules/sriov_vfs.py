@@ -20,6 +20,10 @@ description:
     VF is ready (its C(virtfn) link exists; on NVIDIA GPUs also its C(nvidia/) directory or its
     C(mdev_supported_types)).
   - Only one apply runs on a node at a time; a second one waits for the node lock up to O(wait_timeout).
+  - A PF passed through (an NVIDIA GPU bound to a driver other than C(nvidia), e.g. C(vfio-pci) for whole-GPU
+    passthrough, or with no driver while C(nvidia) is loaded; any other PF bound to C(vfio-pci), C(pci-stub),
+    C(pci-pf-stub) or to no driver) is never unbound, rebound or given VFs. V(all) and ID filters skip it
+    (RV(reserved), and a warning each); listing its address is an error, unless O(take_over) lists it.
 author:
   - accelops.vgpu contributors (@accelops)
 extends_documentation_fragment:
@@ -87,6 +91,15 @@ options:
       - When set and NVIDIA PFs may use it (O(method) V(auto) or V(sriov_manage)), it must be an executable
         file, else the module fails naming it before any write.
     type: path
+  take_over:
+    description:
+      - PCI addresses of PFs passed through (see the description) that the module may treat as its own
+        anyway: C(sriov-manage) then rebinds such an NVIDIA GPU to C(nvidia) to enable its VFs.
+      - Refused, before any write, while a process holds the PF's VFIO group (a passthrough VM) or one of its
+        VFs, or a prepared DRA claim uses one.
+    type: list
+    elements: str
+    default: []
   wait_timeout:
     description:
       - Seconds to wait for the node lock, and for the VFs of each PF to be ready after the change.
@@ -166,6 +179,24 @@ pfs:
       type: list
       elements: str
       sample: []
+reserved:
+  description: PFs O(devices) selected (V(all) or a filter) that are passed through and were left alone.
+  returned: when the selection is valid
+  type: list
+  elements: dict
+  contains:
+    address:
+      description: PCI address of the PF.
+      type: str
+      sample: "0000:42:00.0"
+    driver:
+      description: The driver it is bound to (null when none).
+      type: str
+      sample: vfio-pci
+    reason:
+      description: Why it was left alone.
+      type: str
+      sample: bound to vfio-pci, not to the vGPU host driver nvidia (reserved for whole-GPU passthrough)
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -183,6 +214,7 @@ def main():
             force=dict(type="bool", default=False),
             sriov_manage_path=dict(type="path"),
             wait_timeout=dict(type="int", default=120),
+            take_over=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -191,8 +223,12 @@ def main():
     with module_glue.engine_errors(module) as result, node.apply_lock(params["wait_timeout"]):
         plan = sriov.plan_vfs(node.sysfs, node.runner, params["devices"], params["num_vfs"], params["state"],
                               params["method"], params["force"], held=node.holders(),
-                              sriov_manage_path=params["sriov_manage_path"])
+                              sriov_manage_path=params["sriov_manage_path"],
+                              take_over=module_glue.addresses(params["take_over"], "take_over"))
         result["pfs"] = plan.as_list()
+        result["reserved"] = [s.to_dict() for s in plan.skipped]
+        for skipped in plan.skipped:
+            module.warn(skipped.line())
         if not module.check_mode:
             sriov.apply_vfs(node.sysfs, node.runner, plan, timeout=params["wait_timeout"])
     module_glue.exit_with_diff(module, plan.changed, plan.diff(), **result)

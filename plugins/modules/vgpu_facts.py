@@ -80,7 +80,25 @@ ansible_facts:
               mdev_types: []
               mig_mode: null
               gpu_instances: []
+              reserved: null
+              held: false
+              holders: []
           contains:
+            reserved:
+              description:
+                - Why the collection leaves this GPU alone, null when it does not. A GPU bound to a driver other
+                  than C(nvidia) (V(vfio-pci) for whole-GPU passthrough), or to none while C(nvidia) is loaded, is
+                  never unbound, rebound or given VFs or vGPUs by V(all); see M(accelops.vgpu.vgpu_profile)'s
+                  O(accelops.vgpu.vgpu_profile#module:take_over).
+              type: str
+              sample: bound to vfio-pci, not to the vGPU host driver nvidia (reserved for whole-GPU passthrough)
+            held:
+              description: Whether a process holds the GPU's own VFIO group (a VM it is passed through to).
+              type: bool
+            holders:
+              description: The processes (pids) or other holders of the GPU's own VFIO group.
+              type: list
+              elements: raw
             mig_mode:
               description:
                 - V(enabled) or V(disabled) on GPUs with MIG (H100, H200), from C(nvidia-smi); null on GPUs

@@ -103,6 +103,17 @@ options:
       - With O(enable_vfs), seconds to wait for enabled VFs to be ready.
     type: float
     default: 120
+  take_over:
+    description:
+      - A GPU passed through (bound to a driver other than C(nvidia), such as C(vfio-pci) for whole-GPU
+        passthrough, or to none while C(nvidia) is loaded) is left alone: C(devices=all) and device filters
+        skip it (RV(reserved), a warning each) and an entry naming it (address or index) fails before any write.
+      - PCI addresses listed here are GPUs the module may take anyway: with O(enable_vfs), C(sriov-manage)
+        rebinds such a GPU to C(nvidia). Refused, before any write, while a process holds its VFIO group (a
+        passthrough VM) or a VF of it, or a prepared DRA claim uses one.
+    type: list
+    elements: str
+    default: []
   sriov_manage_path:
     description:
       - With O(enable_vfs), the absolute path of NVIDIA's C(sriov-manage), for example
@@ -301,6 +312,15 @@ gpus:
         - C(mode) (V(enabled)) and C(gpu_instances), the GPU instance profile names (V(1g.20gb)), one per vGPU.
       returned: when the GPU has MIG-backed profiles
       type: dict
+reserved:
+  description: GPUs the layout selected (V(all) or a device filter) that are passed through and were left alone.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - address: "0000:42:00.0"
+      driver: vfio-pci
+      reason: bound to vfio-pci, not to the vGPU host driver nvidia (reserved for whole-GPU passthrough)
 resources:
   description: One entry per profile in use on the selected GPUs, what KubeVirt needs to expose it.
   returned: always
@@ -366,7 +386,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, boot_unit, mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
-    NodeContext, engine_errors, exit_with_diff, node_argspec)
+    NodeContext, addresses, engine_errors, exit_with_diff, node_argspec)
 
 LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(type="raw"),
                     profiles=dict(type="dict", required=True))
@@ -410,6 +430,7 @@ def main():
             state=dict(type="str", default="present", choices=["present", "absent"]),
             enable_vfs=dict(type="bool", default=False), wait_timeout=dict(type="float", default=vgpu_apply.WAIT_TIMEOUT),
             sriov_manage_path=dict(type="path"), publish_facts=dict(type="bool", default=False),
+            take_over=dict(type="list", elements="str", default=[]),
             boot_unit=dict(type="str"),
             boot_files=dict(type="list", elements="dict", options=BOOT_FILE, default=[]),
             mig_mode_order=dict(type="str", default="after-vfs", choices=list(mig.MODE_ORDERS)),
@@ -432,7 +453,8 @@ def main():
         options = mig.MigOptions(params["mig_mode_order"], params["mig_compute_instances"], params["mig_gi_cleanup"])
         engine = vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root,
                                  sriov_manage_path=params["sriov_manage_path"], mig_options=options,
-                                 kubelet_dir=node.kubelet_dir)
+                                 kubelet_dir=node.kubelet_dir,
+                                 take_over=addresses(params["take_over"], "take_over"))
         result = vgpu_apply.apply(engine, entries,
                                   state=params["state"], mixed_size=params["mixed_size"],
                                   check_mode=module.check_mode, lock_timeout=params["lock_timeout"],
@@ -448,7 +470,7 @@ def main():
     if params["publish_facts"]:
         fields["ansible_facts"] = {"vgpu_profiles_gpus": result["gpus"], "vgpu_profiles_resources": result["resources"]}
     exit_with_diff(module, result["changed"] or boot["changed"], diff, gpus=result["gpus"], resources=result["resources"],
-                   vfs_enabled=result["vfs_enabled"], **fields)
+                   vfs_enabled=result["vfs_enabled"], reserved=result["reserved"], **fields)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import p
 COMPONENT = "accelops-vgpu-agent"
 EVENT_FAILED, EVENT_APPLIED = "VGPUConfigFailed", "VGPUConfigApplied"
 EVENT_MANAGER_RESTART = "VGPUManagerRestarted"
+EVENT_SKIPPED = "VGPUPassthroughSkipped"    # GPUs passed through that the layout leaves alone (node/pf_driver.py)
 CONFLICT_RETRIES = 5
 DESCRIPTION = ("Reconcile this node's vGPU layout with its nvidia.com/vgpu.config label (vgpu-device-manager's "
                "protocol: nvidia.com/vgpu.config.state pending/success/failed, sandbox operands paused and "
@@ -102,6 +103,7 @@ class Agent:
         self.restart_backoff = Backoff(base=settings.manager_probe_interval, cap=settings.resync_interval)
         self.manager_restarts = 0   # restarts noticed (status file `manager_restarts`)
         self.restart_pending = False  # a re-apply after a restart has not succeeded yet
+        self.skipped = []           # GPUs passed through the last apply left alone (status file `reserved`)
 
     # --- threads ---------------------------------------------------------------------------------
     def on_node(self, node):
@@ -250,6 +252,7 @@ class Agent:
             if self.device_plugin is not None:
                 self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])
+            self._report_skipped(node, name, result.get("reserved") or [])
             self.hand_over_to_boot(name)
             self._finish(changing[-1] if changing else node, vdm.SUCCESS, profiles, None, applied=bool(changing),
                          config=name)
@@ -258,6 +261,13 @@ class Agent:
         self._finish(changing[-1] if changing else node, vdm.FAILED, None, reason, applied=bool(changing),
                      config=name)
         return vdm.FAILED, None, reason, False, None
+
+    def _report_skipped(self, node, name, skipped):
+        """A Normal Event naming the GPUs passed through that the config leaves alone, when that set changes."""
+        if skipped and skipped != self.skipped:
+            self._event(node, EVENT_SKIPPED, "config %s: left alone: %s" % (
+                name, "; ".join("%s %s" % (s["address"], s["reason"]) for s in skipped)), warning=False)
+        self.skipped = skipped
 
     def _plugin_check(self, engine):
         """The served vGPUs' health as the node says now, before the reconcile may change them."""
@@ -385,7 +395,7 @@ class Agent:
             return
         try:   # read by the probes and people: never half a file; rewritten every reconcile, so no fsync
             write_file(path, json.dumps({"state": state, "config": config, "reason": reason, "time": _now(),
-                                         "pid": os.getpid(), "checks": self.checks,
+                                         "pid": os.getpid(), "checks": self.checks, "reserved": self.skipped,
                                          "manager_restarts": self.manager_restarts}), sync=RENAME)
         except OSError as exc:
             log("cannot write the status file %s: %s" % (path, exc.strerror))

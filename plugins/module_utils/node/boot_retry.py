@@ -13,7 +13,8 @@ Every attempt's outcome goes to stderr (the journal under systemd) and, with `--
 small JSON file the node agent and a metrics collector can read:
 
     {"state": "applied" | "retrying" | "failed", "attempts": N, "error": "<one line>" or null,
-     "config": "<config file>", "time": "<UTC ISO 8601>"}
+     "config": "<config file>", "time": "<UTC ISO 8601>",
+     "reserved": [{"address", "driver", "reason"}, ...]}   # applied only: GPUs passed through, left alone
 
 "failed" means the unit gave up (the journal has the same line, starting "giving up").
 """
@@ -32,12 +33,14 @@ FIRST_DELAY, MAX_DELAY = 2.0, 60.0
 APPLIED, RETRYING, FAILED = "applied", "retrying", "failed"
 
 
-def write_state(path, state, attempts, error, config):
+def write_state(path, state, attempts, error, config, skipped=None):
     """Atomically replace the state file (its directory is created); an unwritable path is only reported."""
     if not path:
         return None
     record = {"state": state, "attempts": attempts, "error": error, "config": config,
               "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if skipped is not None:
+        record["reserved"] = skipped
     try:
         write_file(path, json.dumps(record) + "\n", 0o644)
     except OSError as err:
@@ -79,7 +82,8 @@ def run(attempt, retry_for, say, state_file=None, config=None, clock=None, sleep
             sleep(wait)
             delay = min(delay * 2, MAX_DELAY)
             continue
-        _note(say, write_state(state_file, APPLIED, attempts, None, config))
+        skipped = result.get("reserved") if isinstance(result, dict) else None
+        _note(say, write_state(state_file, APPLIED, attempts, None, config, skipped))
         return result
 
 

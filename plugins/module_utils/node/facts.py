@@ -18,6 +18,9 @@ null, never as an error.
 - MIG (Hopper): with `mig_info(pf)` (mig.facts: nvidia-smi) every NVIDIA GPU gets `mig_mode`
   (enabled/disabled, null without MIG or nvidia-smi) and `gpu_instances`; a VF with a vGPU its
   `gpu_instance_id` (the driver's output; 0 for time-sliced types).
+- every GPU: `reserved`, why the engine leaves it alone (passed through: bound to vfio-pci or another
+  driver than nvidia, node/pf_driver.py), null when it is the engine's; `held`/`holders` of the PF
+  itself (a passthrough VM holding its VFIO group).
 - mdevs: every `bus/mdev/devices/<uuid>` with parent, type and whether a VM holds it.
 `held` is the mapping of inuse.held_devices().
 """
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import gpu_models
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pci, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pci, pf_driver, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 
 
@@ -119,6 +122,10 @@ def _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names, mig_info=None
         "sriov_numvfs": _attempt(lambda: dev.sriov_numvfs, 0),
         "vfs": vf_addresses,
         "mdev_types": _mdev_types(sysfs, dev.address) if pf_parent else [],
+        # passed through (bound to vfio-pci...): the engine leaves it alone; why (node/pf_driver.py), else null
+        "reserved": _attempt(lambda: pf_driver.reserved(sysfs, dev)),
+        "held": bool(inuse.holders(held, dev.address, parents)),
+        "holders": inuse.holders(held, dev.address, parents),
     }
     gpu.update(_mig_facts(mig_info, dev.address, vendor))
     return gpu, vfs

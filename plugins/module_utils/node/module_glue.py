@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, kubelet_holders, roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, kubelet_holders, pci, roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
@@ -89,6 +89,17 @@ def engine_errors(module):
     except EngineError as err:
         result.update(getattr(err, "result", None) or {})
         module.fail_json(msg=one_line(err), **result)
+
+
+def addresses(items, option):
+    """A list option of PCI addresses, normalised (`41:00.0` -> `0000:41:00.0`); a bad one is an EngineError."""
+    found = []
+    for item in items or ():
+        try:
+            found.append(pci.parse_address(item))
+        except pci.PciAddressError as err:
+            raise EngineError("%s: %s" % (option, err)) from None
+    return tuple(found)
 
 
 def exit_with_diff(module, changed, diff, **result):

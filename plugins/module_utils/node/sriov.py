@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import device_selection, inuse, pci, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import device_selection, inuse, pci, pf_driver, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 
@@ -90,6 +90,7 @@ class PfPlan:
 @dataclass
 class SriovPlan:
     pfs: List[PfPlan]
+    skipped: List = field(default_factory=list)    # pf_driver.Skipped: PFs passed through, left alone
 
     @property
     def changed(self):
@@ -137,29 +138,43 @@ def _sriov_pfs(sysfs):
     return found
 
 
-def _by_address(sysfs, address):
+def _by_address(sysfs, address, take_over=()):
     dev = device_selection.physical_function(sysfs, address)
     if not dev.sriov_capable:
         raise SriovError("devices: %s does not support SR-IOV (no sriov_totalvfs)" % address)
+    why = pf_driver.reserved(sysfs, dev, take_over)
+    if why is not None:
+        raise SriovError(str(pf_driver.named_error(address, why)))
     return dev
 
 
-def select_pfs(sysfs, devices="all"):
-    """`devices` -> [PciDevice] of the selected PFs, in address order (see the module docstring)."""
+def _own(sysfs, devs, take_over, skipped):
+    """The PFs of `devs` the engine may change; the others (passed through) go to `skipped` (node/pf_driver.py)."""
+    found = pf_driver.skipped(sysfs, devs, take_over)
+    if skipped is not None:
+        skipped.extend(found)
+    gone = set(s.address for s in found)
+    return [dev for dev in devs if dev.address not in gone]
+
+
+def select_pfs(sysfs, devices="all", take_over=(), skipped=None):
+    """`devices` -> [PciDevice] of the selected PFs, in address order (see the module docstring).
+    A PF passed through (pf_driver.reserved) is left out and added to the list `skipped` when `all` or a
+    filter selects it, and an error when its address is listed (unless `take_over` lists it)."""
     items = _as_items(devices)
     if any(item.lower() == "all" for item in items):
         if len(items) != 1:
             raise SriovError("devices: 'all' cannot be combined with other entries (%s)" % ", ".join(map(shown, items)))
-        return [dev for dev in _sriov_pfs(sysfs) if dev.is_display]
+        return _own(sysfs, [dev for dev in _sriov_pfs(sysfs) if dev.is_display], take_over, skipped)
     if not items:
         raise SriovError("devices: the list is empty; give 'all', PCI addresses or vendor/device filters")
     try:
-        return _select_listed(sysfs, items)
+        return _select_listed(sysfs, items, take_over, [] if skipped is None else skipped)
     except device_selection.SelectionError as err:
         raise SriovError(str(err)) from None
 
 
-def _select_listed(sysfs, items):
+def _select_listed(sysfs, items, take_over=(), skipped=None):
     """Addresses and filters -> PFs, by device_selection's rules (shared with the vGPU layouts)."""
     selection, devices, candidates = device_selection.Selection(), {}, None
     for item in items:
@@ -175,10 +190,13 @@ def _select_listed(sysfs, items):
             if candidates is None:
                 candidates = _sriov_pfs(sysfs)
             matches = [dev for dev in candidates if dev.id_pair == (vendor, device)]
+            matches = _own(sysfs, matches, take_over, skipped)
         selection.spelling(key, item)
-        for dev in matches if matches is not None else [_by_address(sysfs, key)]:
+        for dev in matches if matches is not None else [_by_address(sysfs, key, take_over)]:
             selection.choose(dev.address, item)
             devices[dev.address] = dev
+    if not devices and skipped:
+        return []           # every match is passed through: nothing to do, and said so
     if not devices:
         raise SriovError("devices: %s match no SR-IOV physical function on this node" % ", ".join(map(shown, items)))
     return [devices[address] for address in sorted(devices)]
@@ -276,17 +294,25 @@ def _recheck_removal(sysfs, plan):
 
 
 def plan_vfs(sysfs, runner, devices="all", num_vfs="max", state="present", method="auto", force=False,
-             held=None, sriov_manage_path=None):
+             held=None, sriov_manage_path=None, take_over=()):
     """Validate everything and return a SriovPlan; nothing is written.
 
     `sriov_manage_path`: the sriov-manage to use (checked when NVIDIA PFs may need it); None finds it.
+    `take_over`: PF addresses passed through (node/pf_driver.py) the engine may rebind, none of whose
+    VFIO groups may be held (`held` is asked).
     """
     if state not in STATES:
         raise SriovError("state %r is not one of %s" % (state, ", ".join(STATES)))
     if method not in METHODS:
         raise SriovError("method %r is not one of %s" % (method, ", ".join(METHODS)))
     wanted = parse_num_vfs(num_vfs) if state == "present" else 0
-    pfs = select_pfs(sysfs, devices)
+    skipped = []
+    pfs = select_pfs(sysfs, devices, take_over, skipped)
+    taking = [d.address for d in pfs if d.address in take_over and pf_driver.reserved(sysfs, d) is not None]
+    if taking:
+        if held is None:
+            raise SriovError("plan_vfs: cannot tell which devices VMs hold (no held mapping given)")
+        pf_driver.check_take_over(sysfs, taking, held)
     nvidia = method != "sysfs" and any(d.vendor == pci.NVIDIA_VENDOR for d in pfs)
     tool = find_sriov_manage(runner, sriov_manage_path) if nvidia else None
     plans = []
@@ -299,7 +325,7 @@ def plan_vfs(sysfs, runner, devices="all", num_vfs="max", state="present", metho
         plans.append(PfPlan(dev.address, dev.vendor, dev.device, total, dev.sriov_numvfs, desired, chosen,
                             tool if chosen == "sriov_manage" else None))
     _check_removals(sysfs, plans, held, force)
-    return SriovPlan(plans)
+    return SriovPlan(plans, skipped)
 
 
 # --- apply ---------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from collections import OrderedDict
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, claim_time_layout, inuse, kubelet_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import layout_fit, mig, pci, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import pf_driver
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_mdev, vgpu_vfio
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
@@ -39,7 +40,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.errors import Engine
 from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import model_name
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_dir, lock_name, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
-    GpuPlan, LayoutError, nvidia_gpus, resolve, type_size_gb)
+    GpuPlan, LayoutError, drop_reserved, nvidia_gpus, resolve, type_size_gb)
 
 NVIDIA_SMI = "nvidia-smi"
 DRIVER_VERSION = "module/nvidia/version"
@@ -178,8 +179,10 @@ class Node:
     """One node seen through its roots; `apply()` runs the whole flow."""
 
     def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None,
-                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR):
+                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR, take_over=()):
         self.sysfs, self.runner = sysfs, runner
+        # GPUs passed through (not on nvidia) are skipped, never rebound, unless listed here (node/pf_driver.py)
+        self.take_over, self.skipped = tuple(take_over or ()), []
         # vGPUs of DRA claims prepared on this node and of device plugin allocations to live pods are held like a
         # VM's (node/kubelet_holders.py)
         self.kubelet_dir = kubelet_dir
@@ -294,9 +297,11 @@ class Node:
         selection = OrderedDict((a, e) for a, e in selection.items() if a not in self.modes.gpus)
         for address, allow in self.modes.gpus.items():
             self._claim_time_offers(gpus[address], allow, vfs_of.get(address))
+        self.skipped = drop_reserved(selection, list(gpus.values()), self.sysfs, self.take_over)
         # the scope names the VFs too (read with the GPUs): no physfn link is read to place them
         scope = list(selection) + [vf for address in selection for vf in vfs_of.get(address) or ()]
         held = self.planned_held = self.held(scope, reuse=reuse or bool(walked))
+        pf_driver.check_take_over(self.sysfs, self._taking_over(selection), held)
         claimed = self.claimed_types(held)
         plans = []
         for address, gpu_entries in selection.items():
@@ -343,6 +348,11 @@ class Node:
         self.modes.offers[gpu.address] = {
             "model": view.model or model_name(gpu.vendor, gpu.device), "vfs": len(view.vfs),
             "profiles": claim_time_layout.offers(view, allow, claim_time_layout.max_instances(self.runner, gpu.address))}
+
+    def _taking_over(self, selection):
+        """The take_over PFs this plan selects that are not on the vGPU host driver yet (to be rebound)."""
+        return [a for a in self.take_over if a in selection
+                and pf_driver.reserved(self.sysfs, pci.PciDevice(self.sysfs, a)) is not None]
 
     def _check_mixed_supported(self, plan):
         if not mixed_mode_supported(self.runner, plan.address):
@@ -399,7 +409,7 @@ class Node:
         method = "auto" if num_vfs in (0, "max") else "sysfs"
         plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs=num_vfs, method=method,
                               state="present" if num_vfs else "absent", held=self.in_use,
-                              sriov_manage_path=self.sriov_manage_path)
+                              sriov_manage_path=self.sriov_manage_path, take_over=self.take_over)
         try:
             return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
         finally:
@@ -533,9 +543,16 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
         result["warnings"].extend(node.modes.warnings)
     result["changed"] = result["changed"] or bool(node.modes.stale)
     result["vfs_enabled"] = enabled
+    add_skipped(result, node.skipped)
     if not plans:
         result["warnings"].append("the layout selects no NVIDIA GPU on this node; nothing to do")
     return result
+
+
+def add_skipped(result, skipped):
+    """The GPUs passed through that the layout left alone: `reserved` ({address, driver, reason}) and a warning each."""
+    result["reserved"] = [s.to_dict() for s in skipped]
+    result["warnings"].extend("GPU %s" % s.line() for s in skipped)
 
 
 def leaves_mig(plan):

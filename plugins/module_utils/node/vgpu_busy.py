@@ -8,7 +8,8 @@ away from every running VM (docs/design.md "Driver upgrades and manager restarts
 "in use" when they say so:
 - a VF or mdev of an NVIDIA GPU some process holds, or a DRA claim prepared on the node uses (the pod's VM
   may start any moment; `sources`, node/claim_holders.py): the one in-use answer, `inuse.held_devices()`
-  (no second scan here); non-NVIDIA devices (a NIC VF) are no concern of the vGPU manager;
+  (no second scan here); non-NVIDIA devices (a NIC VF) are no concern of the vGPU manager, nor is a GPU
+  passed through whole (a PF bound to vfio-pci: its VM does not use nvidia, node/pf_driver.py);
 - `nvidia_vgpu_vfio` has users: the use count `<proc_root>/modules` shows (third column, what lsmod
   prints), which the kernel raises for every open vGPU VFIO device.
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PCI_DEVICES
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pf_driver
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PCI_DEVICES, PciDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 
 NVIDIA_VENDOR = "0x10de"
@@ -50,6 +51,13 @@ def _maybe_nvidia(sysfs, function):
         return True
 
 
+def _passed_through(sysfs, address):
+    """A GPU passed through whole: a PF whose driver link names a passthrough stub (vfio-pci...). Its VM does not
+    use the vGPU stack (node/pf_driver.py). Only what is read counts: an unreadable link is not passed through."""
+    dev = PciDevice(sysfs, address)
+    return dev.driver in pf_driver.STUB_DRIVERS and not dev.is_vf
+
+
 def users(sysfs, dev_root="/dev", proc_root="/proc", sources=()):
     """One line per NVIDIA VF/mdev a process (or a `sources` holder) holds, plus one when nvidia_vgpu_vfio has
     users."""
@@ -59,6 +67,8 @@ def users(sysfs, dev_root="/dev", proc_root="/proc", sources=()):
     for name in sorted(held):
         function = parents.get(name, name)
         if not _maybe_nvidia(sysfs, function):
+            continue
+        if name not in parents and _passed_through(sysfs, name):
             continue
         kind = "mdev %s on %s" % (name, function) if name in parents else name
         found.append("%s held by %s" % (kind, inuse.describe(held[name])))

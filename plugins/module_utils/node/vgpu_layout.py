@@ -26,7 +26,7 @@ import json
 import sys
 from collections import OrderedDict, namedtuple
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import device_selection, pci
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import device_selection, pci, pf_driver
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import VgpuTypeError, parse_profile
 
@@ -308,6 +308,25 @@ def resolve(entries, gpus, sysfs=None):
         if matching:
             selected[gpu.address] = matching
     return selected
+
+
+def drop_reserved(selection, gpus, sysfs, take_over=()):
+    """`selection` without the GPUs passed through (node/pf_driver.py): [pf_driver.Skipped] of those
+    `devices: all` or a filter selected; a GPU an entry names (address or index) is a LayoutError."""
+    by_address = dict((g.address, g) for g in gpus)
+    skipped = []
+    for address in list(selection):
+        why = pf_driver.reserved(sysfs, pci.PciDevice(sysfs, address), take_over)
+        if why is None:
+            continue
+        gpu = by_address[address]
+        for entry in selection[address]:
+            if entry.devices is not None and (gpu.index in entry.devices or address in entry.devices):
+                raise LayoutError("%s: %s" % (entry.origin, pf_driver.named_error(
+                    address if address in entry.devices else "GPU index %d (%s)" % (gpu.index, address), why)))
+        skipped.append(pf_driver.Skipped(address, pci.PciDevice(sysfs, address).driver, why))
+        del selection[address]
+    return skipped
 
 
 def _check_listed(entry, gpus, sysfs):

@@ -190,7 +190,7 @@ def device_node(root, name):
             node = os.path.join(root, ".gpusim/dev/vfio", group)
             if os.path.exists(node):
                 return node
-            raise GpuSimError("%s has no VFIO device node (only VFs and mdevs can be held)" % name)
+            raise GpuSimError("%s has no VFIO device node (only VFs, mdevs and functions bound to vfio-pci can be held)" % name)
     raise GpuSimError("no device %s under %s" % (name, root))
 
 

@@ -107,8 +107,9 @@ class Device:
 
     @property
     def vfio(self):
-        """vfio<N> cdev number when the device has vfio-dev/ (vendor-VFIO VF or vfio-pci bound)."""
-        if self.vendor_vfio or (self.is_vf and self.driver == "vfio-pci"):
+        """vfio<N> cdev number when the device has vfio-dev/ (vendor-VFIO VF, or any function bound to
+        vfio-pci: a VF, or a PF passed through whole)."""
+        if self.vendor_vfio or self.driver == "vfio-pci":
             return layout.vfio_number(self.group)
         return None
 

@@ -7,7 +7,8 @@ Numbering (documented in the README so tests can predict it):
   so L40S VFs are <bus>:00.4, 00.5, 00.6, 00.7, 01.0 ... 04.3.
 - IOMMU groups: PF p -> group p; VF i of PF p -> group 100 * (p + 1) + i; mdevs get the lowest free
   group from 5000 up, in creation order.
-- vfio cdev: vfio<N> with N = iommu group - 100 (VF i of PF p -> vfio<100 * p + i>; mdevs 4900 + ...).
+- vfio cdev: vfio<N> with N = iommu group - 100 (VF i of PF p -> vfio<100 * p + i>; mdevs 4900 + ...);
+  a PF bound to vfio-pci (whole-GPU passthrough) -> vfio<9900 + p>.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gpusim.models import MAX_VFS_PER_PF, MODELS
 FIRST_BUS = 0x41
 MDEV_FIRST_GROUP = 5000
 VFIO_OFFSET = 100
+PF_VFIO_FIRST = 9900    # cdevs of PFs bound to vfio-pci (their groups are < VFIO_OFFSET)
 
 
 class SpecError(ValueError):
@@ -83,7 +85,7 @@ def vf_group(pf_index, vf_index):
 
 
 def vfio_number(group):
-    return group - VFIO_OFFSET
+    return group - VFIO_OFFSET if group >= VFIO_OFFSET else PF_VFIO_FIRST + group
 
 
 def numa_node(pf_index, pf_count):

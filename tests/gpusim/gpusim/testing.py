@@ -137,6 +137,17 @@ class GpuSimNode:
     def release(self, address):
         daemon.release(self.root, address)
 
+    def bind(self, address, driver):
+        """Move a function to `driver` as an administrator does (`driverctl set-override`): unbind it from
+        its driver, write `driver_override`, bind; `bind(pf, "vfio-pci")` reserves a GPU for whole-GPU
+        passthrough (its group becomes a VFIO group a VM can hold). Plain sysfs writes: they are logged."""
+        device = "bus/pci/devices/" + address
+        link = self.path(device, "driver")
+        if os.path.islink(link):
+            self.write("bus/pci/drivers/%s/unbind" % os.path.basename(os.readlink(link)), address)
+        self.write(device + "/driver_override", driver)
+        self.write("bus/pci/drivers/%s/bind" % driver, address)
+
     def pfs(self, model=None):
         return [pf["address"] for pf in self.state()["pfs"] if model is None or pf["model"] == model]
 

@@ -163,7 +163,9 @@ class Tree:
 
     def _holdables(self):
         state = self.state
-        return [dev for dev in state.devices.values() if dev.is_vf] + list(state.mdevs.values())
+        # VFs and mdevs, and a PF bound to vfio-pci (whole-GPU passthrough: its group is a VFIO group)
+        return [dev for dev in state.devices.values() if dev.is_vf or dev.driver == "vfio-pci"] + \
+            list(state.mdevs.values())
 
     def _vfio_nodes(self, path):
         # A VFIO group opens once at a time: a second open, or one while a device of the group is

@@ -48,3 +48,27 @@ def test_sysfs_names_the_device_number_of_each_vfio_node(gpusim_node):
     cdev = os.listdir(node.device_path(vf, "vfio-dev"))[0]
     assert read(node.path("class/vfio", group, "dev")) == "510:%s" % group
     assert read(node.device_path(vf, "vfio-dev", cdev, "dev")) == "511:%s" % cdev[len("vfio"):]
+
+
+def test_a_pf_bound_to_vfio_pci_is_a_vfio_group_a_vm_can_hold(gpusim_node):
+    """Whole-GPU passthrough: a PF moved to vfio-pci (driver_override + bind, as driverctl does) gets a
+    VFIO group node and cdev; while a VM holds it, unbinding it blocks as in the kernel. A PF on nvidia
+    has neither (nvidia's own VFIO is for its VFs)."""
+    node = gpusim_node("l40s:2")
+    kept, passed = node.pfs()
+    node.bind(passed, "vfio-pci")
+    assert os.path.basename(os.readlink(node.device_path(passed, "driver"))) == "vfio-pci"
+    assert not os.path.exists(node.device_path(kept, "vfio-dev"))
+    assert os.listdir(node.device_path(passed, "vfio-dev")) == ["vfio9901"]
+    group = os.path.basename(os.readlink(node.device_path(passed, "iommu_group")))
+    assert read(node.path("class/vfio", group, "dev")) == "510:%s" % group
+    pid = node.hold(passed)
+    assert pid and passed in node.state()["held"]
+    with pytest.raises(OSError) as err:
+        _open(node.path(".gpusim/dev/vfio", group))
+    assert err.value.errno == errno.EBUSY
+    node.ctl("block-timeout", "0.2")
+    with pytest.raises(OSError) as err:
+        node.write("bus/pci/drivers/vfio-pci/unbind", passed)
+    assert err.value.errno == errno.ETIMEDOUT
+    assert os.path.basename(os.readlink(node.device_path(passed, "driver"))) == "vfio-pci"
