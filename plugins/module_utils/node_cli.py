@@ -8,7 +8,7 @@
                          [--retry-for S] [--state-file FILE]
     accelops-vgpu assert --config FILE [--selected NAME] [--agent-applied FILE]
     accelops-vgpu export [--format layout|vdm]
-    accelops-vgpu idle                          (exit 0: nothing uses the vGPU stack; 1: something does)
+    accelops-vgpu idle [--then COMMAND...]      (exit 0: nothing uses the vGPU stack; 1: something does)
     accelops-vgpu agent  [--node-name ... ]     (in-cluster node agent; `agent --help` lists its settings)
 
 FILE (`-` = stdin) is a vgpu-device-manager config (`version: v1`, `vgpu-configs`) or a layout
@@ -24,6 +24,9 @@ matches, 1 (printing each difference) when not. `idle` exits 0 when no process h
 an NVIDIA GPU and nvidia_vgpu_vfio has no users, 1 (printing each holder) when something does: what
 the vGPU manager image asks before it disables VFs or unloads the driver (vgpu_busy.users, the same
 answer vgpu_driver uses). Errors exit 2 with one line on stderr (for `idle`: cannot tell, treat as held).
+`idle --then COMMAND...` asks under the node lock (the key the modules, the boot unit and the agent use)
+and runs COMMAND before letting go when nothing uses the stack: the manager image's stop, whose VF
+disable must not race an apply or a claim being prepared.
 Roots: --sysfs-root/--dev-root/--proc-root (defaults /sys, /dev, /proc); a missing root, or a sysfs root
 without bus/pci/devices, is an error (exit 2), never an empty node.
 --agent-applied names the file the node agent writes after each apply (handover.py): while it exists
@@ -39,12 +42,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent, settings as agent_settings
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
     boot_retry, handover, kubelet_holders, mig, pci, vgpu_apply, vgpu_busy, vgpu_layout)
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_kubelet_dir, check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
@@ -119,8 +124,14 @@ def _parser():
     export_p = verbs.add_parser("export", parents=[roots], help="print the current layout")
     export_p.add_argument("--format", choices=("layout", "vdm"), default="layout",
                           help="a layout list (default) or a vgpu-device-manager config")
-    verbs.add_parser("idle", parents=[roots],
-                     help="exit 0 when no VM holds an NVIDIA VF/mdev and nvidia_vgpu_vfio has no users, else 1")
+    idle_p = verbs.add_parser("idle", parents=[roots],
+                              help="exit 0 when no VM holds an NVIDIA VF/mdev and nvidia_vgpu_vfio has no users, else 1")
+    idle_p.add_argument("--then", nargs=argparse.REMAINDER, metavar="COMMAND",
+                        help="take the node lock, and when nothing uses the vGPU stack run COMMAND (the rest of the "
+                             "line) before letting it go: exit 0 when it ran and succeeded, 1 in use (not run), 2 when "
+                             "it failed (the manager image's stop: the check and the VF disable as one step)")
+    idle_p.add_argument("--lock-timeout", type=float, default=120.0,
+                        help="with --then, seconds to wait for the node lock (default 120)")
     agent_p = verbs.add_parser("agent", help="in-cluster node agent (vgpu-device-manager's label protocol)",
                                description=agent.DESCRIPTION)
     agent_settings.add_arguments(agent_p)
@@ -231,10 +242,35 @@ def cmd_export(args):
     return EXIT_OK
 
 
+def holder_sources(kubelet_dir):
+    """Every holder source besides the VFIO scan (inuse.held_devices' `sources`), as the engine has them
+    (node/kubelet_holders.py: DRA claims prepared under the kubelet directory, device plugin allocations)."""
+    return kubelet_holders.holder_sources(check_kubelet_dir(kubelet_dir))
+
+
 def cmd_idle(args):
     check_roots(args.sysfs_root, args.dev_root, args.proc_root)
-    found = vgpu_busy.users(Sysfs(args.sysfs_root), args.dev_root, args.proc_root,
-                            kubelet_holders.holder_sources(check_kubelet_dir(args.kubelet_dir)))
+    sysfs = Sysfs(args.sysfs_root)
+    if args.then is None:
+        return _idle_report(args, vgpu_busy.users(sysfs, args.dev_root, args.proc_root,
+                                                  holder_sources(args.kubelet_dir)))
+    if not args.then:
+        raise vgpu_layout.LayoutError("--then needs a command")
+    with node_lock(sysfs.root, args.lock_timeout):
+        found = vgpu_busy.users(sysfs, args.dev_root, args.proc_root, holder_sources(args.kubelet_dir))
+        if found:
+            return _idle_report(args, found)
+        _idle_report(args, found)
+        try:
+            ran = subprocess.run(args.then, check=False)   # pylint: disable=subprocess-run-check
+        except OSError as err:
+            raise vgpu_layout.LayoutError("--then %s: %s" % (args.then[0], err.strerror)) from None
+    if ran.returncode != 0:
+        raise vgpu_layout.LayoutError("--then %s exited %d" % (" ".join(args.then), ran.returncode))
+    return EXIT_OK
+
+
+def _idle_report(args, found):
     if args.json:
         _say(json.dumps({"idle": not found, "in_use": found}, indent=2))
     else:

@@ -172,6 +172,8 @@ esac
 exit 0
 """
 PF = "0000:41:00.0"
+PASSED = "0000:42:00.0"     # a GPU passed through whole (vfio-pci): the image never touches it (issue 32 item 1)
+OLD = "550.90.07"           # a driver version loaded before this image's (issue 32 item 5)
 # what vgpu_profiles installs: every config of the fleet in one file, the node's choice beside it
 LAYOUTS = {"version": "v1", "vgpu-configs": {
     "l40s-24q": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}],
@@ -202,6 +204,7 @@ def manager(build, tmp_path):
     node.pf(PF, total=4)
     node.set_numvfs(PF, 4)
     (node.dir(PF) / "sriov_numvfs").write_text("0\n")   # VFs enabled by sriov-manage (the fake) at start
+    node.pf(PASSED, total=4, driver="vfio-pci")
     make_fake_node(fake, "/fake/sys")
     (fake / "bin/sriov-manage").write_text(FAKE_SRIOV_MANAGE)
     (fake / "bin/sriov-manage").chmod(0o755)
@@ -214,7 +217,7 @@ def manager(build, tmp_path):
     class Manager:
         sim, dir = node, fake
 
-        def start(self):
+        def start(self, ready=True):
             if podman("container", "exists", name).returncode == 0:
                 started = podman("start", name)
             else:
@@ -223,10 +226,13 @@ def manager(build, tmp_path):
                                  "-e", "FAKE_NODE=/fake", "-e", "GPUSIM_ROOT=/fake/sys", "-e", "SYSFS_ROOT=/fake/sys",
                                  "-e", "DEV_ROOT=/fake/dev", "-e", "PROC_ROOT=/fake/proc",
                                  "-e", "SRIOV_MANAGE=/fake/bin/sriov-manage", "-e", "SRIOV_RETRY_DELAY=0",
-                                 "-e", "INSTALL_KERNEL_HEADERS=false",
+                                 "-e", "INSTALL_KERNEL_HEADERS=false", "-e", "DAEMON_STORE=/fake/daemons",
+                                 "-e", "WAIT_INTERVAL=1", "-e", "LOCK_TIMEOUT=5",
                                  "-e", "PATH=/fake/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                                  image)
             assert started.returncode == 0, started.stderr
+            if not ready:
+                return
             runs = self.log().count("vgpu-manager: ready")
             assert wait_for(lambda: self.log().count("vgpu-manager: ready") > runs or self.exited()), self.log()
             assert not self.exited(), self.log()
@@ -276,11 +282,16 @@ def test_entrypoint_installs_enables_vfs_applies_the_selected_config_and_stops_c
     assert "re-applying the vGPU layout from /etc/accelops-vgpu/layout.json (config l40s-24q)" in manager.log()
     manager.stop()
     install = "runfile %s --ui=none --no-questions --silent --no-systemd --skip-module-load" % VERSION
+    # per PF bound to nvidia, never ALL: the GPU passed through is left alone (issue 32 item 1)
     assert manager.calls() == [install, "modprobe nvidia", "modprobe nvidia_vgpu_vfio", "nvidia-vgpud",
-                               "nvidia-vgpu-mgr", "sriov-manage -e ALL", "sriov-manage -e ALL", "nvidia-vgpud",
-                               "sriov-manage -d ALL", "modprobe -r nvidia_vgpu_vfio", "modprobe -r nvidia"]
-    assert "nothing uses the vGPU stack: disabling VFs and unloading the driver" in manager.log()
+                               "nvidia-vgpu-mgr", "sriov-manage -e " + PF, "sriov-manage -e " + PF, "nvidia-vgpud",
+                               "sriov-manage -d " + PF, "modprobe -r nvidia_vgpu_vfio", "modprobe -r nvidia"]
+    assert "leaving %s alone: bound to vfio-pci, not nvidia (passed through)" % PASSED in manager.log()
+    assert "nothing uses the vGPU stack: VFs disabled; unloading the driver" in manager.log()
     assert manager.numvfs() == 0 and not (manager.dir / "sys/module/nvidia").exists()
+    assert os.readlink(str(manager.sim.dir(PASSED) / "driver")).endswith("/vfio-pci")
+    # this driver's daemons are kept for a later image of another version (issue 32 item 5)
+    assert (manager.dir / "daemons" / VERSION / "nvidia-vgpu-mgr").exists()
 
 
 def test_a_held_vf_survives_the_pod_stop_and_the_restart_keeps_the_driver(manager):
@@ -302,5 +313,34 @@ def test_a_held_vf_survives_the_pod_stop_and_the_restart_keeps_the_driver(manage
 
     os.unlink(manager.dir / "proc" / str(pid) / "fd" / "3")   # the VM is gone
     manager.stop()
-    assert manager.calls()[-3:] == ["sriov-manage -d ALL", "modprobe -r nvidia_vgpu_vfio", "modprobe -r nvidia"]
+    assert manager.calls()[-3:] == ["sriov-manage -d " + PF, "modprobe -r nvidia_vgpu_vfio", "modprobe -r nvidia"]
     assert manager.numvfs() == 0
+
+
+def test_a_new_driver_version_runs_the_loaded_drivers_daemons_while_vms_use_it(manager):
+    """Issue 32 item 5: a pod of another driver version never leaves running VMs without nvidia-vgpu-mgr: it runs
+    the loaded driver's daemons (kept by that version's pod in DAEMON_STORE) until the VMs stop, then replaces
+    the driver."""
+    manager.start()
+    pid = manager.hold("0000:41:00.4")
+    manager.stop()                                   # VMs run: only the daemons stop
+    (manager.dir / "sys/module/nvidia/version").write_text(OLD + "\n")    # an older driver is the loaded one
+    old = manager.dir / "daemons" / OLD
+    old.mkdir(parents=True)
+    for tool in ("nvidia-vgpud", "nvidia-vgpu-mgr"):
+        (old / tool).write_text('#!/bin/sh\necho "%s %s $*" >> "$FAKE_NODE/calls.log"\n%s' % (
+            OLD, tool, "exec sleep 1000000\n" if tool == "nvidia-vgpu-mgr" else ""))
+        (old / tool).chmod(0o755)
+    manager.clear_calls()
+    manager.start(ready=False)
+    assert wait_for(lambda: "%s nvidia-vgpu-mgr" % OLD in manager.calls()), manager.log()
+    assert "running driver %s's daemons from /fake/daemons/%s while VMs use it" % (OLD, OLD) in manager.log()
+    assert not [c for c in manager.calls() if c.startswith(("runfile", "modprobe", "sriov-manage"))]
+    assert not manager.exited()
+    os.unlink(manager.dir / "proc" / str(pid) / "fd" / "3")   # the VM is gone: now the driver is replaced
+    runs = manager.log().count("vgpu-manager: ready")
+    assert wait_for(lambda: manager.log().count("vgpu-manager: ready") > runs or manager.exited()), manager.log()
+    calls = manager.calls()
+    assert calls[:3] == ["%s nvidia-vgpud" % OLD, "%s nvidia-vgpu-mgr" % OLD, "modprobe -r nvidia_vgpu_vfio"]
+    assert "runfile %s --ui=none --no-questions --silent --no-systemd --skip-module-load" % VERSION in calls
+    assert (manager.dir / "sys/module/nvidia/version").read_text().strip() == VERSION

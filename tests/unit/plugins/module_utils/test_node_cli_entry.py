@@ -254,3 +254,31 @@ def test_retry_for_and_state_file_record_the_boot_outcome(node, capsys, tmp_path
     assert json.loads(state.read_text())["state"] == "failed"
     code, dummy, err = run(capsys, fake, "apply", "--config", layout, "--retry-for", "30", "--state-file", str(state))
     assert code == 0 and json.loads(state.read_text())["state"] == "applied"
+
+
+def test_idle_then_runs_the_command_under_the_node_lock_only_when_nothing_uses_the_stack(node, capsys, tmp_path,
+                                                                                        monkeypatch):
+    """Issue 32 item 4: the manager image's stop asks and disables VFs under one node lock hold (the lock the
+    modules, the boot unit and the agent take), so no apply or claim prepare slips in between."""
+    import os
+    import sys
+
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_dir, lock_name
+
+    fake, dummy = node
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    lock = os.path.join(lock_dir(), lock_name(str(fake.sys)))
+    marker = tmp_path / "ran"
+    probe = ("import fcntl, sys\nf = open(%r, 'a')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except BlockingIOError:\n    open(%r, 'w').write('locked')\n    sys.exit(0)\nsys.exit(3)\n"
+             % (lock, str(marker)))
+    roots = ["--sysfs-root", str(fake.sys), "--dev-root", str(fake.dev), "--proc-root", str(fake.proc)]
+    assert cli.main(["idle"] + roots + ["--then", sys.executable, "-c", probe]) == 0
+    assert marker.read_text() == "locked"        # the command ran while this process held the node lock
+    marker.unlink()
+    pid = fake.hold(fake.group_of("0000:41:00.5"))
+    assert cli.main(["idle"] + roots + ["--then", sys.executable, "-c", probe]) == 1
+    assert not marker.exists() and "in use: 0000:41:00.5 held by pid %d" % pid in capsys.readouterr()[0]
+    os.unlink(str(fake.proc / str(pid) / "fd" / os.listdir(str(fake.proc / str(pid) / "fd"))[0]))
+    assert cli.main(["idle"] + roots + ["--then", sys.executable, "-c", "import sys; sys.exit(5)"]) == 2
+    assert "--then %s -c import sys; sys.exit(5) exited 5" % sys.executable in capsys.readouterr()[1]
