@@ -111,7 +111,7 @@ def _parser():
     apply_p.add_argument("--take-over", metavar="PCI_ADDRESS", action="append", default=[],
                          help="a GPU passed through (bound to vfio-pci or another driver than nvidia) that apply may "
                               "rebind to nvidia anyway, unless a VM holds it; repeatable (default: such GPUs are "
-                              "skipped, and naming one in the layout is an error)"),
+                              "skipped, and naming one in the layout is an error)")
     apply_p.add_argument("--retry-for", type=float, default=os.environ.get("ACCELOPS_VGPU_RETRY_FOR") or "0",
                          metavar="S", help="retry a failing apply with backoff (2 s doubling, at most 60 s) for up to "
                                            "S seconds; a broken layout is not retried (default 0: once; env "
@@ -261,8 +261,9 @@ def cmd_idle(args):
         if found:
             return _idle_report(args, found)
         _idle_report(args, found)
+        # its output on ours, as it comes (the manager image's pod log); the node CLI runs outside Ansible
         try:
-            ran = subprocess.run(args.then, check=False)   # pylint: disable=subprocess-run-check
+            ran = subprocess.run(args.then, check=False)   # pylint: disable=ansible-bad-function
         except OSError as err:
             raise vgpu_layout.LayoutError("--then %s: %s" % (args.then[0], err.strerror)) from None
     if ran.returncode != 0:

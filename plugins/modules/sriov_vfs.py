@@ -94,7 +94,7 @@ options:
   take_over:
     description:
       - PCI addresses of PFs passed through (see the description) that the module may treat as its own
-        anyway: C(sriov-manage) then rebinds such an NVIDIA GPU to C(nvidia) to enable its VFs.
+        anyway; C(sriov-manage) then rebinds such an NVIDIA GPU to C(nvidia) to enable its VFs.
       - Refused, before any write, while a process holds the PF's VFIO group (a passthrough VM) or one of its
         VFs, or a prepared DRA claim uses one.
     type: list
@@ -184,19 +184,17 @@ reserved:
   returned: when the selection is valid
   type: list
   elements: dict
+  sample:
+    - address: "0000:42:00.0"
+      driver: vfio-pci
+      reason: bound to vfio-pci, not to the vGPU host driver nvidia (reserved for whole-GPU passthrough)
   contains:
-    address:
-      description: PCI address of the PF.
-      type: str
-      sample: "0000:42:00.0"
     driver:
-      description: The driver it is bound to (null when none).
+      description: The driver it is bound to (null when none); C(address) is the PF's PCI address.
       type: str
-      sample: vfio-pci
     reason:
       description: Why it was left alone.
       type: str
-      sample: bound to vfio-pci, not to the vGPU host driver nvidia (reserved for whole-GPU passthrough)
 """
 
 from ansible.module_utils.basic import AnsibleModule

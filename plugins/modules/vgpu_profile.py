@@ -106,9 +106,9 @@ options:
   take_over:
     description:
       - A GPU passed through (bound to a driver other than C(nvidia), such as C(vfio-pci) for whole-GPU
-        passthrough, or to none while C(nvidia) is loaded) is left alone: C(devices=all) and device filters
+        passthrough, or to none while C(nvidia) is loaded) is left alone; C(devices=all) and device filters
         skip it (RV(reserved), a warning each) and an entry naming it (address or index) fails before any write.
-      - PCI addresses listed here are GPUs the module may take anyway: with O(enable_vfs), C(sriov-manage)
+      - PCI addresses listed here are GPUs the module may take anyway; with O(enable_vfs), C(sriov-manage)
         rebinds such a GPU to C(nvidia). Refused, before any write, while a process holds its VFIO group (a
         passthrough VM) or a VF of it, or a prepared DRA claim uses one.
     type: list
@@ -313,14 +313,14 @@ gpus:
       returned: when the GPU has MIG-backed profiles
       type: dict
 reserved:
-  description: GPUs the layout selected (V(all) or a device filter) that are passed through and were left alone.
+  description:
+    - GPUs the layout selected (V(all) or a device filter) that are passed through and were left alone, each with
+      C(address), C(driver) (the one it is bound to, null when none) and C(reason), as in
+      M(accelops.vgpu.sriov_vfs)'s RV(accelops.vgpu.sriov_vfs#module:reserved).
   returned: always
   type: list
   elements: dict
-  sample:
-    - address: "0000:42:00.0"
-      driver: vfio-pci
-      reason: bound to vfio-pci, not to the vGPU host driver nvidia (reserved for whole-GPU passthrough)
+  sample: [{address: "0000:42:00.0", driver: vfio-pci, reason: "bound to vfio-pci, not to the vGPU host driver nvidia"}]
 resources:
   description: One entry per profile in use on the selected GPUs, what KubeVirt needs to expose it.
   returned: always

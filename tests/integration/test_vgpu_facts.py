@@ -74,6 +74,6 @@ def test_a_plain_copy_of_the_sysfs_reports_the_same_except_holders(gpusim_node, 
         assert all(isinstance(h, str) and h.startswith("unknown:") for h in device["holders"]), device
         assert device["held"] == bool(device["holders"])
     assert [m["uuid"] for m in copied["mdevs"]] == [UUID] and copied["mdevs"][0]["type_name"] == "GRID T4-1B"
-    for device in live["vfs"] + copied["vfs"] + live["mdevs"] + copied["mdevs"]:
+    for device in live["vfs"] + copied["vfs"] + live["mdevs"] + copied["mdevs"] + live["gpus"] + copied["gpus"]:
         device.update(held=None, holders=None)
     assert copied == live

@@ -256,8 +256,7 @@ def test_retry_for_and_state_file_record_the_boot_outcome(node, capsys, tmp_path
     assert code == 0 and json.loads(state.read_text())["state"] == "applied"
 
 
-def test_idle_then_runs_the_command_under_the_node_lock_only_when_nothing_uses_the_stack(node, capsys, tmp_path,
-                                                                                        monkeypatch):
+def test_idle_then_runs_the_command_under_the_node_lock_only_when_idle(node, capsys, tmp_path, monkeypatch):
     """Issue 32 item 4: the manager image's stop asks and disables VFs under one node lock hold (the lock the
     modules, the boot unit and the agent take), so no apply or claim prepare slips in between."""
     import os
