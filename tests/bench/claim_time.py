@@ -91,7 +91,8 @@ def run(args):
             driver = DraDriver(NODE, lambda ns, name: json.loads(json.dumps(objects[ns, name])),
                                NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {})),
                                claim_holders.plugin_dir(work), os.path.join(work, "cdi"), boot_id="bench")
-            driver.claim_time = ClaimTimePreparer(engine.sysfs, engine.held, engine.in_use.recheck)
+            driver.claim_time = ClaimTimePreparer(
+                engine.sysfs, lambda scope: engine.in_use.recheck(scope, name_holders=False), engine.in_use.recheck)
             driver.claim_time.update(items)
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]
             prepare, unprepare = [], []

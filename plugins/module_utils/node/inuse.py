@@ -579,9 +579,10 @@ class Holders:
         self._merge(held, None)
         return dict((name, found) for name, found in held.items() if found)
 
-    def recheck(self, names, sources=True, watched=None):
+    def recheck(self, names, sources=True, watched=None, name_holders=True):
         """{device: [holder]} of `names` now (see the class doc): their groups' probes, then what the sources
-        say of them (or of `watched`, a set of names, where given)."""
+        say of them (or of `watched`, a set of names, where given). `name_holders=False`: a busy group is
+        reported as such, without the walk that names its process (a caller looking for a free device)."""
         held = {}
         for name in names:
             facts = self.facts(name)
@@ -599,7 +600,7 @@ class Holders:
                 found = self.held([name]).get(name)
                 if found:
                     held[name] = found
-        busy = [name for name, found in held.items() if found[0].startswith("VFIO group")]
+        busy = [name for name, found in held.items() if found[0].startswith("VFIO group")] if name_holders else []
         if busy:
             # a VM opened one since the plan: one walk, on this failure path only, to name its process
             self._scan = None

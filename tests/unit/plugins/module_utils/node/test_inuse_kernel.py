@@ -157,3 +157,17 @@ def test_the_mount_table_says_which_procfs_hides_processes(tmp_path):
     assert inuse._mount_of(text, "/proc/1") == ("/proc", "proc", "rw")
     assert inuse.procfs_filter(str(tmp_path)) is None          # not procfs: nothing hidden
     assert stat.S_ISDIR(os.stat("/proc").st_mode) and inuse.procfs_filter("/proc") in (None, inuse.procfs_filter("/proc"))
+
+
+def test_a_recheck_for_a_free_device_asks_the_kernel_and_walks_no_proc(gpusim_node):
+    """recheck(name_holders=False), what claim-time Prepare asks of each candidate VF: a held VF is reported
+    busy by its group's EBUSY probe alone; naming the holder's pid is what costs a /proc walk."""
+    gpu = gpusim_node("l40s:1")
+    subprocess.run(["sriov-manage", "-e", gpu.pfs()[0]], env=gpu.env, check=True, capture_output=True)
+    held, free = gpu.vfs(gpu.pfs()[0])[:2]
+    pid = gpu.hold(held)
+    holders = inuse.Holders(Sysfs(gpu.root), gpu.dev_root, "/proc")
+    quick = holders.recheck([held, free], name_holders=False)
+    assert list(quick) == [held] and quick[held][0].startswith("VFIO group")
+    assert holders.counts["scans"] == 0 and holders.counts["probes"] == 2
+    assert holders.recheck([held])[held] == [pid] and holders.counts["scans"] == 1
