@@ -124,14 +124,25 @@ def append(path, resource, ids, allocated_at):
         entry = {"id": device_id, "resource": resource, "allocatedAt": allocated_at}
         entry["sum"] = _line_sum(entry)
         lines.append(json.dumps(entry, sort_keys=True) + "\n")
-    handle = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    handle = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
+        _drop_cut_line(handle)
         os.write(handle, "".join(lines).encode())
         os.fdatasync(handle)
     finally:
         os.close(handle)
     if new:
         _sync_dir(os.path.dirname(journal))
+
+
+def _drop_cut_line(handle):
+    """Cut the journal back to its last newline: a line without one is a write a crash cut short (its Allocate never
+    answered); appended to, it would become a damaged line in the middle that stops every reader."""
+    size = os.fstat(handle).st_size
+    if not size or os.pread(handle, 1, size - 1) == b"\n":
+        return
+    keep = os.pread(handle, size, 0).rfind(b"\n") + 1
+    os.ftruncate(handle, keep)
 
 
 def journal_pending(path):

@@ -121,6 +121,18 @@ def test_a_journal_line_cut_short_is_an_allocate_that_never_answered_any_other_b
         pod_allocations.read(path)
 
 
+def test_an_allocate_after_a_cut_write_drops_the_cut_line_instead_of_damaging_the_journal(kubelet_dir):
+    path = pod_allocations.record_path(kubelet_dir)
+    pod_allocations.append(path, R24, [VF1], 5.0)
+    journal = pod_allocations.journal_path(path)
+    with open(journal, "a") as handle:
+        handle.write('{"id": "%s", "resou' % VF2)         # power cut mid-write, then the agent restarts
+    pod_allocations.append(path, R24, [VF2], 7.0)         # the kubelet's retry of that Allocate
+    assert pod_allocations.read(path) == {VF1: {"resource": R24, "allocatedAt": 5.0},
+                                          VF2: {"resource": R24, "allocatedAt": 7.0}}
+    assert len(open(journal).read().splitlines()) == 2
+
+
 def test_sync_folds_the_journal_into_the_snapshot(kubelet, served, kubelet_dir):
     record, dummy = served
     kubelet.run_pod("vms", "vm-a", R24, [VF1])
