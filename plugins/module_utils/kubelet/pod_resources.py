@@ -13,7 +13,9 @@ AllocationRecord keeps node/pod_allocations.py's record (the files the node engi
 - `add(resource, ids)` from Allocate: journal lines appended and flushed before Allocate answers (a write that
   fails fails the Allocate: a device is never handed out unrecorded);
 - `sync()` at every reconcile: List; a recorded device no live pod holds is dropped, unless the kubelet never listed
-  it and it was allocated less than `grace` seconds ago (the kubelet lists it only once Allocate returned); a device
+  it and it was allocated less than `grace` seconds ago (the kubelet lists it only once Allocate returned), or it
+  was listed and has been unlisted for less than `grace` seconds (a restarted kubelet lists no pod until its pod
+  sources sync); a device
   a live pod holds is recorded with the pod's name (also one allocated before this record existed). PodResources unreadable: nothing is dropped.
 Needs grpcio/protobuf (the agent image); the node side reads the record with the standard library only.
 """
@@ -78,6 +80,7 @@ class AllocationRecord:
         self.log, self.grace, self.clock = log, grace, clock
         self._lock = threading.Lock()
         self._failing = None    # the last PodResources error logged (logged once until it changes)
+        self._unlisted = {}     # device -> when a sync first missed a device it had seen listed (this process)
 
     def add(self, resource, ids):
         """Record `ids` of `resource` as allocated, durably (a journal line each, flushed); AllocationError (the
@@ -104,10 +107,16 @@ class AllocationRecord:
             devices = pod_allocations.read(self.path)
             now, kept = self.clock(), {}
             for device_id, entry in devices.items():
-                pending = not entry.get("pod") and now - float(entry.get("allocatedAt") or 0) < self.grace
+                if device_id in live or not entry.get("pod"):
+                    self._unlisted.pop(device_id, None)
+                    pending = now - float(entry.get("allocatedAt") or 0) < self.grace
+                else:   # listed once: a kubelet just restarted lists no pod until its pod sources sync (server_v1.go
+                    # List answers the pod manager's pods), so it is gone only once unlisted for `grace` seconds
+                    pending = now - self._unlisted.setdefault(device_id, now) < self.grace
                 if device_id in live or pending:
                     kept[device_id] = entry
                 else:
+                    self._unlisted.pop(device_id, None)
                     self.log("device plugin: %s %s is free again (no live pod holds it)"
                              % (entry["resource"], device_id))
             for device_id, (resource, pod) in live.items():

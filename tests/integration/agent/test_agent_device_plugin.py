@@ -12,6 +12,7 @@ import tempfile
 import grpc
 import pytest
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import pod_resources
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double import TestKubelet
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
@@ -162,8 +163,8 @@ def test_a_vgpu_allocated_to_a_pod_is_not_retyped_until_the_pod_is_gone(gpusim_n
     assert allocated in status["reason"] and "pod vms/virt-launcher-vm-a" in status["reason"], status
     assert node.log() == [] and typed_vfs(node)[allocated] == "1155"
     agent.forget_status()
-    kubelet.delete_pod("vms", "virt-launcher-vm-a")    # the pod is gone: free at the next reconcile
-    agent.wait("success", "L40S-12Q")
+    kubelet.delete_pod("vms", "virt-launcher-vm-a")    # the pod is gone: free once unlisted for the grace (60 s)
+    agent.wait("success", "L40S-12Q", timeout=pod_resources.GRACE + 60)
     kubelet.wait("12Q served", lambda k: len(ids(k, R12)) == 4)
 
 

@@ -59,7 +59,9 @@ def test_an_allocated_vgpu_is_held_from_allocate_until_its_pod_is_gone(kubelet, 
     kubelet.pod_resources.add("vms", "virt-launcher-a", "compute", R24, [VF1])
     assert record.sync()
     assert held(kubelet_dir) == {VF1: ["pod vms/virt-launcher-a (device plugin, %s)" % R24]}
-    kubelet.delete_pod("vms", "virt-launcher-a")      # listed once, gone now: free, grace or not
+    kubelet.delete_pod("vms", "virt-launcher-a")      # listed once, gone now: free once unlisted for the grace
+    assert record.sync() and VF1 in held(kubelet_dir)
+    clock.now += 61
     assert record.sync() and held(kubelet_dir) == {}
     assert json.load(open(pod_allocations.record_path(kubelet_dir)))["devices"] == {}
 
@@ -73,6 +75,21 @@ def test_run_pod_is_recorded_with_its_pod_and_one_allocated_before_the_record_is
     assert record.sync()
     assert held(kubelet_dir) == {VF1: ["pod vms/vm-a (device plugin, %s)" % R24],
                                  VF2: ["pod vms/vm-old (device plugin, %s)" % R24]}
+
+
+def test_a_restarted_kubelet_listing_no_pod_yet_frees_nothing_its_pods_hold(kubelet, served, kubelet_dir):
+    record, clock = served
+    kubelet.run_pod("vms", "vm-a", R24, [VF1])
+    clock.now += 600
+    assert record.sync() and VF1 in held(kubelet_dir)
+    kubelet.delete_pod("vms", "vm-a")         # the restarted kubelet's List before its pod sources synced: empty
+    clock.now += 5
+    assert record.sync()
+    assert held(kubelet_dir) == {VF1: ["pod vms/vm-a (device plugin, %s)" % R24]}   # QEMU may not hold it yet
+    kubelet.pod_resources.add("vms", "vm-a", "compute", R24, [VF1])                 # the sources synced
+    clock.now += 120
+    assert record.sync()
+    assert held(kubelet_dir) == {VF1: ["pod vms/vm-a (device plugin, %s)" % R24]}
 
 
 def test_podresources_unreachable_keeps_every_allocation_held(kubelet, served, kubelet_dir):
