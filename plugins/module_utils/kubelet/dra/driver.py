@@ -128,6 +128,11 @@ class DraDriver:
             return Prepared([], "")
         entries = self._reserve(ref, allocated, min(self.lock_wait, self._left(ref, deadline)))
         with self._lock:
+            if (self.checkpoint.get(ref.uid) or {}).get("state") != STARTED:
+                # the kubelet gave up on this call and unprepared the claim between the reserve and here (the
+                # driver's lock is not held in between): writing the files and COMPLETED would bring it back
+                raise ClaimError("%s: unprepared while this call prepared it; nothing written, the kubelet "
+                                 "prepares it again if it still wants it" % (ref,))
             try:
                 devices = self._write(ref, claim, entries)
             except BaseException:

@@ -338,3 +338,23 @@ def test_a_prepare_waiting_for_the_node_lock_gives_up_in_time_and_never_holds_up
     # the defaults: a call's waits plus one API read stay well under the kubelet's 45 s
     assert driver_module.LOCK_WAIT <= driver_module.CALL_BUDGET and \
         driver_module.CALL_BUDGET + agent_plugin.CLAIM_READ_TIMEOUT <= 35
+
+
+def test_an_unprepare_between_the_reserve_and_the_files_is_not_undone_by_the_prepare(tmp_path):
+    """The kubelet gave up on a Prepare (45 s) and unprepared the claim while that Prepare still ran: the
+    Prepare, past its reserve step, must not write the files and record the claim COMPLETED again."""
+    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+    env = Env(tmp_path, one)
+    driver = env.driver
+    reserve = driver._reserve
+
+    def reserve_then_unprepared(*args):
+        entries = reserve(*args)
+        assert driver.unprepare([ref(one)]) == {UID1: ""}
+        return entries
+    driver._reserve = reserve_then_unprepared
+    answer = driver.prepare([ref(one)])[UID1]
+    assert "unprepared while this call prepared it" in answer.error and answer.devices == []
+    assert driver.holders() == {} and env.files() == []
+    driver._reserve = reserve
+    assert driver.prepare([ref(one)])[UID1].error == ""            # the kubelet's next Prepare works
