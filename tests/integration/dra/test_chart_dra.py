@@ -43,7 +43,9 @@ def resource_rules(objects):
 
 @pytest.mark.parametrize("version", ("1.34.0", "1.35.0", "1.36.0", "1.37.0"))
 def test_every_object_with_dra_is_valid(version):
-    for obj in render("dra.enabled=true", "devicePlugin.enabled=true"):
+    # both modes on: each GPU to exactly one of them (the chart refuses the same GPUs for both)
+    for obj in render("dra.enabled=true", "devicePlugin.enabled=true", "devicePlugin.gpus[0]=0000:41:00.0",
+                      "dra.gpus[0]=0000:42:00.0"):
         kubernetes_validate.validate(obj, version, strict=True)
 
 
