@@ -17,8 +17,11 @@ would, polling every --interval seconds:
 - `never_ready` VMIs reach Running but never Ready (a broken guest);
 - `block_overallocation=False` is a broken scheduler: a VMI without room is placed anyway, and a claim
   without a free device gets one already allocated to another claim.
-It never creates or deletes anything: it only PATCHes the status of VMIs and ResourceClaims it sees
-(and, as the resourceclaim controller, releases the claims of VMIs that are gone).
+- a VMI's `resourceClaimTemplateName` entry gets its own ResourceClaim, made from the ResourceClaimTemplate as
+  the resourceclaim controller makes it for the launcher pod (`template_claim`), then allocated like any claim.
+It creates nothing but those claims and deletes nothing: otherwise it only PATCHes the status of VMIs and
+ResourceClaims it sees (and, as the resourceclaim controller, releases the claims of VMIs that are gone; the API
+double's garbage collector deletes a template's claim with its VMI, the owner's UID being the VMI's).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ NODES = "/api/v1/nodes"
 NEXT = {"Scheduling": "Scheduled", "Scheduled": "Running"}
 DRA = "/apis/resource.k8s.io/v1/"
 DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"   # k8s.io/api resource/v1 Finalizer
+POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"         # the resourceclaim controller's annotation
 CANNOT_ALLOCATE = "cannot allocate all claims"                   # the DynamicResources plugin's Filter reason
 
 
@@ -76,8 +80,9 @@ class DraAllocator:
     amount (or the policy's default; rounded up to the next of `validValues`, none -> unfit; no policy: the
     request's amount, else the whole capacity), and the sum stays within the capacity; its result carries
     `shareID` and `consumedCapacity`. Other devices go to one claim. Greedy first fit per request, no
-    backtracking across requests (the real allocator backtracks; no test here depends on it). Constraints,
-    admin access and claim templates are not modelled: such a claim is refused loudly.
+    backtracking across requests (the real allocator backtracks; no test here depends on it). Constraints
+    and admin access are not modelled: such a claim is refused loudly. (A template's claim is created
+    before it gets here: VmiController._pod_claims.)
     """
 
     def __init__(self, classes, slices, claims, overallocate=False):
@@ -283,6 +288,44 @@ def quantity(text):
     return int(text)
 
 
+def template_claim(vmi, entry, template):
+    """The ResourceClaim the resourceclaim controller creates for the launcher pod's claim `entry` (a
+    `resourceClaimTemplateName` one) from `template` (kubernetes pkg/controller/resourceclaim/controller.go,
+    handleClaim): generateName `<pod>-<claim>-` (over 57 characters both parts cut in proportion, no trailing
+    hyphen), the pod as its controlling owner (blockOwnerDeletion), the template's labels and annotations plus
+    `resource.kubernetes.io/pod-claim-name: <claim>`, the template's spec.spec as its spec. The pod is the VMI's
+    stand-in (consumer()): name `virt-launcher-<vmi>`, the VMI's UID."""
+    pod = consumer(vmi)
+    base = "%s-%s-" % (pod["name"], entry["name"])
+    if len(base) > 57:
+        base = pod["name"][:len(pod["name"]) * 57 // len(base)] + "-" + entry["name"][:len(entry["name"]) * 57 // len(base)]
+    meta = (template.get("spec") or {}).get("metadata") or {}
+    annotations = dict(meta.get("annotations") or {}, **{POD_CLAIM_NAME: entry["name"]})
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"generateName": base, "namespace": vmi["metadata"].get("namespace"), "annotations": annotations,
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod["name"], "uid": pod["uid"],
+                                              "controller": True, "blockOwnerDeletion": True}]},
+            "spec": (template.get("spec") or {}).get("spec") or {}}
+    if meta.get("labels"):
+        body["metadata"]["labels"] = dict(meta["labels"])
+    return body
+
+
+def owned_claim(vmi, entry, claims):
+    """The claim made for the launcher pod's template claim `entry`, if there is one (findPodResourceClaim in the same
+    controller: owned by the pod, annotated with the pod's claim name). The real controller looks first in
+    pod.status.resourceClaimStatuses, which it writes after the create; this fake runs no pod object, so the owner and
+    the annotation, the controller's own fallback, are how it finds the claim again."""
+    uid = vmi["metadata"].get("uid")
+    for (namespace, dummy), claim in sorted(claims.items()):
+        meta = claim["metadata"]
+        if (namespace == vmi["metadata"].get("namespace")
+                and any(o.get("uid") == uid and o.get("controller") for o in meta.get("ownerReferences") or ())
+                and (meta.get("annotations") or {}).get(POD_CLAIM_NAME) == entry["name"]):
+            return claim
+    return None
+
+
 def allocation_results(claim):
     return (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
 
@@ -330,7 +373,8 @@ class VmiController(threading.Thread):
 
     def _request(self, method, path, body=None):
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/merge-patch+json"} if data else {}
+        headers = {"Content-Type": "application/json" if method == "POST" else "application/merge-patch+json"} \
+            if data else {}
         req = urllib.request.Request(self.api_url + path, data=data, method=method, headers=headers)
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.load(resp)
@@ -425,22 +469,40 @@ class VmiController(threading.Thread):
                                                          "reason": "" if ready else "GuestNotReady"}]})
 
     def _pod_claims(self, vmi, claims):
-        """The ResourceClaims the VMI's launcher pod would reference; Unallocatable when one cannot be used."""
+        """The ResourceClaims the VMI's launcher pod would reference (a template's claim created first, as the
+        resourceclaim controller does before the pod can be scheduled); Unallocatable when one cannot be used."""
         found = []
         for entry in (vmi.get("spec") or {}).get("resourceClaims") or []:
             if claims is None:
                 raise Unallocatable("resource.k8s.io/v1 is not served")
-            if not entry.get("resourceClaimName"):
-                self.errors.append("VMI %s: resourceClaimTemplateName is not modelled by this fake"
-                                   % vmi["metadata"]["name"])
-                raise Unallocatable("claim %s: ResourceClaimTemplates are not modelled by this fake" % entry.get("name"))
-            claim = claims.get((vmi["metadata"].get("namespace"), entry["resourceClaimName"]))
-            if claim is None:
-                raise Unallocatable('resourceclaim "%s" not found' % entry["resourceClaimName"])
+            if entry.get("resourceClaimTemplateName"):
+                claim = owned_claim(vmi, entry, claims) or self._create_from_template(vmi, entry, claims)
+            elif entry.get("resourceClaimName"):
+                claim = claims.get((vmi["metadata"].get("namespace"), entry["resourceClaimName"]))
+                if claim is None:
+                    raise Unallocatable('resourceclaim "%s" not found' % entry["resourceClaimName"])
+            else:
+                raise Unallocatable("claim %s: neither resourceClaimName nor resourceClaimTemplateName" % entry.get("name"))
             if claim["metadata"].get("deletionTimestamp"):
-                raise Unallocatable('resourceclaim "%s" is being deleted' % entry["resourceClaimName"])
+                raise Unallocatable('resourceclaim "%s" is being deleted' % claim["metadata"]["name"])
             found.append(claim)
         return found
+
+    def _create_from_template(self, vmi, entry, claims):
+        """POST the claim of a template entry (template_claim); it counts in `claims` from now on."""
+        namespace, name = vmi["metadata"].get("namespace"), entry["resourceClaimTemplateName"]
+        if not vmi["metadata"].get("uid"):
+            raise Unallocatable("VMI %s has no UID to own its claim %s" % (vmi["metadata"]["name"], entry["name"]))
+        try:
+            template = self._request("GET", DRA + "namespaces/%s/resourceclaimtemplates/%s" % (namespace, name))
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+            raise Unallocatable('resource claim template "%s": not found' % name) from None
+        claim = self._request("POST", DRA + "namespaces/%s/resourceclaims" % namespace,
+                              template_claim(vmi, entry, template))
+        claims[(namespace, claim["metadata"]["name"])] = claim
+        return claim
 
     def _allocate_on(self, vmi, pod_claims, node, dra):
         """{claim key: allocation} for the VMI's claims on `node` (allocated ones must be for it); commits."""

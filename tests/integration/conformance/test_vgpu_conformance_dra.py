@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import copy
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import run_module
 from ansible_collections.accelops.vgpu.tests.integration.conformance.conformance_helpers import (
-    CLAIMS, DEVICE_CLASSES, NAMESPACES, VGPU_CLASS, VMIS, healthy_state, kubevirt_cr, module_args, our_dra_driver, row,
-    rows, stored, writes)
+    CLAIMS, DEVICE_CLASSES, NAMESPACES, VGPU_CLASS, VMIS, healthy_state, kubevirt_cr, module_args, our_dra_driver,
+    published_devices, row, rows, stored, writes)
 
 NS = "vgpu-conformance"
 CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/%s/resourceclaims" % NS
@@ -133,3 +134,41 @@ def test_check_mode_lists_the_claims_and_state_absent_deletes_leftover_claims(cl
                                ("DELETE", "/api/v1/namespaces/" + NS)]
     assert stored(cluster, CLAIMS, "vgpu-conformance-dra-a16-4q-1", NS) is None
     assert stored(cluster, VMIS, "vgpu-conformance-dra-a16-4q-1", NS) is None
+
+
+def claim_time_gpus(monkeypatch, addresses=("0000:41:00.0", "0000:42:00.0")):
+    """What the node agent publishes for claim-time L40S GPUs (kubelet/dra/claim_time.py offers): a counter set per
+    GPU and a multi-allocatable device per GPU and profile (24Q: 2 instances, 12Q: 4)."""
+    monkeypatch.setattr(claim_time.dra_devices, "pcie_root", lambda sysfs, address: "pci0000:40")
+    monkeypatch.setattr(claim_time.dra_devices, "numa_node", lambda sysfs, address: 0)
+    profiles = [{"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q", "type_id": 1155, "size_mib": 24576,
+                 "max_instances": 2},
+                {"profile": "L40S-12Q", "type_name": "NVIDIA L40S-12Q", "type_id": 1153, "size_mib": 12288,
+                 "max_instances": 4}]
+    return claim_time.offers(None, [{"address": a, "model": "L40S", "vfs": 32, "allow": None, "profiles": profiles}
+                                    for a in addresses])
+
+
+def test_claim_time_gpus_are_attested_through_claims_up_to_each_profiles_instances(
+        cluster, controller, kubeconfig, monkeypatch):
+    """gpu-a's two L40S are claim-time: per profile, as many claims as its devices' instances (24Q: 2 x 2, 12Q:
+    2 x 4) each get an instance (shareID) of a claim-time device, two on one GPU; one more stays unallocated. The
+    claims of one profile are gone before the next profile's run, so each profile has both GPUs."""
+    state = our_dra_driver(healthy_state(driver=False), devices=dict(published_devices(),
+                                                                     **{"gpu-a": claim_time_gpus(monkeypatch)}))
+    state["objects"][0]["body"] = kubevirt_cr(pci=[], mdev=[])   # through DRA only
+    cluster.reset(state)
+    controller()
+    rc, result = run_module("vgpu_conformance", module_args(kubeconfig, profiles=["L40S-24Q", "L40S-12Q"]))
+    assert rc == 0, result.get("msg")
+    assert [r[:3] for r in dra_rows(result)] == [
+        ("sharing.dra", "L40S-24Q@gpu-a", "PASS"), ("over-allocation.dra", "L40S-24Q@gpu-a", "PASS"),
+        ("sharing.dra", "L40S-12Q@gpu-a", "PASS"), ("over-allocation.dra", "L40S-12Q@gpu-a", "PASS")], dra_rows(result)
+    sharing = row(result, "sharing.dra", "L40S-12Q@gpu-a")
+    assert len(sharing["details"]["vmis"]) == 8 and "instance (shareID) of a claim-time device" in sharing["reason"]
+    assert sharing["details"]["claim_time"] == ["gpu-a/l40s-12q-gpu-0000-41-00-0", "gpu-a/l40s-12q-gpu-0000-42-00-0"]
+    assert sorted(set(sharing["details"]["parent_gpus"].values())) == ["0000:41:00.0", "0000:42:00.0"]
+    over = row(result, "over-allocation.dra", "L40S-24Q@gpu-a")
+    assert "number 5 for 4 L40S-24Q device(s) and claim-time instance(s)" in over["reason"]
+    assert len(claim_posts(cluster)) == (4 + 1) + (8 + 1)
+    assert stored(cluster, NAMESPACES, NS) is None

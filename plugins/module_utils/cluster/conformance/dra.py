@@ -16,6 +16,15 @@ uses exists, the sharing and over-allocation checks run a second time through Re
 - `over-allocation.dra`: one claim (and VMI) more than the node's devices of the profile; the scheduler
   must leave the claim unallocated and the VMI unscheduled for the whole window.
 
+Claim-time GPUs (issue 33; kubelet/dra/claim_time.py) publish one multi-allocatable device per GPU and profile
+(`claimTime: true`, `allowMultipleAllocations`, capacity `instances`, no VF yet): such a device serves up to
+`instances` claims, each allocation with its own `shareID`, and the GPU's counter keeps every other profile off it
+while one is allocated. The rows run through them the same way: the plan counts `instances` per claim-time device
+(the profile's maximum on each GPU the node offers it on), sharing.dra PASSes when the claims got distinct instances
+(shareIDs) of claim-time devices of the profile, two on one physical GPU, and over-allocation.dra when the claim
+beyond the instances stays unallocated. That the VF is typed at prepare and cleared at unprepare is the node's
+side (tests/integration/dra/test_claim_time_examples.py); the cluster shows the allocation only.
+
 The scheduler reads a pool from the slices of its highest `pool.generation` only, and allocates from a
 pool once all `resourceSliceCount` slices of that generation are there (k8s.io/dynamic-resource-allocation
 structured allocator); the plan counts the same devices.
@@ -43,6 +52,22 @@ def _attribute(device, name, driver=DRA_VGPU_DRIVER):
     attributes = device.get("attributes") or {}
     value = attributes.get(name) or attributes.get("%s/%s" % (driver, name)) or {}
     return next(iter(value.values()), None) if isinstance(value, dict) and value else None
+
+
+def claim_time(device):
+    """Whether a published device is a claim-time profile device (kubelet/dra/claim_time.py ProfileDevice)."""
+    return bool(device.get("allowMultipleAllocations")) and _attribute(device, "claimTime") is True
+
+
+def slots(device):
+    """How many claims a device can serve: a claim-time device's `instances` capacity, else 1."""
+    if not claim_time(device):
+        return 1
+    value = ((device.get("capacity") or {}).get("instances") or {}).get("value")
+    try:
+        return max(int(str(value)), 0)
+    except ValueError:
+        return 0
 
 
 def newest_pools(resource_slices, driver=DRA_VGPU_DRIVER):
@@ -147,31 +172,39 @@ def not_run_rows(plan_or_profile, why):
 # --- planning ----------------------------------------------------------------------------------
 
 def plan_workloads(profiles, resource_slices, nodes, device_class):
-    """One claim workload per profile: the node whose complete pools publish the most devices of it.
+    """One claim workload per profile: the node whose complete pools can serve the most claims of it (a device one,
+    a claim-time device its `instances`).
 
     Returns [{"profile", "node", "hostname", "count", "device_class", "driver", "devices", "gpus",
-    "physical_gpus"}] (devices: {(pool, device): parent GPU}) and the profiles no node publishes.
+    "physical_gpus", "claim_time"}] (devices: {(pool, device): parent GPU}; claim_time: {(pool, device): instances}
+    of the claim-time devices among them) and the profiles no node publishes.
     """
     by_name = dict((n["metadata"]["name"], n) for n in nodes)
-    per_node = {}
+    per_node, shared = {}, {}
     for (node, pool), entry in newest_pools(resource_slices).items():
         if not entry["complete"]:
             continue
         for device in entry["devices"]:
             profile = _attribute(device, "profile")
             per_node.setdefault((profile, node), {})[(pool, device.get("name"))] = _attribute(device, "parentGPU")
+            if claim_time(device):
+                shared.setdefault((profile, node), {})[(pool, device.get("name"))] = slots(device)
     plans, missing = [], []
     for profile in profiles:
-        candidates = sorted(((-len(devs), node) for (p, node), devs in per_node.items() if p == profile))
-        if not candidates:
+        def capacity(node):
+            devices = per_node[(profile, node)]
+            return len(devices) + sum(n - 1 for n in (shared.get((profile, node)) or {}).values())
+        candidates = sorted(((-capacity(node), node) for (p, node) in per_node if p == profile))
+        if not candidates or not candidates[0][0]:
             missing.append(profile)
             continue
         node = candidates[0][1]
         devices = per_node[(profile, node)]
         gpus = sorted(set(str(g) for g in devices.values() if g))
-        plans.append({"profile": profile, "node": node, "count": len(devices), "device_class": device_class,
+        plans.append({"profile": profile, "node": node, "count": -candidates[0][0], "device_class": device_class,
                       "hostname": node_labels(by_name.get(node) or {}).get(HOSTNAME_LABEL, node),
-                      "driver": DRA_VGPU_DRIVER, "devices": devices, "gpus": gpus, "physical_gpus": len(gpus)})
+                      "driver": DRA_VGPU_DRIVER, "devices": devices, "gpus": gpus, "physical_gpus": len(gpus),
+                      "claim_time": dict(shared.get((profile, node)) or {})})
     return plans, missing
 
 
@@ -187,6 +220,16 @@ def allocated(claim):
     status = (claim or {}).get("status") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     return [(r.get("request"), r.get("driver"), r.get("pool"), r.get("device")) for r in results]
+
+
+def share_ids(claim):
+    """{(pool, device): [shareID]} of a claim's allocation results that carry one (multi-allocatable devices)."""
+    found = {}
+    status = (claim or {}).get("status") or {}
+    for result in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []:
+        if result.get("shareID"):
+            found.setdefault((result.get("pool"), result.get("device")), []).append(result["shareID"])
+    return found
 
 
 def reserved_for(claim):
@@ -208,7 +251,8 @@ def _why_pending(vmi):
 
 def sharing_check(plan, names, vmis, claims, timeout):
     """Every VMI Running on the plan's node, its claim allocated one published device of the profile there
-    (each device once, reserved for its consumer), and two claims' devices on one physical GPU."""
+    (each device once, a claim-time device up to its instances with a shareID per claim; reserved for its
+    consumer), and two claims' devices on one physical GPU."""
     subject = "%s@%s" % (plan["profile"], plan["node"])
     got = dict((n, allocated(claims.get(n))) for n in names)
     details = {"node": plan["node"], "device_class": plan["device_class"], "vmis": list(names),
@@ -224,7 +268,8 @@ def sharing_check(plan, names, vmis, claims, timeout):
     if elsewhere:
         problems.append("Running on another node than %s: %s" % (
             plan["node"], ", ".join("%s on %s" % (n, node_of(vmis[n])) for n in elsewhere)))
-    holders, gpu_of = {}, {}
+    holders, gpu_of, shares = {}, {}, {}
+    claim_time_devices = plan.get("claim_time") or {}
     for name in names:
         mine = [r for r in got[name] if r[0] == "vgpu"]
         if name not in claims:
@@ -240,16 +285,30 @@ def sharing_check(plan, names, vmis, claims, timeout):
             continue
         if not reserved_for(claims[name]):
             problems.append("ResourceClaim %s is allocated but reserved for no consumer" % name)
+        if (pool, device) in claim_time_devices:
+            share = share_ids(claims[name]).get((pool, device)) or []
+            if len(share) != 1:
+                problems.append("ResourceClaim %s got claim-time device %s/%s without a shareID" % (name, pool, device))
+            shares.setdefault((pool, device), []).extend(share)
         holders.setdefault((pool, device), []).append(name)
         gpu_of[name] = plan["devices"][(pool, device)]
     for (pool, device), holding in sorted(holders.items()):
-        if len(holding) > 1:
-            problems.append("device %s/%s allocated to %d claims: %s" % (pool, device, len(holding), ", ".join(holding)))
+        allowed = claim_time_devices.get((pool, device), 1)
+        if len(holding) > allowed:
+            problems.append("device %s/%s allocated to %d claims (it serves %d): %s" % (
+                pool, device, len(holding), allowed, ", ".join(holding)) if (pool, device) in claim_time_devices else
+                "device %s/%s allocated to %d claims: %s" % (pool, device, len(holding), ", ".join(holding)))
+        if len(set(shares.get((pool, device)) or ())) < len(shares.get((pool, device)) or ()):
+            problems.append("claim-time device %s/%s: two claims got the same shareID" % (pool, device))
     details["parent_gpus"] = gpu_of
+    if claim_time_devices:
+        details["claim_time"] = sorted("%s/%s" % key for key in holders if key in claim_time_devices)
     if problems:
         return Check(SHARING, KAR_SHARING, subject, FAIL, "; ".join(problems), details)
-    running = "%d VMI(s) with a ResourceClaim of DeviceClass %s (profile %s) Running on %s, each on its own " \
-        "device" % (len(names), plan["device_class"], plan["profile"], plan["node"])
+    own = "device" if not claim_time_devices else ("device or instance (shareID) of a claim-time device, the profile "
+                                                    "chosen at allocation")
+    running = "%d VMI(s) with a ResourceClaim of DeviceClass %s (profile %s) Running on %s, each on its own %s" % (
+        len(names), plan["device_class"], plan["profile"], plan["node"], own)
     by_gpu = {}
     for name in names:
         by_gpu.setdefault(gpu_of[name], []).append(name)
@@ -268,7 +327,8 @@ def overallocation_check(plan, name, observed, capacity_claims, window):
     observed: [(vmi, claim)] seen during the window, last one last; capacity_claims: {name: claim} of the
     capacity VMIs then (to name a device given out twice)."""
     subject = "%s@%s" % (plan["profile"], plan["node"])
-    number = "number %d for %d %s device(s)" % (plan["count"] + 1, plan["count"], plan["profile"])
+    number = "number %d for %d %s device(s)%s" % (plan["count"] + 1, plan["count"], plan["profile"],
+                                                   " and claim-time instance(s)" if plan.get("claim_time") else "")
     details = {"vmi": name, "claim": name, "capacity": plan["count"],
                "phases": [_phase(vmi) for vmi, _claim in observed]}
     holding = sorted(n for n, c in capacity_claims.items() if allocated(c))
