@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 
@@ -131,15 +130,6 @@ def delete(api, plural, body):
 
 def listed(api, path):
     return api_call(api, "GET", path).get("items") or []
-
-
-def until(test, timeout=15):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = test()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
 
 
 def phase(api, vmi):

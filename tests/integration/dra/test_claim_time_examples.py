@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DELETE_PROTECTION, VmiController
+from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.claim_time_cluster import (
-    ClaimTimeNode, claims_of, cluster_state, create, delete, listed, phase, ref, until)
+    ClaimTimeNode, claims_of, cluster_state, create, delete, listed, phase, ref)
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import NODE
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -59,8 +60,7 @@ def test_the_examples_vmis_get_claim_time_vgpus_typed_at_prepare_and_cleared_at_
     try:
         for vmi in vmis:    # one after another: each scheduling decision sees the claims before it
             create(dra_api, "virtualmachineinstances", vmi)
-            assert until(lambda: phase(dra_api, vmi) == "Running"), (vmi["metadata"]["name"], listed(
-                dra_api, CLAIM_PATH))
+            wait_for("VMI %s Running" % vmi["metadata"]["name"], lambda: phase(dra_api, vmi) == "Running", 15)
         claims = [claims_of(dra_api, vmi)["vgpu"] for vmi in vmis]
     finally:
         controller.stop()
@@ -102,7 +102,7 @@ def test_the_examples_vmis_get_claim_time_vgpus_typed_at_prepare_and_cleared_at_
     try:
         for vmi in vmis:
             delete(dra_api, "virtualmachineinstances", vmi)
-        assert until(lambda: listed(dra_api, CLAIM_PATH) == []), listed(dra_api, CLAIM_PATH)
+        wait_for("the claims released and deleted", lambda: listed(dra_api, CLAIM_PATH) == [], 15)
     finally:
         controller.stop()
     assert node.driver.unprepare([ref(c) for c in claims]) == {c["metadata"]["uid"]: "" for c in claims}
