@@ -305,8 +305,8 @@ def sharing_check(plan, names, vmis, claims, timeout):
         details["claim_time"] = sorted("%s/%s" % key for key in holders if key in claim_time_devices)
     if problems:
         return Check(SHARING, KAR_SHARING, subject, FAIL, "; ".join(problems), details)
-    own = "device" if not claim_time_devices else ("device or instance (shareID) of a claim-time device, the profile "
-                                                    "chosen at allocation")
+    own = "device or instance (shareID) of a claim-time device, the profile chosen at allocation" \
+        if claim_time_devices else "device"
     running = "%d VMI(s) with a ResourceClaim of DeviceClass %s (profile %s) Running on %s, each on its own %s" % (
         len(names), plan["device_class"], plan["profile"], plan["node"], own)
     by_gpu = {}
@@ -327,8 +327,8 @@ def overallocation_check(plan, name, observed, capacity_claims, window):
     observed: [(vmi, claim)] seen during the window, last one last; capacity_claims: {name: claim} of the
     capacity VMIs then (to name a device given out twice)."""
     subject = "%s@%s" % (plan["profile"], plan["node"])
-    number = "number %d for %d %s device(s)%s" % (plan["count"] + 1, plan["count"], plan["profile"],
-                                                   " and claim-time instance(s)" if plan.get("claim_time") else "")
+    number = "number %d for %d %s device(s)%s" % (
+        plan["count"] + 1, plan["count"], plan["profile"], " and claim-time instance(s)" if plan.get("claim_time") else "")
     details = {"vmi": name, "claim": name, "capacity": plan["count"],
                "phases": [_phase(vmi) for vmi, _claim in observed]}
     holding = sorted(n for n, c in capacity_claims.items() if allocated(c))
