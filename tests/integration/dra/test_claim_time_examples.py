@@ -1,4 +1,4 @@
-"""The claim-time VMI examples (docs/examples/claim-time/) as a user applies them: valid Kubernetes 1.36/1.37 objects
+"""The claim-time VMI examples (docs/examples/claim-time/*/: template.yaml, vmi.yaml) as a user applies them: valid Kubernetes 1.36/1.37 objects
 (strict schemas), and on a claim-time node (gpusim, every GPU claim-time) each VMI's template becomes a ResourceClaim
 of its launcher pod, the scheduler double allocates it on a claim-time device (the CEL profile, the prioritized
 list's fallback), the real DRA driver prepares it (the VF typed, its address in the metadata KubeVirt reads) and
@@ -25,12 +25,18 @@ CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims"
 
 
 def example(name):
-    objects = list(yaml.safe_load_all((EXAMPLES / name).read_text()))
-    return next(o for o in objects if o["kind"] == "ResourceClaimTemplate"), next(
-        o for o in objects if o["kind"] == "VirtualMachineInstance")
+    """(template, VMI) of one example directory: one object per file, as the sanity test's yamllint wants."""
+    return tuple(yaml.safe_load((EXAMPLES / name / part).read_text()) for part in ("template.yaml", "vmi.yaml"))
 
 
-@pytest.mark.parametrize("name", ["profile-by-cel.yaml", "profile-fallback.yaml"])
+def test_the_examples_are_the_two_directories_each_a_template_and_its_vmi():
+    assert sorted(p.name for p in EXAMPLES.iterdir()) == ["profile-by-cel", "profile-fallback"]
+    for name in ("profile-by-cel", "profile-fallback"):
+        template, vmi = example(name)
+        assert (template["kind"], vmi["kind"]) == ("ResourceClaimTemplate", "VirtualMachineInstance")
+
+
+@pytest.mark.parametrize("name", ["profile-by-cel", "profile-fallback"])
 def test_each_example_is_a_valid_template_and_a_vmi_naming_its_claim_and_request(name):
     template, vmi = example(name)
     for version in ("1.36.0", "1.37.0"):
@@ -48,8 +54,8 @@ def test_the_examples_vmis_get_claim_time_vgpus_typed_at_prepare_and_cleared_at_
     dra_api.reset(cluster_state())
     node = ClaimTimeNode(gpusim_node("l40s:2"), monkeypatch, tmp_path, dra_api)
     first, second = node.gpus()
-    by_cel, by_cel_vmi = example("profile-by-cel.yaml")
-    fallback, fallback_vmi = example("profile-fallback.yaml")
+    by_cel, by_cel_vmi = example("profile-by-cel")
+    fallback, fallback_vmi = example("profile-fallback")
     create(dra_api, "resourceclaimtemplates", by_cel)
     create(dra_api, "resourceclaimtemplates", fallback)
     max_24q = node.offer("l40s-24q-gpu-" + second.replace(":", "-").replace(".", "-")).max_instances
