@@ -5,7 +5,8 @@ from the relabel (a merge patch of `nvidia.com/vgpu.config` on the API server do
 status file saying `success` for the new config, which it writes after the node's state label.
 Baseline: `accelops-vgpu apply` of the same change, the same zipapp as a process (what the boot unit
 runs). Runs alternate (the node is put back untimed: the agent by relabelling, the CLI by applying
-the old config; the agent keeps its label meanwhile and RESYNC_INTERVAL is long, so it stays idle).
+the old config). The agent is stopped while the CLI runs: its vGPU-manager probe would see the CLI's
+change as the old config's vGPUs gone and put them back during the CLI's apply.
 Then the idle agent is watched for `idle_s` with a short resync interval: sysfs writes (gpusim's
 log, must be 0), reconciles (each one sysfs scan; at most one per resync interval), its read
 syscalls, API requests; and its peak RSS (VmHWM) at the end.
@@ -142,16 +143,23 @@ def run(settings):
     return result
 
 
-def _measure(bench, runs, idle_s, resync_s):
-    bench.cli_apply("before")
-    bench.start_agent(resync=3600)
+def _started(bench, resync):
+    """Start the agent on a node that matches its label; wait for its first success (untimed)."""
+    if os.path.exists(bench.status_file):
+        os.unlink(bench.status_file)
+    bench.start_agent(resync=resync)
     deadline = time.monotonic() + 120
     while not (bench.status() or {}).get("state") == "success":
         if time.monotonic() > deadline or bench.agent.poll() is not None:
             raise simnodes.BenchError("P5: the agent did not report its first success")
         time.sleep(0.05)
+
+
+def _measure(bench, runs, idle_s, resync_s):
+    bench.cli_apply("before")
     agent_s, cli_s, writes = [], [], []
     for dummy in range(runs):
+        _started(bench, 3600)
         bench.node.clear_log()
         agent_s.append(bench.relabel("after"))
         labels = bench.check(AFTER, "P5 agent")
@@ -160,6 +168,7 @@ def _measure(bench, runs, idle_s, resync_s):
             raise simnodes.BenchError("P5: node labels after the agent's apply: %s" % labels)
         writes.append(simnodes.write_counts(bench.node)["total"])
         bench.relabel("before")
+        bench.stop_agent()
         bench.node.clear_log()
         cli_s.append(bench.cli_apply("after"))
         bench.check(AFTER, "P5 CLI")
@@ -167,14 +176,8 @@ def _measure(bench, runs, idle_s, resync_s):
             raise simnodes.BenchError("P5: the CLI wrote %d times, the agent %d" % (
                 simnodes.write_counts(bench.node)["total"], writes[-1]))
         bench.cli_apply("before")
-    bench.stop_agent()
     # idle: a fresh agent with a short resync interval, on a node that already matches
-    bench.start_agent(resync=resync_s)
-    deadline = time.monotonic() + 60
-    while not (bench.status() or {}).get("state") == "success":
-        if time.monotonic() > deadline:
-            raise simnodes.BenchError("P5: the idle agent did not start")
-        time.sleep(0.05)
+    _started(bench, resync_s)
     bench.node.clear_log()
     bench.api.clear_log()
     pid = bench.agent.pid

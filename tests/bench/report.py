@@ -49,20 +49,32 @@ def _met(flag):
     return "yes" if flag else "**no**"
 
 
+def _p1_case_row(label, gpus, data, scan):
+    layout = "; ".join("%d GPUs: %s" % (len(entry["gpus"]), " + ".join(
+        "%d×%s" % (n, p) for p, n in entry["profiles"].items())) for entry in data["layout"])
+    what = "%d GPUs × 32 VFs (%s per GPU); writes %d (min %d); engine sysfs reads %d; /proc walk %s" % (
+        gpus, layout, data["writes"], data["writes_min"], sum(data["engine_reads"].values()), scan)
+    target = data.get("target_ratio")
+    return (label, what, "engine " + _spread(data["engine_s"]), "floor " + _spread(data["floor_s"]),
+            _ratio(data["ratio"]), ("≤ %g×, writes = min" % target) if target else "writes = min", _met(data["met"]))
+
+
 def _p1_rows(p1):
+    scan = p1.get("scan", "not recorded")
     for case in ("uniform", "mixed"):
-        data = p1[case]
-        layout = "; ".join("%d GPUs: %s" % (len(entry["gpus"]), " + ".join(
-            "%d×%s" % (n, p) for p, n in entry["profiles"].items())) for entry in data["layout"])
-        what = "%d GPUs × 32 VFs (%s per GPU); writes %d (min %d); engine sysfs reads %d" % (
-            p1["gpus"], layout, data["writes"], data["writes_min"], sum(data["engine_reads"].values()))
-        yield ("P1 cold converge, %s" % case, what, "engine " + _spread(data["engine_s"]),
-               "floor " + _spread(data["floor_s"]), _ratio(data["ratio"]), "≤ 1.3×, writes = min", _met(data["met"]))
-    if "ops_per_written_vf" in p1["uniform"]:
-        ops = p1["uniform"]["ops_per_written_vf"]
-        yield ("P1 sysfs round trips, uniform", "engine reads + links + writes per written VF (first run: no node "
-               "cache yet)", "%.2f (%.2f–%.2f)" % (ops["median"], ops["min"], ops["max"]), "floor 1 (the write)",
-               "%.2f×" % ops["median"], "≤ 3.0 per written VF, writes = min", _met(p1["uniform"]["met_ops"]))
+        yield _p1_case_row("P1 cold converge, %s" % case, p1["gpus"], p1[case], scan)
+    own = p1.get("own_pid_namespace") or {}
+    if "uniform" in own:
+        yield _p1_case_row("P1 cold converge, uniform, own pid namespace", p1["gpus"], own["uniform"], own["scan"])
+    elif own:
+        yield ("P1 cold converge, uniform, own pid namespace", "skipped: %s" % own.get("skipped"), "", "", "", "", "")
+    for label, data in (("P1 sysfs round trips, uniform", p1["uniform"]),
+                        ("P1 sysfs round trips, uniform, own pid namespace", own.get("uniform") or {})):
+        if "ops_per_written_vf" in data:
+            ops = data["ops_per_written_vf"]
+            yield (label, "engine reads + links + writes per written VF (first run: no node cache yet)",
+                   "%.2f (%.2f–%.2f)" % (ops["median"], ops["min"], ops["max"]), "floor 1 (the write)",
+                   "%.2f×" % ops["median"], "≤ 3.0 per written VF, writes = min", _met(data["met_ops"]))
 
 
 def _counts(per_apply):
@@ -76,8 +88,9 @@ def _counts(per_apply):
 
 
 def _p1_holder_rows(p1):
-    for case in ("uniform", "mixed"):
-        counts = p1[case].get("holder_counts")
+    own = (p1.get("own_pid_namespace") or {}).get("uniform") or {}
+    for case, data in (("uniform", p1["uniform"]), ("mixed", p1["mixed"]), ("uniform, own pid namespace", own)):
+        counts = data.get("holder_counts")
         if counts:
             yield ("P1 in-use checks per apply, %s" % case, "walks of /proc, VFIO group probes, holder source reads "
                    "(inuse.Holders.counts)", _counts(counts), "", "", "≤ 1 walk per apply", _met(

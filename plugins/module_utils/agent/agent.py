@@ -98,6 +98,7 @@ class Agent:
         self.last_event = None
         self.serial = time.time_ns()
         self.checks = 0             # reconciles run: each reads the node's sysfs once (a check-mode plan)
+        self.reconcile_engine = None  # the engine of the reconcile under way (its in-use answers, read once)
         # a vGPU-manager restart between reconciles (agent/manager_probe.py): noticed, re-applied, reported
         self.probe = ManagerProbe(Sysfs(settings.sysfs_root), settings.manager_probe_interval, clock)
         self.restart_backoff = Backoff(base=settings.manager_probe_interval, cap=settings.resync_interval)
@@ -188,6 +189,7 @@ class Agent:
         name = wanted[0]
         self.checks += 1
         self.written, self.own_versions = None, set()
+        self.reconcile_engine = None
         self.telemetry.reconcile_started()
         try:
             state, profiles, reason, changed, applied = self._converge(node, name)
@@ -212,7 +214,9 @@ class Agent:
             log("config %s: failed: %s" % (name, reason))
         elif changed:
             log("config %s: applied (%s)" % (name, _profiles_text(profiles)))
-        self.telemetry.reconciled(name, state, changed, node_vgpu_counts(self.engine, log))
+        # the counts read the node through this reconcile's engine: its walk of /proc and groups stand
+        counts = node_vgpu_counts(lambda: self.reconcile_engine or self.engine(), log)
+        self.telemetry.reconciled(name, state, changed, counts)
         self.write_status(state, name, reason)
 
     def _converge(self, node, name):
@@ -231,7 +235,7 @@ class Agent:
 
         engine = entries = None
         try:
-            engine = self.engine()
+            engine = self.reconcile_engine = self.engine()
             self._plugin_check(engine)
             entries = self.config.entries(name)
             engine.claim_time = self.config.claim_time()   # GPUs whose profiles DRA claims choose: not the layout's

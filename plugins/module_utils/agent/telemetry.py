@@ -172,10 +172,13 @@ def vgpu_counts(node_facts):
 
 def node_vgpu_counts(engine_factory, log=None):
     """vgpu_counts of the node the agent's engine sees (its sysfs, the VFIO handles under its /proc), or None
-    when the node cannot be read now (the gauge then keeps its last value)."""
+    when the node cannot be read now (the gauge then keeps its last value). `engine_factory()`: the reconcile's
+    own engine where it made one, so its walk of /proc and the devices' groups stand (one walk per resync)."""
     try:
         engine = engine_factory()
-        return vgpu_counts(facts.gather(engine.sysfs, engine.held(), engine.names))
+        in_use = engine.in_use
+        held = engine.held(reuse=True)
+        return vgpu_counts(facts.vgpu_census(engine.sysfs, held, engine.names, lambda vf: in_use.facts(vf).group))
     except Exception as exc:  # pylint: disable=broad-exception-caught
         if log is not None:
             log("cannot count the node's vGPUs for the metrics: %s" % exc)

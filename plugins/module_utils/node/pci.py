@@ -5,8 +5,12 @@
 
 Facts (kernel drivers/pci/pci-sysfs.c, drivers/pci/iov.c): devices live in bus/pci/devices/<BDF>
 (links into devices/...); a PF links its VFs as virtfn<N>, a VF links its PF as physfn; `driver` and
-`iommu_group` are links whose last element names the driver / group. VFs are found through these
-links, never by address arithmetic (L40S VFs start at function 4, RTX PRO 6000 at .2).
+`iommu_group` are links whose last element names the driver / group. The VFs are those the kernel
+linked (the PF's `virtfn<N>` entries); their addresses come from the kernel's own routing-ID arithmetic
+(drivers/pci/iov.c pci_iov_virtfn_bus/devfn: PF routing ID + sriov_offset + N * sriov_stride, the values
+the kernel used when it added them), read from the PF's `sriov_offset`/`sriov_stride`, so no link per VF
+is read; without those attributes each link is read. Never a model's assumed offset (L40S VFs start at
+function 4, RTX PRO 6000 at .2).
 """
 
 from __future__ import annotations
@@ -135,9 +139,34 @@ class PciDevice:
         return self.sysfs.read_int(self.attr("sriov_numvfs"), 0)
 
     def virtfns(self):
-        """VF addresses in virtfn order (virtfn0, virtfn1, ... numerically, not lexically)."""
-        targets = (self.sysfs.link_name(self.attr(name)) for name in virtfn_names(self.sysfs.listdir(self.base)))
+        """VF addresses in virtfn order (virtfn0, virtfn1, ... numerically, not lexically): one per `virtfn<N>`
+        entry the kernel made, its address by the kernel's arithmetic (module doc), else by its link."""
+        names = virtfn_names(self.sysfs.listdir(self.base))
+        if not names:
+            return []
+        computed = self.vf_addresses([int(name[6:]) for name in names])
+        if computed is not None:
+            return computed
+        targets = (self.sysfs.link_name(self.attr(name)) for name in names)
         return [target for target in targets if target]
+
+    def vf_addresses(self, indices):
+        """[address of VF N for N in indices] from sriov_offset/sriov_stride, or None where the kernel does not
+        show them (or they make no sense: a stride of 0 for several VFs, a routing ID past the domain's buses)."""
+        offset = self.sysfs.read_int(self.attr("sriov_offset"))
+        stride = self.sysfs.read_int(self.attr("sriov_stride"))
+        if offset is None or stride is None or offset < 1 or stride < 0 or (stride == 0 and len(indices) > 1):
+            return None
+        domain, bus, rest = self.address.split(":")
+        slot, function = rest.split(".")
+        routing_id = (int(bus, 16) << 8) | (int(slot, 16) << 3) | int(function, 16)
+        found = []
+        for index in indices:
+            vf_id = routing_id + offset + stride * index
+            if vf_id > 0xffff:
+                return None
+            found.append("%s:%02x:%02x.%x" % (domain, vf_id >> 8, (vf_id >> 3) & 0x1f, vf_id & 0x7))
+        return found
 
     @property
     def id_pair(self):

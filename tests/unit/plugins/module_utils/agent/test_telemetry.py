@@ -102,3 +102,27 @@ def test_vgpus_by_profile_and_state_from_node_facts():
         ("L40S-24Q", "in_use"): 1, ("L40S-24Q", "free"): 1, ("L40S-24Q", "unhealthy"): 1,
         ("unknown", "unhealthy"): 1, ("unknown", "free"): 0, ("unknown", "in_use"): 0,
         ("A16-2B", "free"): 1, ("A16-2B", "in_use"): 0, ("A16-2B", "unhealthy"): 0}
+
+
+def test_the_counts_after_a_reconcile_reuse_its_walk_of_proc_and_its_groups(gpusim_node, monkeypatch, tmp_path):
+    """Issue 34: one walk of /proc per resync. The counts read the node through the reconcile's own engine:
+    no second walk, no IOMMU group link read again, one read per VF (a full facts.gather reads ~10)."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.agent.telemetry import node_vgpu_counts
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply
+    from fake_node import RecordingSysfs
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import from_layout
+    from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+
+    node = gpusim_node("l40s:2")
+    for name in ("PATH", "GPUSIM_ROOT"):
+        monkeypatch.setenv(name, node.env[name])
+    engine = vgpu_apply.Node(RecordingSysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
+    vgpu_apply.apply(engine, from_layout([{"profiles": {"L40S-24Q": 2}}]), enable_vfs=True)
+    scans = engine.holders.counts["scans"]
+    engine.sysfs.reads, engine.sysfs.links = [], []
+    counts = node_vgpu_counts(lambda: engine)
+    assert counts[("L40S-24Q", "free")] == 4 and counts[("L40S-24Q", "in_use")] == 0
+    assert engine.holders.counts["scans"] == scans == 1
+    assert not [rel for rel in engine.sysfs.links if rel.endswith("/iommu_group")]
+    vf_reads = [rel for rel in engine.sysfs.reads if "/nvidia/" in rel]
+    assert len(vf_reads) == 64 and all(rel.endswith("/current_vgpu_type") for rel in vf_reads)

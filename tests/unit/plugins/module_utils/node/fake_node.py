@@ -227,3 +227,19 @@ class Rendezvous:
         finally:
             with self.lock:
                 self.in_flight -= 1
+
+
+class RecordingSysfs(Sysfs):
+    """Plain Sysfs recording what it reads: `reads` (attribute paths) and `links` (link paths), in order."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.reads, self.links = [], []
+
+    def read(self, rel):
+        self.reads.append(rel)
+        return super().read(rel)
+
+    def readlink(self, rel):
+        self.links.append(rel)
+        return super().readlink(rel)

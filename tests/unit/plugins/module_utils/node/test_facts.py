@@ -1,7 +1,7 @@
 import os
 import shutil
 
-from fake_node import FakeNode
+from fake_node import FakeNode, RecordingSysfs
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, inuse
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
@@ -98,6 +98,30 @@ def test_a_copied_tree_with_broken_and_missing_attributes_still_reports(tmp_path
     assert vfs["0000:41:00.4"]["creatable_types"] == [] and vfs["0000:41:00.5"]["iommu_group"] is None
     assert (gpus[A16]["device"], gpus[A16]["pci_id"], gpus[A16]["model"]) == (None, None, None)
     assert found["mdevs"][0]["type"] is None and found["mdevs"][0]["parent"] == "0000:51:00.4"
+
+
+def _census_view(vfs):
+    return sorted((vf["address"], vf["vgpu_type_id"], vf["vgpu_type"], vf["held"], vf["iommu_group"]) for vf in vfs)
+
+
+def test_the_census_counts_what_gather_reports_with_one_read_per_vf(tmp_path):
+    node = build(tmp_path)
+    node.hold(node.group_of("0000:41:00.5"))
+    node.hold(node.group_of(UUID, "bus/mdev/devices"))
+    sysfs = RecordingSysfs(str(node.sys))
+    held = inuse.held_devices(sysfs, str(node.dev), str(node.proc))
+    full = facts.gather(sysfs, held)
+    sysfs.reads = []
+    census = facts.vgpu_census(sysfs, held)        # no type names: the type is named from a creatable list
+    assert _census_view(census["vfs"]) == _census_view(vf for vf in full["vfs"] if vf["vgpu_type_id"]) == [
+        ("0000:41:00.5", 1155, "NVIDIA L40S-24Q", True, node.group_of("0000:41:00.5"))]
+    assert census["mdevs"] == full["mdevs"]
+    sysfs.reads = []
+    census = facts.vgpu_census(sysfs, held, lambda pf: ([VgpuType(1155, "NVIDIA L40S-24Q")], False),
+                               lambda vf: "group-%s" % vf)
+    assert _census_view(census["vfs"]) == [("0000:41:00.5", 1155, "NVIDIA L40S-24Q", True, "group-0000:41:00.5")]
+    vf_reads = [r for r in sysfs.reads if r.startswith(("bus/pci/devices/0000:41:00.4", "bus/pci/devices/0000:41:00.5"))]
+    assert vf_reads == ["bus/pci/devices/0000:41:00.%d/nvidia/current_vgpu_type" % n for n in (4, 5)]
 
 
 def test_an_empty_tree_has_no_gpus(tmp_path):

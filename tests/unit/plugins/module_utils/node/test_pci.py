@@ -1,6 +1,7 @@
 import os
 
 import pytest
+from fake_node import RecordingSysfs
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs, SysfsError
@@ -72,6 +73,56 @@ def test_pf_vfs_are_read_in_virtfn_order(tmp_path):
     assert vfs[0] == "0000:41:00.4" and vfs[10] == "0000:41:01.6" and len(vfs) == 11
     assert pci.PciDevice(sysfs, vfs[3]).physfn == "0000:41:00.0"
     assert pci.list_addresses(sysfs)[0] == "0000:41:00.0"
+
+
+def _pf_with_vfs(tmp_path, address, vf_addresses, offset=None, stride=None):
+    pf = _device(tmp_path, address)
+    (pf / "sriov_totalvfs").write_text("%d\n" % len(vf_addresses))
+    (pf / "sriov_numvfs").write_text("%d\n" % len(vf_addresses))
+    if offset is not None:
+        (pf / "sriov_offset").write_text("%d\n" % offset)
+        (pf / "sriov_stride").write_text("%d\n" % stride)
+    for n, vf in enumerate(vf_addresses):
+        _device(tmp_path, vf, physfn=address)
+        os.symlink("../" + vf, pf / ("virtfn%d" % n))
+    return pf
+
+
+@pytest.mark.parametrize("address,offset,stride,first,last,count", [
+    ("0000:41:00.0", 4, 1, "0000:41:00.4", "0000:41:04.3", 32),    # L40S: VFs from function 4
+    ("0000:c1:00.0", 2, 1, "0000:c1:00.2", "0000:c1:00.5", 4),     # RTX PRO 6000: from function 2
+    ("0001:3f:00.0", 1, 2, "0001:3f:00.1", "0001:40:05.3", 150),   # past the PF's bus: the bus number carries
+])
+def test_vf_addresses_follow_the_kernels_routing_id_arithmetic_without_reading_links(
+        tmp_path, address, offset, stride, first, last, count):
+    # kernel drivers/pci/iov.c pci_iov_virtfn_bus()/devfn(): PF routing ID + offset + N * stride
+    bus, rest = address.split(":")[1:]
+    slot, function = rest.split(".")
+    rid = (int(bus, 16) << 8) | (int(slot, 16) << 3) | int(function)
+    vfs = ["%s:%02x:%02x.%x" % (address[:4], (rid + offset + stride * n) >> 8, ((rid + offset + stride * n) >> 3) & 31,
+                                (rid + offset + stride * n) & 7) for n in range(count)]
+    _pf_with_vfs(tmp_path, address, vfs, offset, stride)
+    sysfs = RecordingSysfs(str(tmp_path))
+    found = pci.PciDevice(sysfs, address).virtfns()
+    assert found == vfs and found[0] == first and found[-1] == last
+    assert sysfs.links == []
+    assert all(pci.PciDevice(sysfs, vf).physfn == address for vf in found)
+
+
+def test_vf_addresses_are_only_those_the_kernel_linked(tmp_path):
+    vfs = ["0000:41:00.%d" % n for n in range(4, 8)]
+    pf = _pf_with_vfs(tmp_path, "0000:41:00.0", vfs, offset=4, stride=1)
+    os.unlink(pf / "virtfn3")          # the kernel removes VFs last first: virtfn3 is gone already
+    assert pci.PciDevice(Sysfs(str(tmp_path)), "0000:41:00.0").virtfns() == vfs[:3]
+
+
+@pytest.mark.parametrize("offset,stride", [(None, None), (0, 1), (4, 0)])
+def test_without_usable_offset_and_stride_the_links_are_read(tmp_path, offset, stride):
+    vfs = ["0000:41:00.4", "0000:41:00.6", "0000:41:01.0"]     # whatever the links say
+    _pf_with_vfs(tmp_path, "0000:41:00.0", vfs, offset, stride)
+    sysfs = RecordingSysfs(str(tmp_path))
+    assert pci.PciDevice(sysfs, "0000:41:00.0").virtfns() == vfs
+    assert len(sysfs.links) == 3
 
 
 def test_missing_device_names_the_address(tmp_path):
