@@ -14,7 +14,10 @@
    emulator next to the chart's DeviceClasses; each GPU is served by one of the two, never both (the first
    half of each model's GPUs by the device plugin, the rest by DRA: DEVICE_PLUGIN_GPUS, DRA_DRIVER_GPUS;
    both on the same GPU would offer every vGPU twice); the conformance report reads both; then the GitOps path:
-   demo-node is relabelled in the emulator, the agent converges it, the resources and slices follow;
+   demo-node is relabelled in the emulator, the agent converges it, the resources and slices follow; then
+   profiles chosen at claim time (tools/demo_claim_time.py): a second simulated node with two claim-time L40S,
+   two VMs of the examples (docs/examples/claim-time) get a 12Q and a 24Q on its two GPUs, typed at prepare,
+   cleared at unprepare, without a relabel;
 6. tears everything down, unless --keep (then `tools/demo.py --down` does it later).
 Last, the conformance report of the demo cluster (playbooks/conformance.yml, KAR-0003 / KAR-0004) against
 the API emulator and the fake KubeVirt controller tests/fakes/vmi_controller.py.
@@ -48,6 +51,9 @@ KUBECONFIG = os.path.join(DEMO, "kubeconfig")
 KMOCK = os.path.join(REPO, "tests", "fakes", "kmock_serve.py")
 NODE_ROOT = os.path.join(DEMO, "node-root")
 CDI_DIR = os.path.join(DEMO, "cdi")   # the agent's CDI specs of prepared claims (the runtime's /var/run/cdi)
+CLAIM_TIME_SYS = os.path.join(DEMO, "sys-claim-time")    # the claim-time scene's node: two L40S
+CLAIM_TIME_WORK = os.path.join(DEMO, "claim-time")       # its DRA driver's kubelet and CDI files
+CLAIM_TIME_NODE = "demo-claim-node"
 DEFAULT_GPUS = "l40s:2,a16:1,t4:2"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 KUBEVIRT_PATH = "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt"
@@ -96,7 +102,8 @@ def cluster_seed(node_name):
         "kubevirt.io/v1/kubevirts": {"kind": "KubeVirt", "singular": "kubevirt", "namespaced": True, "verbs": verbs},
         "nvidia.com/v1/clusterpolicies": {"kind": "ClusterPolicy", "singular": "clusterpolicy", "namespaced": False,
                                           "verbs": verbs},
-        "v1/nodes": {"kind": "Node", "singular": "node", "namespaced": False, "verbs": verbs + ["watch"]},
+        # create: the claim-time scene adds its node (demo_claim_time.py)
+        "v1/nodes": {"kind": "Node", "singular": "node", "namespaced": False, "verbs": verbs + ["watch", "create"]},
         # the node agent's Events (GitOps part of the demo)
         "v1/events": {"kind": "Event", "singular": "event", "namespaced": True, "verbs": ["create", "list"]},
         # the conformance run's namespace and test VMIs (the API double, like a real server, serves only what
@@ -113,7 +120,10 @@ def cluster_seed(node_name):
         "resource.k8s.io/v1/deviceclasses": {"kind": "DeviceClass", "singular": "deviceclass", "namespaced": False,
                                              "verbs": dra_verbs},
         "resource.k8s.io/v1/resourceclaims": {"kind": "ResourceClaim", "singular": "resourceclaim", "namespaced": True,
-                                              "verbs": dra_verbs}}
+                                              "verbs": dra_verbs},
+        # the claim-time scene's templates (docs/examples/claim-time), made into claims by the fake controller
+        "resource.k8s.io/v1/resourceclaimtemplates": {"kind": "ResourceClaimTemplate", "singular": "resourceclaimtemplate",
+                                                      "namespaced": True, "verbs": dra_verbs}}
     objects = [
         {"resource": "kubevirt.io/v1/kubevirts", "namespace": "kubevirt", "name": "kubevirt", "body": kubevirt},
         {"resource": "nvidia.com/v1/clusterpolicies", "name": "cluster-policy", "body": policy},
@@ -158,13 +168,14 @@ def stop_api_server(state_dir):
 
 def down():
     stop_api_server(DEMO)
-    if is_mounted(SYS):
-        gpusim("down", SYS, check=False)
+    for root in (SYS, CLAIM_TIME_SYS):
+        if is_mounted(root):
+            gpusim("down", root, check=False)
 
 
 def up(gpus):
     down()
-    for path in (FACTS, NODE_ROOT, CDI_DIR):
+    for path in (FACTS, NODE_ROOT, CDI_DIR, CLAIM_TIME_WORK):
         shutil.rmtree(path, ignore_errors=True)
     os.makedirs(SYS, exist_ok=True)
     os.makedirs(TOOLS, exist_ok=True)
@@ -810,6 +821,26 @@ def run_gitops(api_url, kubelet, split):
     return 0
 
 
+def run_claim_time(env):
+    """The claim-time scene (tools/demo_claim_time.py) on a second simulated node of two L40S: two VMs with different
+    profiles land on its two GPUs, chosen by their claims, without a relabel. Returns its exit status."""
+    section("Profiles chosen at claim time: two VMs, two profiles, one node's two GPUs, no relabel (README)")
+    os.makedirs(CLAIM_TIME_SYS, exist_ok=True)
+    os.makedirs(CLAIM_TIME_WORK, exist_ok=True)
+    gpusim("up", CLAIM_TIME_SYS, "--gpus", "l40s:2")
+    scene_env = dict(env, GPUSIM_ROOT=CLAIM_TIME_SYS, PYTHONPATH=os.path.join(REPO, ".build", "collections"))
+    argv = [sys.executable, os.path.join(REPO, "tools", "demo_claim_time.py"), "--api", api_server_url(),
+            "--kubeconfig", KUBECONFIG, "--sys", CLAIM_TIME_SYS, "--work", CLAIM_TIME_WORK, "--node", CLAIM_TIME_NODE]
+    print("$ %s   (gpusim %s: l40s:2)" % (" ".join(rel(a) if a.startswith(REPO) else a for a in argv[1:]),
+                                          rel(CLAIM_TIME_SYS)), flush=True)
+    return subprocess.run(argv, cwd=REPO, env=scene_env, check=False).returncode
+
+
+def api_server_url():
+    with open(KUBECONFIG, encoding="utf-8") as handle:
+        return json.load(handle)["clusters"][0]["cluster"]["server"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", default=DEFAULT_GPUS, help="gpusim SPEC of the node (default %(default)s)")
@@ -838,6 +869,8 @@ def main(argv=None):
                 rc = run_conformance(env, api_url)
             if api_url and rc == 0:
                 rc = run_gitops(api_url, kubelet, gpu_split(facts))
+            if api_url and rc == 0:
+                rc = run_claim_time(env)
         finally:
             stop_serving(agent, kubelet)
     finally:

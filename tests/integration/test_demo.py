@@ -76,6 +76,48 @@ def published_vgpus():
     return published
 
 
+def check_claim_time_scene(out):
+    """Profiles chosen at claim time (issue 33): on the second simulated node (two claim-time L40S) two VMs got a
+    12Q and a 24Q on its two GPUs from the same published offers, typed at prepare and cleared at unprepare, no
+    relabel. Read from the scene's gpusim (its write log and sysfs) and the API double, not from the output."""
+    assert "Profiles chosen at claim time" in out, out[-4000:]
+    root = os.path.join(DEMO, "sys-claim-time")
+    devices = os.path.join(root, "bus", "pci", "devices")
+    with open(os.path.join(root, ".gpusim", "log"), encoding="utf-8") as handle:
+        log = [json.loads(line) for line in handle if line.strip()]
+    writes = [(e["path"].split("/")[3], int(e["value"])) for e in log if e["path"].endswith("/current_vgpu_type")]
+    typed, cleared = writes[:2], writes[2:]
+    assert sorted(t for _vf, t in typed) == [1153, 1155] and sorted(cleared) == sorted((vf, 0) for vf, _t in typed), writes
+    parents = [os.path.basename(os.readlink(os.path.join(devices, vf, "physfn"))) for vf, _t in typed]
+    assert sorted(parents) == ["0000:41:00.0", "0000:42:00.0"]     # one VM on each GPU
+    for vf in os.listdir(devices):
+        path = os.path.join(devices, vf, "nvidia", "current_vgpu_type")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                assert handle.read().strip() == "0", vf
+    # what the node published: a counter set per GPU in a counter slice, profile devices that consume them
+    items = [i for i in stored("/apis/resource.k8s.io/v1/resourceslices")["items"]
+             if i["spec"]["nodeName"] == "demo-claim-node"]
+    assert sorted(c["name"] for i in items for c in i["spec"].get("sharedCounters") or ()) == [
+        "gpu-0000-41-00-0", "gpu-0000-42-00-0"]
+    offered = [d for i in items for d in i["spec"].get("devices") or ()]
+    assert offered and all(d["allowMultipleAllocations"] and d["consumesCounters"] for d in offered)
+    assert {attribute(d, "profile") for d in offered} >= {"L40S-12Q", "L40S-24Q"}
+    # the claims: made from the examples' templates for the launcher pods, gone with the VMIs; no relabel
+    templates = stored("/apis/resource.k8s.io/v1/namespaces/vms/resourceclaimtemplates")["items"]
+    assert sorted(t["metadata"]["name"] for t in templates) == ["l40s-12q", "l40s-24q-else-12q"]
+    assert stored("/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims")["items"] == []
+    with open(os.path.join(DEMO, "kubeconfig"), encoding="utf-8") as handle:
+        server = json.load(handle)["clusters"][0]["cluster"]["server"]
+    with urllib.request.urlopen(server + "/_ctl/log", timeout=10) as response:
+        requests = json.load(response)
+    posts = [r["path"] for r in requests if r["method"] == "POST"
+             and r["path"] == "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims"]
+    assert len(posts) == 2
+    labels = stored("/api/v1/nodes/demo-claim-node")["metadata"].get("labels") or {}
+    assert not [k for k in labels if k.startswith("nvidia.com/vgpu.config")]
+
+
 def test_make_demo_programs_the_node_attests_it_and_follows_a_relabel(tmp_path):
     log = tmp_path / "demo.log"   # a file, not a pipe: the API double and gpusim of --keep hold their stdout open
     try:
@@ -113,6 +155,7 @@ def test_make_demo_programs_the_node_attests_it_and_follows_a_relabel(tmp_path):
         assert set(value[0] for value in published.values()) == set(dra_gpus)
         assert sorted(type_id for _gpu, type_id in node.values() if type_id) == [1152] * 12  # 12 x L40S-8Q
         assert stored("/apis/resource.k8s.io/v1/deviceclasses/" + DRIVER)["spec"]["selectors"]
+        check_claim_time_scene(out)
     finally:
         subprocess.run([os.path.join(REPO, "tools", "demo.sh"), "--down"], cwd=REPO, capture_output=True,
                        timeout=120, check=False)
