@@ -124,3 +124,57 @@ def test_a_vmi_gone_releases_its_claim_and_a_claim_deleted_in_use_waits_for_it(c
     assert results(cluster, "c") != []
     delete(cluster, "/apis/kubevirt.io/v1/namespaces/%s/virtualmachineinstances/v" % NS)
     assert until(lambda: stored(cluster, CLAIMS, "c", NS) is None)   # released, finalizer removed, gone
+
+
+TEMPLATES = "resource.k8s.io/v1/resourceclaimtemplates"
+
+
+def template_vmi(name, template, claim_name="vgpu"):
+    body = vmi(name, None)
+    body["spec"]["resourceClaims"] = [{"name": claim_name, "resourceClaimTemplateName": template}]
+    body["spec"]["domain"]["devices"]["gpus"][0]["claimName"] = claim_name
+    return body
+
+
+def test_a_template_claim_is_made_for_the_launcher_pod_as_the_resourceclaim_controller_makes_it(cluster, controller):
+    """kubernetes pkg/controller/resourceclaim/controller.go handleClaim: generateName <pod>-<claim>- (both cut in
+    proportion past 57 characters), the pod its controlling owner, the template's labels and annotations plus
+    pod-claim-name, the template's spec; one claim per pod claim, however often the controller passes."""
+    state = healthy_state()
+    state["resources"][TEMPLATES] = {"kind": "ResourceClaimTemplate", "singular": "resourceclaimtemplate",
+                                     "namespaced": True, "verbs": ["get", "list"]}
+    spec = claim("t", PROFILE % "L40S-24Q")["spec"]
+    state["objects"].append({"resource": TEMPLATES, "namespace": NS, "name": "t", "body": {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "t", "namespace": NS},
+        "spec": {"metadata": {"labels": {"team": "a"}, "annotations": {"note": "x"}}, "spec": spec}}})
+    long_name = "a-rather-long-virtual-machine-name-for-the-test"
+    seeded(cluster, [], state)
+    for body in (template_vmi("short", "t"), template_vmi(long_name, "t", claim_name="a-long-claim-name-too"),
+                 template_vmi("orphan", "missing")):
+        req = urllib.request.Request(cluster.url + "/apis/kubevirt.io/v1/namespaces/%s/virtualmachineinstances" % NS,
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=10).close()
+    ctl = controller()
+    assert until(lambda: phase(cluster, "short") == "Running" and phase(cluster, long_name) == "Running")
+    time.sleep(0.3)    # more passes: no second claim
+    claims = [o for o in cluster.stored() if o.get("kind") == "ResourceClaim"]
+    assert len(claims) == 2, claims
+    by_pod = {c["metadata"]["ownerReferences"][0]["name"]: c for c in claims}
+    short = by_pod["virt-launcher-short"]
+    assert short["metadata"]["name"][:-5] == "virt-launcher-short-vgpu-"
+    [owner] = short["metadata"]["ownerReferences"]
+    assert owner == {"apiVersion": "v1", "kind": "Pod", "name": "virt-launcher-short",
+                     "uid": stored(cluster, VMIS, "short", NS)["metadata"]["uid"], "controller": True,
+                     "blockOwnerDeletion": True}
+    assert short["metadata"]["labels"] == {"team": "a"}
+    assert short["metadata"]["annotations"] == {"note": "x", "resource.kubernetes.io/pod-claim-name": "vgpu"}
+    assert short["spec"] == spec and short["status"]["allocation"]["devices"]["results"][0]["pool"] == "gpu-a"
+    pod, pod_claim = "virt-launcher-" + long_name, "a-long-claim-name-too"
+    base = len(pod) + len(pod_claim) + 2
+    assert by_pod[pod]["metadata"]["name"][:-5] == pod[:len(pod) * 57 // base] + "-" + pod_claim[
+        :len(pod_claim) * 57 // base]
+    orphan = stored(cluster, VMIS, "orphan", NS)
+    assert orphan["status"]["phase"] == "Pending"
+    assert 'resource claim template "missing": not found' in orphan["status"]["conditions"][0]["message"]
+    assert ctl.errors == []
