@@ -31,7 +31,6 @@ import copy
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -56,6 +55,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layo
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner  # noqa: E402
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import VmiController  # noqa: E402
+from demo import rel, wait_for  # noqa: E402  (tools/demo.py, this script's directory)
 
 NAMESPACE = "vms"
 PROFILES = ["L40S-24Q", "L40S-12Q", "L40S-48Q"]
@@ -88,15 +88,6 @@ class Api:
         return (self.get(path) or {}).get("items") or []
 
 
-def wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def examples():
     """[(template, vmi)] of the examples: the 12Q by CEL first, then the 24Q-else-12Q."""
     found = []
@@ -107,10 +98,6 @@ def examples():
                 pair.append(yaml.safe_load(handle))
         found.append(tuple(pair))
     return found
-
-
-def rel(path):
-    return os.path.relpath(path, REPO)
 
 
 class Scene:
