@@ -29,8 +29,8 @@ description:
     the C(profile) attribute) and one VMI (C(spec.resourceClaims), C(gpus[].claimName/requestName)) per device,
     all Running with distinct devices of the profile, two on one physical GPU (C(status.allocation), attribute
     C(parentGPU)); then one claim and VMI more, which must stay unallocated and unscheduled for O(pending_timeout).
-    A claim-time device (profile chosen at claim time, C(claimTime) attribute) counts its C(instances) capacity:
-    that many claims, each with its own instance (C(shareID)), before the one more.
+    A claim-time device (profile chosen at claim time, C(claimTime) attribute) counts its C(instances) capacity,
+    that many claims each with its own instance (C(shareID)), before the one more.
     V(UNKNOWN) with the reason when DRA is not served or the driver publishes nothing.
   - Everything (VMIs, C(ResourceClaim)s) is created in O(namespace), which the run creates (labelled
     C(accelops.io/vgpu-conformance)) and deletes at the end, also after an error and on SIGINT, SIGTERM or SIGHUP.
