@@ -29,8 +29,8 @@ class Kubelet(threading.Thread):
         self.stopped = threading.Event()
 
     def step(self):
-        claims = {c["metadata"]["uid"]: c for c in listed(self.api, "/apis/resource.k8s.io/v1/namespaces/%s/"
-                                                                   "resourceclaims" % NS)}
+        path = "/apis/resource.k8s.io/v1/namespaces/%s/resourceclaims" % NS
+        claims = {c["metadata"]["uid"]: c for c in listed(self.api, path)}
         for uid, claim in list(self.prepared.items()):
             if uid not in claims or not (claims[uid].get("status") or {}).get("reservedFor"):
                 answer = self.node.driver.unprepare([ref(claim)])
