@@ -1,4 +1,4 @@
-"""python -m tests.bench [--quick] [--parts p1,p2,p3,p4,p5,p6,p7,p8] [--out bench-results] [--runs-p1 N ...]
+"""python -m tests.bench [--quick] [--parts p1,p2,p3,p4,p5,p6,p7,p8,p9] [--out bench-results] [--runs-p1 N ...]
 
 Every option also reads an environment variable (BENCH_QUICK=1, BENCH_PARTS, BENCH_RUNS_P1, ...,
 BENCH_GPUS, BENCH_LATENCY_MS, BENCH_FLEET=4,16,32, BENCH_FORKS_RATIO, BENCH_OUT). Writes
@@ -18,11 +18,13 @@ import time
 
 from tests.bench import REPO, report
 
-PARTS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8")
-FULL = {"runs": {"p1": 5, "p2": 3, "p3": 5, "p4": 3, "p5": 5, "p6": 5, "p7": 3, "p8": 3}, "allocate_calls": 1000,
+PARTS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9")
+FULL = {"runs": {"p1": 5, "p2": 3, "p3": 5, "p4": 3, "p5": 5, "p6": 5, "p7": 3, "p8": 3, "p9": 3},
+        "allocate_calls": 1000,
         "claims_p7": 128, "gpus": 8, "gpus_p3": 8, "gpus_p4": 1,
         "latency_ms": 1000, "fleet": "4,16,32", "forks_ratio": 4, "idle_p5": 30, "resync_p5": 10}
-QUICK = {"runs": {"p1": 1, "p2": 1, "p3": 1, "p4": 1, "p5": 1, "p6": 1, "p7": 1, "p8": 1}, "allocate_calls": 100,
+QUICK = {"runs": {"p1": 1, "p2": 1, "p3": 1, "p4": 1, "p5": 1, "p6": 1, "p7": 1, "p8": 1, "p9": 1},
+         "allocate_calls": 100,
          "claims_p7": 8, "gpus": 2, "gpus_p3": 2, "gpus_p4": 1,
          "latency_ms": 300, "fleet": "1,2", "forks_ratio": 1, "idle_p5": 4, "resync_p5": 2}
 
@@ -62,13 +64,13 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", default=_env("quick", "") not in ("", "0"),
                         help="smoke run: tiny cases, one run each (defaults below are for the full run)")
     parser.add_argument("--parts", type=_parts, default=_env("parts", ",".join(PARTS)),
-                        help="which parts to run (default all: p1,p2,p3,p4,p5,p6,p7,p8)")
+                        help="which parts to run (default all: %s)" % ",".join(PARTS))
     parser.add_argument("--out", default=_env("out", os.path.join(REPO, "bench-results")),
                         help="output directory (default bench-results/)")
     for part in PARTS:
         parser.add_argument("--runs-" + part, type=_positive, default=_env("runs_" + part),
                             help="runs of %s (full: %d)" % (part.upper(), FULL["runs"][part]))
-    parser.add_argument("--gpus", type=_positive, default=_env("gpus"), help="L40S GPUs for P1/P2/P8 (full: 8)")
+    parser.add_argument("--gpus", type=_positive, default=_env("gpus"), help="L40S GPUs for P1/P2/P7/P8/P9 (full: 8)")
     parser.add_argument("--gpus-p3", type=_positive, default=_env("gpus_p3"), help="L40S GPUs for P3 (full: 8)")
     parser.add_argument("--gpus-p4", type=_positive, default=_env("gpus_p4"), help="L40S GPUs per P4 host (full: 1)")
     parser.add_argument("--latency-ms", type=_positive, default=_env("latency_ms"),
@@ -126,6 +128,9 @@ def run_part(part, args):
     if part == "p8":
         from tests.bench import manager_restart
         return manager_restart.run(args)
+    if part == "p9":
+        from tests.bench import claim_time
+        return claim_time.run(argparse.Namespace(gpus=args.gpus, runs=args.runs["p9"]))
     from tests.bench import playbooks
     return playbooks.run(args, part)
 

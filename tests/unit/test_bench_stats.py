@@ -48,7 +48,7 @@ def test_defaults_full_and_quick(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     full = parse_args([])
     assert full.runs == FULL["runs"] and full.fleet == [4, 16, 32] and full.forks_ratio == 4
-    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"] and full.gpus == 8 and full.latency_ms == 1000
+    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"] and full.gpus == 8 and full.latency_ms == 1000
     assert (full.idle_p5, full.resync_p5) == (30, 10)
     quick = parse_args(["--quick", "--parts", "p3,p1", "--runs-p1", "2"])
     assert quick.parts == ["p1", "p3"] and quick.runs["p1"] == 2 and quick.runs["p3"] == QUICK["runs"]["p3"]
@@ -62,7 +62,7 @@ def test_environment_sets_options(monkeypatch):
     assert args.quick and args.runs["p4"] == 7 and args.fleet == [2, 8]
 
 
-@pytest.mark.parametrize("argv", [["--parts", "p9"], ["--fleet", "0,4"], ["--parts", ""], ["--runs-p1", "0"],
+@pytest.mark.parametrize("argv", [["--parts", "p10"], ["--fleet", "0,4"], ["--parts", ""], ["--runs-p1", "0"],
                                   ["--latency-ms", "soon"], ["--idle-p5", "0"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
@@ -81,6 +81,36 @@ def test_markdown_marks_missed_targets():
                            "parallel_over_floor": stats.summary([1.1, 1.3]), "met": False}}})
     row = [line for line in text.splitlines() if line.startswith("| P3")]
     assert len(row) == 1 and "**no**" in row[0] and "5.00×" in row[0] and "L = 0.3 s" in row[0]
+
+
+def _p1_case(engine, floor, target):
+    return {"layout": [{"gpus": [0], "profiles": {"L40S-1Q": 32}}], "writes": 32, "writes_min": 32,
+            "engine_reads": {"readlink": 33, "read": 20}, "engine_s": stats.summary([engine]),
+            "floor_s": stats.summary([floor]), "ratio": stats.summary([engine / floor]), "target_ratio": target,
+            "met": target is None or engine / floor <= target, "holder_counts": [{"scans": 1, "probes": 32}]}
+
+
+def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
+    latency = {"p50_ms": 20.0, "p99_ms": 120.0}
+    text = report.markdown({
+        "settings": {"quick": True, "parts": ["p1", "p9"], "runs": {"p1": 1, "p9": 1}}, "duration_s": 3.0,
+        "machine": {"cores": 2, "python": "3.12", "ansible_core": "2.21.5", "load_average_at_start": [1.0]},
+        "results": {
+            "p1": {"gpus": 1, "scan": "incomplete (pid 1 not inspectable)", "uniform": _p1_case(3.0, 1.0, 2.5),
+                   "mixed": _p1_case(9.0, 1.0, None),
+                   "own_pid_namespace": {"scan": "complete", "uniform": _p1_case(2.0, 1.0, 2.5)}},
+            "p9": {"gpus": 8, "profiles": ["L40S-12Q"] * 5, "published": {"slices": 2, "counter_sets": 8, "devices": 40},
+                   "prepare_with_type_write": latency, "unprepare_clearing_type": latency, "target_p99_ms": 100.0,
+                   "met": False}}})
+    lines = dict((line.split("|")[1].strip(), line) for line in text.splitlines() if line.startswith("| P"))
+    assert "3.00×" in lines["P1 cold converge, uniform"] and "**no**" in lines["P1 cold converge, uniform"]
+    assert "incomplete (pid 1" in lines["P1 cold converge, uniform"]
+    own = lines["P1 cold converge, uniform, own pid namespace"]
+    assert "2.00×" in own and "walk complete" in own and own.rstrip(" |").endswith("yes")
+    assert "≤ 2.5×" not in lines["P1 cold converge, mixed"] and lines["P1 cold converge, mixed"].rstrip(" |").endswith("yes")
+    assert "P1 in-use checks per apply, uniform, own pid namespace" in lines
+    claim_time = lines["P9 claim-time NodePrepareResources"]
+    assert "p99 120.00 ms" in claim_time and "p99 ≤ 100 ms" in claim_time and "**no**" in claim_time
 
 
 def test_changed_tasks_from_the_default_callback():
