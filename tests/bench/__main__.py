@@ -16,9 +16,12 @@ import signal
 import sys
 import time
 
-from tests.bench import REPO, report
+from tests.bench import REPO, pidns, report
 
 PARTS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9")
+# parts that walk /proc on every apply: run again in their own pid namespace where this machine's walk is
+# incomplete (tests/bench/pidns.py)
+WALKING_PARTS = ("p1", "p2")
 FULL = {"runs": {"p1": 5, "p2": 3, "p3": 5, "p4": 3, "p5": 5, "p6": 5, "p7": 3, "p8": 3, "p9": 3},
         "allocate_calls": 1000,
         "claims_p7": 128, "gpus": 8, "gpus_p3": 8, "gpus_p4": 1,
@@ -147,6 +150,10 @@ def main(argv=None):
         print("bench: %s ..." % part.upper(), file=sys.stderr, flush=True)
         part_start = time.monotonic()
         result["results"][part] = run_part(part, args)
+        if part in WALKING_PARTS:
+            own = pidns.again_in_own_pid_namespace(part, settings_dict(args))
+            if own is not None:
+                result["results"][part]["own_pid_namespace"] = own
         result["durations_s"][part] = round(time.monotonic() - part_start, 1)
         print("bench: %s done in %.0f s" % (part.upper(), result["durations_s"][part]), file=sys.stderr, flush=True)
     result["duration_s"] = round(time.monotonic() - started, 1)

@@ -11,21 +11,15 @@ first run starts without it and reads every VF.
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import os
-import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
-from tests.bench import REPO, simnodes, stats, vf_enable
+from tests.bench import pidns, simnodes, stats, vf_enable
 
 MODEL = "l40s"
 # Sysfs primitives the engine reads through (read_optional/read_int/link_name go through these);
@@ -166,62 +160,14 @@ def measure_case(node, name, case, runs, cache_dir):
             "met_ops": stats.within(stats.summary(ops)["median"], OPS_TARGET) and max(engine_writes) == minimum}
 
 
-def scan_state(proc_root="/proc"):
-    """'complete', or why a walk of this machine's /proc is not (then every apply also asks the kernel about
-    each group in scope: inuse.Holders.held)."""
-    scan = inuse.ProcessScan(proc_root)
-    if not scan.incomplete:
-        return "complete"
-    pids = sorted(scan.uninspectable)
-    return "incomplete (%s)" % ("pid %s not inspectable" % ", ".join(str(p) for p in pids[:3]) if pids else scan.hidden)
-
-
-def run(settings, own_namespace=True):
-    """P1 for every case on one node of `settings.gpus` L40S GPUs (32 VFs each). Where this machine's /proc
-    cannot be walked completely (a sandbox's pid 1), the uniform case runs again in a pid namespace of its own
-    (`unshare --pid --mount-proc`, root only): a complete walk, as an agent or module running as root on a
-    node has it."""
+def run(settings):
+    """P1 for every case on one node of `settings.gpus` L40S GPUs (32 VFs each)."""
     results = {"gpus": settings.gpus, "vfs_per_gpu": 32, "model": MODEL, "runs": settings.runs["p1"],
-               "scan": scan_state()}
+               "scan": pidns.scan_state()}
     with simnodes.mounted(["%s:%d" % (MODEL, settings.gpus)]) as nodes, \
             tempfile.TemporaryDirectory(prefix="bench-p1-") as cache_dir:
         node = nodes[0]
         enable_vfs(node)
         for name, case in cases(settings.gpus).items():
             results[name] = measure_case(node, name, case, settings.runs["p1"], cache_dir)
-    if own_namespace and results["scan"] != "complete":
-        results["own_pid_namespace"] = _in_own_pid_namespace(settings)
     return results
-
-
-def _in_own_pid_namespace(settings):
-    """The uniform case in a new pid namespace: {"scan", "uniform"}, or {"skipped": why}."""
-    unshare = shutil.which("unshare")
-    if os.geteuid() != 0 or unshare is None:
-        return {"skipped": "needs root and unshare(1)"}
-    argv = [unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-m", "tests.bench.converge",
-            "--gpus", str(settings.gpus), "--runs", str(settings.runs["p1"])]
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False, timeout=1800)
-    if proc.returncode != 0:
-        raise simnodes.BenchError("P1 in its own pid namespace failed: %s" % (proc.stderr.strip()[-2000:]))
-    return json.loads(proc.stdout)
-
-
-def main(argv=None):
-    """The child of _in_own_pid_namespace: the uniform case, its result as JSON on stdout."""
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.converge")
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args(argv)
-    result = {"scan": scan_state()}
-    with simnodes.mounted(["%s:%d" % (MODEL, args.gpus)]) as nodes, \
-            tempfile.TemporaryDirectory(prefix="bench-p1-") as cache_dir:
-        node = nodes[0]
-        enable_vfs(node)
-        result["uniform"] = measure_case(node, "uniform", cases(args.gpus)["uniform"], args.runs, cache_dir)
-    json.dump(result, sys.stdout)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,7 +26,7 @@ import time
 
 import yaml
 
-from tests.bench import REPO, COLLECTIONS, simnodes, stats
+from tests.bench import REPO, COLLECTIONS, pidns, simnodes, stats
 
 ANSIBLE_PLAYBOOK = os.path.join(REPO, ".venv", "bin", "ansible-playbook")
 NODES_PLAYBOOK = os.path.join(REPO, "playbooks", "nodes.yml")
@@ -195,7 +195,7 @@ def run_p2(settings, tmp):
         # one more no-op run, untimed in the table, for where the time goes (per-task seconds)
         tasks = fleet.run(NODES_PLAYBOOK, 1, profile=True).tasks
     ratio = stats.ratio_summary(node_s, ping_s)
-    return {"gpus": settings.gpus, "profiles": profiles, "runs": settings.runs["p2"],
+    return {"gpus": settings.gpus, "profiles": profiles, "runs": settings.runs["p2"], "scan": pidns.scan_state(),
             "node_playbook_s": stats.summary(node_s), "ping_playbook_s": stats.summary(ping_s),
             "ratio": ratio, "writes": max(writes), "tasks_changed": max(changed),
             "changed_task_names": changed_names, "task_seconds": tasks,

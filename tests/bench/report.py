@@ -64,12 +64,13 @@ def _p1_rows(p1):
     for case in ("uniform", "mixed"):
         yield _p1_case_row("P1 cold converge, %s" % case, p1["gpus"], p1[case], scan)
     own = p1.get("own_pid_namespace") or {}
-    if "uniform" in own:
-        yield _p1_case_row("P1 cold converge, uniform, own pid namespace", p1["gpus"], own["uniform"], own["scan"])
+    if "result" in own:
+        yield _p1_case_row("P1 cold converge, uniform, own pid namespace", p1["gpus"], own["result"]["uniform"],
+                           own["scan"])
     elif own:
-        yield ("P1 cold converge, uniform, own pid namespace", "skipped: %s" % own.get("skipped"), "", "", "", "", "")
+        yield _skipped("P1 cold converge, uniform, own pid namespace", own)
     for label, data in (("P1 sysfs round trips, uniform", p1["uniform"]),
-                        ("P1 sysfs round trips, uniform, own pid namespace", own.get("uniform") or {})):
+                        ("P1 sysfs round trips, uniform, own pid namespace", _own(p1).get("uniform") or {})):
         if "ops_per_written_vf" in data:
             ops = data["ops_per_written_vf"]
             yield (label, "engine reads + links + writes per written VF (first run: no node cache yet)",
@@ -87,8 +88,17 @@ def _counts(per_apply):
     return ", ".join(parts)
 
 
+def _own(part):
+    """The result of the part's run in its own pid namespace (tests/bench/pidns.py), {} when there is none."""
+    return (part.get("own_pid_namespace") or {}).get("result") or {}
+
+
+def _skipped(label, own):
+    return (label, "skipped: %s" % own.get("skipped"), "", "", "", "", "")
+
+
 def _p1_holder_rows(p1):
-    own = (p1.get("own_pid_namespace") or {}).get("uniform") or {}
+    own = _own(p1).get("uniform") or {}
     for case, data in (("uniform", p1["uniform"]), ("mixed", p1["mixed"]), ("uniform, own pid namespace", own)):
         counts = data.get("holder_counts")
         if counts:
@@ -118,12 +128,21 @@ def _p9_rows(p9):
            "p99 ≤ %g ms" % p9["target_p99_ms"], _met(p9["met"]))
 
 
-def _p2_rows(p2):
-    what = "nodes.yml on a converged node (%d GPUs); sysfs writes %d, tasks changed %d%s" % (
+def _p2_row(label, p2, scan):
+    what = "nodes.yml on a converged node (%d GPUs); sysfs writes %d, tasks changed %d%s; /proc walk %s" % (
         p2["gpus"], p2["writes"], p2["tasks_changed"],
-        " (%s)" % ", ".join(p2["changed_task_names"]) if p2["changed_task_names"] else "")
-    yield ("P2 no-op re-run", what, "nodes.yml " + _spread(p2["node_playbook_s"]),
-           "ping " + _spread(p2["ping_playbook_s"]), _ratio(p2["ratio"]), "≤ 2×, 0 writes", _met(p2["met"]))
+        " (%s)" % ", ".join(p2["changed_task_names"]) if p2["changed_task_names"] else "", scan)
+    return (label, what, "nodes.yml " + _spread(p2["node_playbook_s"]), "ping " + _spread(p2["ping_playbook_s"]),
+            _ratio(p2["ratio"]), "≤ 2×, 0 writes", _met(p2["met"]))
+
+
+def _p2_rows(p2):
+    yield _p2_row("P2 no-op re-run", p2, p2.get("scan", "not recorded"))
+    own = p2.get("own_pid_namespace") or {}
+    if "result" in own:
+        yield _p2_row("P2 no-op re-run, own pid namespace", own["result"], own["scan"])
+    elif own:
+        yield _skipped("P2 no-op re-run, own pid namespace", own)
 
 
 def _p3_rows(p3):

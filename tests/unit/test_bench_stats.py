@@ -98,7 +98,8 @@ def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
         "results": {
             "p1": {"gpus": 1, "scan": "incomplete (pid 1 not inspectable)", "uniform": _p1_case(3.0, 1.0, 2.5),
                    "mixed": _p1_case(9.0, 1.0, None),
-                   "own_pid_namespace": {"scan": "complete", "uniform": _p1_case(2.0, 1.0, 2.5)}},
+                   "own_pid_namespace": {"scan": "complete", "result": {
+                       "uniform": _p1_case(2.0, 1.0, 2.5), "mixed": _p1_case(5.0, 1.0, None)}}},
             "p9": {"gpus": 8, "profiles": ["L40S-12Q"] * 5, "published": {"slices": 2, "counter_sets": 8, "devices": 40},
                    "prepare_with_type_write": latency, "unprepare_clearing_type": latency, "target_p99_ms": 100.0,
                    "met": False}}})
