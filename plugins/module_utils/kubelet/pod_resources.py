@@ -17,6 +17,10 @@ AllocationRecord keeps node/pod_allocations.py's record (the files the node engi
   was listed and has been unlisted for less than `grace` seconds (a restarted kubelet lists no pod until its pod
   sources sync); a device
   a live pod holds is recorded with the pod's name (also one allocated before this record existed). PodResources unreadable: nothing is dropped.
+  The read and the rewrite happen under the record's flock (pod_allocations.rewrite), and so does `add`'s append:
+  another process's Allocate (a second agent during a rolled DaemonSet) waits for the rewrite instead of being
+  lost by it. The waits are bounded: an Allocate fails after pod_allocations.APPEND_WAIT, a sync is skipped
+  (nothing dropped) after REWRITE_WAIT.
 Needs grpcio/protobuf (the agent image); the node side reads the record with the standard library only.
 """
 
@@ -104,25 +108,34 @@ class AllocationRecord:
             return False
         self._failing = None
         with self._lock:
-            devices = pod_allocations.read(self.path)
-            now, kept = self.clock(), {}
-            for device_id, entry in devices.items():
-                if device_id in live or not entry.get("pod"):
-                    self._unlisted.pop(device_id, None)
-                    pending = now - float(entry.get("allocatedAt") or 0) < self.grace
-                else:   # listed once: a kubelet just restarted lists no pod until its pod sources sync (server_v1.go
-                    # List answers the pod manager's pods), so it is gone only once unlisted for `grace` seconds
-                    pending = now - self._unlisted.setdefault(device_id, now) < self.grace
-                if device_id in live or pending:
-                    kept[device_id] = entry
-                else:
-                    self._unlisted.pop(device_id, None)
-                    self.log("device plugin: %s %s is free again (no live pod holds it)"
-                             % (entry["resource"], device_id))
-            for device_id, (resource, pod) in live.items():
-                entry = dict(kept.get(device_id) or {"allocatedAt": now})
-                entry.update(resource=resource, pod=pod)
-                kept[device_id] = entry
-            if kept != devices or pod_allocations.journal_pending(self.path):
-                pod_allocations.write(self.path, kept)   # the snapshot; the journal emptied
+            try:   # under the record's flock from the read to the rewrite: another process's Allocate waits
+                pod_allocations.rewrite(self.path, lambda devices: self._prune(devices, live))
+            except OSError as exc:
+                self.log("device plugin: allocation record %s not pruned: %s; the vGPUs it lists stay held"
+                         % (self.path, exc))
+                return False
         return True
+
+    def _prune(self, devices, live):
+        """The devices to keep of `devices` (the record) given `live` (PodResources); None: nothing to write."""
+        now, kept = self.clock(), {}
+        for device_id, entry in devices.items():
+            if device_id in live or not entry.get("pod"):
+                self._unlisted.pop(device_id, None)
+                pending = now - float(entry.get("allocatedAt") or 0) < self.grace
+            else:   # listed once: a kubelet just restarted lists no pod until its pod sources sync (server_v1.go
+                # List answers the pod manager's pods), so it is gone only once unlisted for `grace` seconds
+                pending = now - self._unlisted.setdefault(device_id, now) < self.grace
+            if device_id in live or pending:
+                kept[device_id] = entry
+            else:
+                self._unlisted.pop(device_id, None)
+                self.log("device plugin: %s %s is free again (no live pod holds it)"
+                         % (entry["resource"], device_id))
+        for device_id, (resource, pod) in live.items():
+            entry = dict(kept.get(device_id) or {"allocatedAt": now})
+            entry.update(resource=resource, pod=pod)
+            kept[device_id] = entry
+        if kept != devices or pod_allocations.journal_pending(self.path):
+            return kept     # the snapshot written; the journal emptied
+        return None

@@ -17,7 +17,13 @@ agent) therefore records every device it hands out, durably, BEFORE it answers A
   journal is emptied: {"version": 1, "checksum": "<sha256 of the canonical devices JSON>", "devices": {"<VF address
   or mdev UUID>": {"resource", "allocatedAt", "pod": "<namespace>/<name>" once the kubelet lists it}}}.
 
-The record is the snapshot with the journal's lines on top. At every reconcile the agent drops the devices no live
+The record is the snapshot with the journal's lines on top. Its writers are separate processes (an agent's device
+plugin appends, an agent's reconcile rewrites; two agents overlap during a rolled DaemonSet), so each holds an
+exclusive flock on `allocations.lock` (same directory) while it writes: the appender for its lines and their flush,
+the rewriter from its read of the record to its emptied journal, so an Allocate can never land between the two
+and be lost. Both wait a bounded time (APPEND_WAIT, REWRITE_WAIT) and fail naming the file when the lock stays
+held. Readers take no lock (the directory may be read-only to them): a read that a rewrite overlapped (the snapshot
+replaced while the journal was read) is read again. At every reconcile the agent drops the devices no live
 pod holds any more, as the kubelet's PodResources API v1 says (a device allocated moments ago and never listed is
 kept: the kubelet lists it only after Allocate returned). Fail closed: when PodResources cannot be read nothing is
 dropped, and a record that cannot be read or trusted is an error naming the file (never "nothing held"). The node
@@ -27,8 +33,12 @@ engine, the CLI, the modules, the boot unit and the manager image read it throug
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
+import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import DURABLE, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
@@ -38,6 +48,10 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders i
 DIRECTORY = "accelops-vgpu-device-plugin"  # under <kubelet dir>/plugins/
 FILE_NAME = "allocations.json"
 JOURNAL_NAME = "allocations.journal"
+LOCK_NAME = "allocations.lock"
+APPEND_WAIT = 1.0    # seconds an Allocate waits for a rewrite (which holds the lock for a read and two fsyncs)
+REWRITE_WAIT = 5.0   # seconds a reconcile waits for appenders
+READ_TRIES = 5       # reads a rewrite overlapped before the reader gives up (an error naming the file)
 VERSION = 1
 HOLDER = "pod %s (device plugin, %s)"                        # a device the kubelet lists for a live pod
 HOLDER_PENDING = "a pod not listed yet (device plugin, %s)"  # allocated, not (yet) in PodResources
@@ -94,8 +108,55 @@ def _read_journal(path):
     return found
 
 
+def lock_path(path):
+    """The lock file beside the snapshot `path`."""
+    return os.path.join(os.path.dirname(path), LOCK_NAME)
+
+
+@contextlib.contextmanager
+def locked(path, wait):
+    """Hold the record's exclusive flock (`allocations.lock` beside the snapshot `path`), waiting at most `wait`
+    seconds for another writer; OSError (EAGAIN, naming the lock file) when it stays held."""
+    lock = lock_path(path)
+    os.makedirs(os.path.dirname(lock), mode=0o755, exist_ok=True)
+    handle = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline, pause = time.monotonic() + wait, 0.0005
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise OSError(errno.EAGAIN, "held by another writer for %.1f s" % wait, lock) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
+        yield
+    finally:
+        os.close(handle)    # the lock goes with the last descriptor of this open
+
+
+def _identity(path):
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
 def read(path):
-    """The verified devices of the record whose snapshot is `path` (the journal's on top); {} when there is none."""
+    """The verified devices of the record whose snapshot is `path` (the journal's on top); {} when there is none.
+    Lock-free: a read a rewrite overlapped (the old snapshot, then the journal the rewrite emptied) is read again."""
+    for dummy in range(READ_TRIES):
+        before = _identity(path)
+        devices = _read_once(path)
+        if _identity(path) == before:
+            return devices
+    raise AllocationRecordError("device plugin allocation record %s: rewritten during %d reads in a row"
+                                % (path, READ_TRIES))
+
+
+def _read_once(path):
     try:
         with open(path) as handle:
             doc = json.load(handle)
@@ -113,26 +174,27 @@ def read(path):
     return devices
 
 
-def append(path, resource, ids, allocated_at):
+def append(path, resource, ids, allocated_at, wait=None):
     """Add `ids` of `resource` to the record whose snapshot is `path`: journal lines, flushed (fdatasync) before
-    returning; the directory is synced too when the journal is new."""
+    returning, under the record's lock (at most `wait` seconds waited for a rewrite: OSError); the directory is
+    synced too when the journal is new."""
     journal = journal_path(path)
-    os.makedirs(os.path.dirname(journal), mode=0o755, exist_ok=True)
-    new = not os.path.exists(journal)
     lines = []
     for device_id in ids:
         entry = {"id": device_id, "resource": resource, "allocatedAt": allocated_at}
         entry["sum"] = _line_sum(entry)
         lines.append(json.dumps(entry, sort_keys=True) + "\n")
-    handle = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        _drop_cut_line(handle)
-        os.write(handle, "".join(lines).encode())
-        os.fdatasync(handle)
-    finally:
-        os.close(handle)
-    if new:
-        _sync_dir(os.path.dirname(journal))
+    with locked(path, APPEND_WAIT if wait is None else wait):
+        new = not os.path.exists(journal)
+        handle = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            _drop_cut_line(handle)
+            os.write(handle, "".join(lines).encode())
+            os.fdatasync(handle)
+        finally:
+            os.close(handle)
+        if new:
+            _sync_dir(os.path.dirname(journal))
 
 
 def _drop_cut_line(handle):
@@ -163,7 +225,8 @@ def _sync_dir(directory):
 
 def write(path, devices):
     """Replace the record: the snapshot atomically and durably (file and directory fsynced: it must survive a power
-    cut), then the journal emptied (a cut between the two replays lines the snapshot already has: harmless)."""
+    cut), then the journal emptied (a cut between the two replays lines the snapshot already has: harmless). The
+    caller holds `locked(path, ...)` from its read of the record to here (see `rewrite`)."""
     write_file(path, json.dumps({"version": VERSION, "checksum": _checksum(devices), "devices": devices},
                                 sort_keys=True) + "\n", mode=0o600, sync=DURABLE)
     if journal_pending(path):
@@ -172,6 +235,15 @@ def write(path, devices):
             os.fsync(handle)
         finally:
             os.close(handle)
+
+
+def rewrite(path, change, wait=None):
+    """Read the record, `change(devices)` -> the devices to keep (or None: nothing to write), write it: all under the
+    record's lock, so no Allocate lands between the read and the rewrite (OSError after `wait` seconds)."""
+    with locked(path, REWRITE_WAIT if wait is None else wait):
+        kept = change(read(path))
+        if kept is not None:
+            write(path, kept)
 
 
 def holders(devices):

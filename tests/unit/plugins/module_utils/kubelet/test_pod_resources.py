@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import threading
+import time
 
 import grpc
 import pytest
@@ -181,3 +185,66 @@ def test_the_podresources_double_answers_get_and_allocatable(kubelet, served):
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
         allocatable = stub.GetAllocatableResources(pb.AllocatableResourcesRequest())
         assert [(d.resource_name, sorted(d.device_ids)) for d in allocatable.devices] == [(R24, [VF1, VF2])]
+
+
+def test_an_allocate_landing_between_the_prune_read_and_its_rewrite_is_not_lost(kubelet, served, kubelet_dir,
+                                                                                 monkeypatch):
+    """Another process's Allocate (a second agent during a rolled DaemonSet: its own AllocationRecord) lands right
+    after this agent's sync read the record. It waits for the rewrite (the record's flock; flock conflicts between
+    separate opens of the lock file, in one process as across two) and its journal line survives it."""
+    record, dummy = served
+    kubelet.run_pod("vms", "vm-a", R24, [VF1])
+    other = pod_resources.AllocationRecord(kubelet_dir)
+    path, real_read, threads = pod_allocations.record_path(kubelet_dir), pod_allocations.read, []
+
+    def read_then_allocate(where):
+        devices = real_read(where)
+        if not threads:
+            threads.append(threading.Thread(target=other.add, args=(R24, [VF2])))
+            threads[0].start()
+            threads[0].join(0.5)      # without the lock: appended now, before the rewrite below
+        return devices
+
+    monkeypatch.setattr(pod_allocations, "read", read_then_allocate)
+    assert record.sync()
+    threads[0].join(5)
+    monkeypatch.setattr(pod_allocations, "read", real_read)
+    devices = pod_allocations.read(path)
+    assert sorted(devices) == [VF1, VF2] and devices[VF1]["pod"] == "vms/vm-a"
+    assert held(kubelet_dir)[VF2] == ["a pod not listed yet (device plugin, %s)" % R24]
+
+
+def test_an_allocate_waits_a_bounded_time_for_the_record_lock_then_fails_naming_it(kubelet_dir, monkeypatch):
+    path = pod_allocations.record_path(kubelet_dir)
+    lock = os.path.join(os.path.dirname(path), "allocations.lock")
+    monkeypatch.setattr(pod_allocations, "APPEND_WAIT", 0.2, raising=False)
+    record = pod_resources.AllocationRecord(kubelet_dir)
+    os.makedirs(os.path.dirname(path))
+    with open(lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)      # a rewrite that does not end (another process, stuck)
+        started = time.monotonic()
+        with pytest.raises(AllocationError, match="cannot record the allocation of %s in .*%s" % (VF1, lock)):
+            record.add(R24, [VF1])
+        assert 0.2 <= time.monotonic() - started < 2
+    assert not pod_allocations.journal_pending(path) and pod_allocations.read(path) == {}
+    record.add(R24, [VF1])                      # the lock released: recorded
+    assert list(pod_allocations.read(path)) == [VF1]
+
+
+def test_a_read_that_a_rewrite_overlapped_is_read_again(kubelet_dir, monkeypatch):
+    """A reader (the engine, the CLI, the boot unit: no lock, the directory may be read-only to it) reads the old
+    snapshot, then a rewrite folds the journal into a new snapshot and empties the journal, then the reader reads
+    the journal: without a second read the allocated VF would look free."""
+    path = pod_allocations.record_path(kubelet_dir)
+    pod_allocations.write(path, {})
+    pod_allocations.append(path, R24, [VF1], 5.0)
+    real, calls = pod_allocations._read_journal, []
+
+    def rewritten_meanwhile(journal):
+        if not calls:
+            calls.append(journal)
+            pod_allocations.write(path, {VF1: {"resource": R24, "allocatedAt": 5.0}})
+        return real(journal)
+
+    monkeypatch.setattr(pod_allocations, "_read_journal", rewritten_meanwhile)
+    assert pod_allocations.read(path) == {VF1: {"resource": R24, "allocatedAt": 5.0}}
