@@ -40,7 +40,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.errors import Engine
 from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import model_name
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_dir, lock_name, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
-    GpuPlan, LayoutError, drop_reserved, nvidia_gpus, resolve, type_size_gb)
+    GpuPlan, LayoutError, drop_reserved, naming_entry, nvidia_gpus, resolve, type_size_gb)
 
 NVIDIA_SMI = "nvidia-smi"
 DRIVER_VERSION = "module/nvidia/version"
@@ -66,8 +66,35 @@ def framework_of(sysfs, gpu, vfs=None):
         return vgpu_mdev.FRAMEWORK
     if dev.sriov_capable and not vfs:
         return NEEDS_VFS
-    raise LayoutError("GPU %s offers no vGPU interface (not an mdev parent, no VF with nvidia/current_vgpu_type); "
-                      "is the NVIDIA vGPU host driver loaded?" % gpu.address)
+    raise NoVgpuInterface("GPU %s %s; is the NVIDIA vGPU host driver loaded?" % (gpu.address, NO_VGPU))
+
+
+NO_VGPU = "offers no vGPU interface (not an mdev parent, no VF with nvidia/current_vgpu_type)"
+
+
+class NoVgpuInterface(LayoutError):
+    """A GPU without any vGPU interface (e.g. passed whole into this machine, which is itself a VM)."""
+
+
+def frameworks_of(sysfs, selection, gpus, vfs_of):
+    """({address: framework}, [pf_driver.Skipped]) of the GPUs `selection` has. A GPU that offers no vGPU
+    interface is taken out of `selection` and skipped (a one-line note naming it) when `devices: all` or a filter
+    chose it, so the node's other GPUs are programmed; an entry naming it is a LayoutError naming it. When no GPU
+    selected offers one, the first such error stands: a node whose vGPU manager is not loaded fails, not passes."""
+    found, skipped, first = OrderedDict(), [], None
+    for address in list(selection):
+        try:
+            found[address] = framework_of(sysfs, gpus[address], vfs_of.get(address))
+        except NoVgpuInterface as exc:
+            entry, named = naming_entry(selection[address], gpus[address])
+            if entry is not None:
+                raise NoVgpuInterface("%s: devices: %s %s" % (entry.origin, named, NO_VGPU)) from None
+            first = first or exc
+            skipped.append(pf_driver.Skipped(address, pci.PciDevice(sysfs, address).driver, NO_VGPU))
+            del selection[address]
+    if first is not None and not found:
+        raise first
+    return found, skipped
 
 
 class TypeNames:
@@ -298,6 +325,8 @@ class Node:
         for address, allow in self.modes.gpus.items():
             self._claim_time_offers(gpus[address], allow, vfs_of.get(address))
         self.skipped = drop_reserved(selection, list(gpus.values()), self.sysfs, self.take_over)
+        frameworks, no_vgpu = frameworks_of(self.sysfs, selection, gpus, vfs_of)
+        self.skipped += no_vgpu
         # the scope names the VFs too (read with the GPUs): no physfn link is read to place them
         scope = list(selection) + [vf for address in selection for vf in vfs_of.get(address) or ()]
         held = self.planned_held = self.held(scope, reuse=reuse or bool(walked))
@@ -305,8 +334,7 @@ class Node:
         claimed = self.claimed_types(held)
         plans = []
         for address, gpu_entries in selection.items():
-            gpu = gpus[address]
-            framework = framework_of(self.sysfs, gpu, vfs_of.get(address))
+            gpu, framework = gpus[address], frameworks[address]
             if framework == NEEDS_VFS:
                 if not (enable_vfs or check_mode):
                     raise LayoutError("GPU %s: SR-IOV VFs are not enabled; enable them first (accelops.vgpu.sriov_vfs, "

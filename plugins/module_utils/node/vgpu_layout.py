@@ -319,14 +319,22 @@ def drop_reserved(selection, gpus, sysfs, take_over=()):
         why = pf_driver.reserved(sysfs, pci.PciDevice(sysfs, address), take_over)
         if why is None:
             continue
-        gpu = by_address[address]
-        for entry in selection[address]:
-            if entry.devices is not None and (gpu.index in entry.devices or address in entry.devices):
-                raise LayoutError("%s: %s" % (entry.origin, pf_driver.named_error(
-                    address if address in entry.devices else "GPU index %d (%s)" % (gpu.index, address), why)))
+        entry, named = naming_entry(selection[address], by_address[address])
+        if entry is not None:
+            raise LayoutError("%s: %s" % (entry.origin, pf_driver.named_error(named, why)))
         skipped.append(pf_driver.Skipped(address, pci.PciDevice(sysfs, address).driver, why))
         del selection[address]
     return skipped
+
+
+def naming_entry(entries, gpu):
+    """(the first of `entries` whose `devices` names `gpu` by address or index, how it names it), else (None, None):
+    a GPU an entry names is refused with an error where `devices: all` or a filter would skip it."""
+    for entry in entries:
+        if entry.devices is not None and (gpu.index in entry.devices or gpu.address in entry.devices):
+            return entry, (gpu.address if gpu.address in entry.devices else "GPU index %d (%s)" % (gpu.index,
+                                                                                                 gpu.address))
+    return None, None
 
 
 def _check_listed(entry, gpus, sysfs):
