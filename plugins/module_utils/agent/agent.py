@@ -45,7 +45,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent.http_endpoint 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.telemetry import Telemetry, node_vgpu_counts
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
@@ -105,6 +106,8 @@ class Agent:
         self.manager_restarts = 0   # restarts noticed (status file `manager_restarts`)
         self.restart_pending = False  # a re-apply after a restart has not succeeded yet
         self.skipped = []           # GPUs passed through the last apply left alone (status file `reserved`)
+        self.allocations = None     # with the device plugin off: kubelet.pod_resources.AllocationRecord, once a
+        # record an earlier device plugin left is found (pruned at every reconcile, see _plugin_check)
 
     # --- threads ---------------------------------------------------------------------------------
     def on_node(self, node):
@@ -274,9 +277,29 @@ class Agent:
         self.skipped = skipped
 
     def _plugin_check(self, engine):
-        """The served vGPUs' health as the node says now, before the reconcile may change them."""
+        """The served vGPUs' health as the node says now, before the reconcile may change them; the allocation
+        record pruned against PodResources (by the device plugin, or here when it is off)."""
         if self.device_plugin is not None:
-            self.device_plugin.check(engine.sysfs)
+            self.device_plugin.check(engine.sysfs)   # its AllocationRecord synced first
+        else:
+            self._prune_allocations()
+
+    def _prune_allocations(self):
+        """The device plugin off (a DRA-only node, or its GPUs switched to DRA) and an allocation record left by an
+        earlier one: still pruned against PodResources at every reconcile, so entries of pods long gone do not hold
+        their VFs forever (kubelet/pod_resources.py; nothing is dropped while PodResources cannot be read)."""
+        if self.allocations is None:
+            path = pod_allocations.record_path(self.settings.kubelet_dir)
+            if not (os.path.exists(path) or pod_allocations.journal_pending(path)):
+                return
+            try:    # grpc lives in the agent image only
+                from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import pod_resources
+            except ImportError as exc:
+                log("allocation record %s not pruned (needs grpcio and protobuf: %s); its vGPUs stay held"
+                    % (path, exc))
+                return
+            self.allocations = pod_resources.AllocationRecord(self.settings.kubelet_dir, log)
+        self.allocations.sync()
 
     def _serve_programmed(self, engine, entries):
         """After a failed apply the device plugin serves what the node has programmed (the DRA driver does the

@@ -332,8 +332,8 @@ def naming_entry(entries, gpu):
     a GPU an entry names is refused with an error where `devices: all` or a filter would skip it."""
     for entry in entries:
         if entry.devices is not None and (gpu.index in entry.devices or gpu.address in entry.devices):
-            return entry, (gpu.address if gpu.address in entry.devices else "GPU index %d (%s)" % (gpu.index,
-                                                                                                 gpu.address))
+            named = "GPU index %d (%s)" % (gpu.index, gpu.address)
+            return entry, (gpu.address if gpu.address in entry.devices else named)
     return None, None
 
 

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import pod_resources
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import pod_allocations
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double import TestKubelet
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
@@ -265,3 +266,25 @@ def test_device_plugin_and_dra_serve_disjoint_gpus_and_never_the_same_one(
     assert published == sorted(vf for vf in vfs if vf in node.vfs(second))
     assert not set(published) & set(ids(kubelet, R24)) and sorted(published + ids(kubelet, R24)) == sorted(vfs)
     wait_for("node status: one GPU's vGPUs", lambda: node_status(cluster) == ({R24: "2"}, {R24: "2"}))
+
+
+def test_with_the_device_plugin_off_a_record_left_behind_is_still_pruned(gpusim_node, cluster, start_agent, kubelet):
+    """A GPU switched from the device plugin to DRA (or a DRA-only node) keeps the record an earlier device plugin
+    wrote: the agent still prunes it against PodResources at every reconcile, so an allocation whose pod never
+    came holds no VF forever, while a device a live pod holds stays held (and gets its pod's name)."""
+    node = gpusim_node("l40s:1")
+    agent = start_agent(node, cluster.api, KUBELET_DIR=kubelet.root, RESYNC_INTERVAL="1")   # no DEVICE_PLUGIN
+    agent.wait("success", "default")
+    stale, alive = sorted(typed_vfs(node))
+    allocate_to_pod(kubelet.root, stale, pod=None)    # allocated long ago, never listed: its pod never ran
+    allocate_to_pod(kubelet.root, alive, pod=None)
+    kubelet.pod_resources.add("vms", "virt-launcher-alive", "compute", R24, [alive])
+    path = pod_allocations.record_path(kubelet.root)
+    wait_for("the record pruned", lambda: sorted(pod_allocations.read(path)) == [alive], timeout=30)
+    assert pod_allocations.read(path)[alive]["pod"] == "vms/virt-launcher-alive"
+    node.clear_log()
+    agent.forget_status()
+    cluster.select("L40S-12Q")                        # retypes both VFs: the live pod's still stops it
+    status = agent.wait("failed", "L40S-12Q")
+    assert alive in status["reason"] and stale not in status["reason"], status
+    assert node.log() == []

@@ -187,8 +187,8 @@ def test_the_podresources_double_answers_get_and_allocatable(kubelet, served):
         assert [(d.resource_name, sorted(d.device_ids)) for d in allocatable.devices] == [(R24, [VF1, VF2])]
 
 
-def test_an_allocate_landing_between_the_prune_read_and_its_rewrite_is_not_lost(kubelet, served, kubelet_dir,
-                                                                                 monkeypatch):
+def test_an_allocate_landing_between_the_prune_read_and_its_rewrite_is_not_lost(
+        kubelet, served, kubelet_dir, monkeypatch):
     """Another process's Allocate (a second agent during a rolled DaemonSet: its own AllocationRecord) lands right
     after this agent's sync read the record. It waits for the rewrite (the record's flock; flock conflicts between
     separate opens of the lock file, in one process as across two) and its journal line survives it."""
