@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci, programmed, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
 
 PCI_PREFIX, MDEV_PREFIX = "PCI_RESOURCE", "MDEV_PCI_RESOURCE"   # KubeVirt's v1.PCIResourcePrefix, MDevResourcePrefix
@@ -75,20 +75,16 @@ def _device(sysfs, resource, address, type_id, uuid=None):
 
 
 def devices_from_apply(sysfs, result, serves=None):
-    """[VgpuDevice] from an apply result (`gpus[].vgpus[]` and `resources[]`), every one Healthy (just verified);
-    `serves(gpu address)`: whether this plugin serves that GPU's vGPUs (None: every GPU)."""
-    resources = dict(((r["profile"], r["pci_vendor_selector"].upper()), r["resource_name"])
-                     for r in result.get("resources") or ())
+    """[VgpuDevice] from an apply result (`gpus[].vgpus[]` and `resources[]`, read by node/programmed.py), every one
+    Healthy (just verified), in the result's GPU order; `serves(gpu address)`: whether this plugin serves that GPU's
+    vGPUs (None: every GPU)."""
+    order = dict((gpu.get("address"), n) for n, gpu in enumerate(result.get("gpus") or ()))
     devices = []
-    for gpu in result.get("gpus") or ():
-        if not gpu.get("pci_id") or (serves is not None and not serves(gpu.get("address"))):
+    for vgpu in sorted(programmed.programmed(*programmed.of_apply(result)), key=lambda v: order[v.gpu["address"]]):
+        if not vgpu.gpu.get("pci_id") or (serves is not None and not serves(vgpu.gpu["address"])):
             continue
-        vendor, device = gpu["pci_id"].split(":")
-        selector = pci.vendor_selector(vendor, device).upper()
-        for vgpu in gpu.get("vgpus") or ():
-            resource = resources.get((vgpu.get("after"), selector))
-            if resource is not None:
-                devices.append(_device(sysfs, resource, vgpu["address"], vgpu.get("type_id"), vgpu.get("uuid")))
+        devices.append(_device(sysfs, vgpu_types.resource_name(vgpu.type_name), vgpu.address,
+                               vgpu.mdev_type if vgpu.uuid else vgpu.type_id, vgpu.uuid))
     return devices
 
 
@@ -96,7 +92,8 @@ def devices_programmed(sysfs, found, gpus=None, serves=None):
     """[VgpuDevice] of the vGPUs sysfs shows programmed, each as healthy as the node says now: what the plugin
     serves when no apply succeeded since the agent started (a layout refused because a VM holds a VF).
 
-    `found`: the DRA driver's read of the node (kubelet/dra/devices.inventory: one entry per typed VF or mdev, with
+    `found`: the DRA driver's read of the node (kubelet/dra/devices.inventory, i.e. node/programmed.py's answer
+    for node facts: one entry per typed VF or mdev, with
     its parent GPU, type name and ID); `gpus`: the GPU addresses the layout selects (None: every GPU);
     `serves(gpu address)` as for devices_from_apply. Same devices, IDs and type IDs as devices_from_apply gives
     for the same node, so a later successful apply changes nothing the kubelet sees."""

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import quantity
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, programmed, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PCI_DEVICES
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 
@@ -40,7 +40,6 @@ MDEV_UUID = "mdevUUID"          # unqualified: KubeVirt's key (pkg/dra/metadata/
 MAX_NAME = 63                   # a device name is a DNS label
 MAX_STRING = 64                 # an attribute's string value (resource.k8s.io/v1 DeviceAttribute)
 _LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
-_MDEV_TYPE = re.compile(r"^nvidia-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -179,53 +178,24 @@ def inventory(sysfs, facts):
     """[VgpuDevice] of the node, sorted by name; `facts` is node.facts.gather()'s result.
 
     A VF whose type has no known name (no creatable list or nvidia-smi names it) is left out: a
-    device nobody can select by profile is not offered."""
-    gpus = {gpu["address"]: gpu for gpu in facts.get("gpus") or ()}
-    place = _GpuPlace(sysfs)
-    found = []
-    for vf in facts.get("vfs") or ():
-        gpu = gpus.get(vf["pf"])
-        if gpu is None or not vf.get("vgpu_type_id") or not vf.get("vgpu_type"):
-            continue
-        profile = vgpu_types.short_name(vf["vgpu_type"])
-        found.append(VgpuDevice(name=device_name(profile, vf["address"]), framework="vendor-vfio",
-                                address=vf["address"], type_id=vf["vgpu_type_id"],
-                                **_common(place, gpu, profile, vf["vgpu_type"])))
-    parent_gpu = {vf["address"]: vf["pf"] for vf in facts.get("vfs") or ()}
-    for mdev in facts.get("mdevs") or ():
-        gpu = gpus.get(parent_gpu.get(mdev["parent"], mdev["parent"]))
-        if gpu is None or not mdev.get("type_name"):
-            continue
-        profile = vgpu_types.short_name(mdev["type_name"])
-        number = _MDEV_TYPE.match(mdev.get("type") or "")
-        found.append(VgpuDevice(name=device_name(profile, mdev["uuid"]), framework="mdev", address=mdev["parent"],
-                                type_id=int(number.group(1)) if number else None, mdev_uuid=mdev["uuid"],
-                                **_common(place, gpu, profile, mdev["type_name"])))
-    return sorted(found, key=lambda device: device.name)
+    device nobody can select by profile is not offered (node/programmed.py says which vGPUs there are)."""
+    return _devices(sysfs, programmed.programmed(*programmed.of_facts(facts)))
 
 
 def from_apply(sysfs, result):
     """[VgpuDevice] of the node from an apply result (`gpus[].vgpus[]`, the type names from `resources[]`): the
     reconcile's own inventory, as the device plugin uses it, so publishing costs no second scan of the node.
     Same devices as `inventory()` reads for the GPUs the layout selects."""
-    names = dict(((r["profile"], r["framework"]), r["type_name"]) for r in result.get("resources") or ())
+    return _devices(sysfs, programmed.programmed(*programmed.of_apply(result)))
+
+
+def _devices(sysfs, vgpus):
+    """[VgpuDevice] of node/programmed.py's [Programmed], sorted by name."""
     place = _GpuPlace(sysfs)
-    found = []
-    for gpu in result.get("gpus") or ():
-        for vgpu in gpu.get("vgpus") or ():
-            profile = vgpu.get("after")
-            type_name = names.get((profile, gpu.get("framework")))
-            if not profile or not type_name:
-                continue
-            if vgpu.get("uuid"):
-                number = _MDEV_TYPE.match(str(vgpu.get("type_id") or ""))
-                found.append(VgpuDevice(name=device_name(profile, vgpu["uuid"]), framework="mdev",
-                                        address=vgpu["address"], type_id=int(number.group(1)) if number else None,
-                                        mdev_uuid=vgpu["uuid"], **_common(place, gpu, profile, type_name)))
-            else:
-                found.append(VgpuDevice(name=device_name(profile, vgpu["address"]), framework="vendor-vfio",
-                                        address=vgpu["address"], type_id=vgpu.get("type_id"),
-                                        **_common(place, gpu, profile, type_name)))
+    found = [VgpuDevice(name=device_name(vgpu.profile, vgpu.uuid or vgpu.address),
+                        framework="mdev" if vgpu.uuid else "vendor-vfio", address=vgpu.address, type_id=vgpu.type_id,
+                        mdev_uuid=vgpu.uuid, **_common(place, vgpu.gpu, vgpu.profile, vgpu.type_name))
+             for vgpu in vgpus]
     return sorted(found, key=lambda device: device.name)
 
 
