@@ -27,7 +27,7 @@ import time
 from gpusim.testing import GpuSimNode
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, slices
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import NodeView
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
@@ -91,8 +91,10 @@ def run(args):
             driver = DraDriver(NODE, lambda ns, name: json.loads(json.dumps(objects[ns, name])),
                                NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {})),
                                claim_holders.plugin_dir(work), os.path.join(work, "cdi"), boot_id="bench")
-            driver.claim_time = ClaimTimePreparer(
-                engine.sysfs, lambda scope: engine.in_use.recheck(scope, name_holders=False), engine.in_use.recheck)
+            # wired as the agent wires it (agent_plugin.claim_time_preparer: the agent's engine factory)
+            driver.claim_time = agent_plugin.claim_time_preparer(
+                lambda: vgpu_apply.Node(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
+                                        cache_dir=work, kubelet_dir=work))
             driver.claim_time.update(items)
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]
             prepare, unprepare = [], []

@@ -50,16 +50,11 @@ def node_view(make_engine, serves=None):
 
 
 def claim_time_preparer(make_engine):
-    """Prepare's chooser and writer for claim-time devices: sysfs and held devices (every holder source) through
-    a fresh engine each time, as the reconcile sees them. Whether a candidate VF is free is asked the O(1) way
-    (its group's EBUSY probe and the holder sources, inuse.Holders.recheck), never by a /proc walk per
-    candidate: that made a prepare cost a walk per VF tried (p99 1.6 s on 8 GPUs under load)."""
-    def held(scope):
-        return make_engine().in_use.recheck(scope, name_holders=False)
-
-    def recheck(names):
-        return make_engine().in_use.recheck(names)
-    return ClaimTimePreparer(make_engine().sysfs, held, recheck)
+    """Prepare's chooser and writer for claim-time devices: sysfs as the reconcile sees it, and per claim prepared or
+    unprepared one engine and its in-use answers (inuse.Holders, every holder source): what cannot change under the
+    node lock (the VFs' groups and VFIO identities) read once, the chosen VF asked the O(1) way (its group's EBUSY
+    probe and the holder sources) once, right before its type is written, never by a /proc walk per candidate."""
+    return ClaimTimePreparer(make_engine().sysfs, lambda: make_engine().in_use)
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed

@@ -4,13 +4,18 @@
 """NodePrepareResources for a claim-time device (kubelet/dra/claim_time.py): the VF is chosen and typed now.
 
 The DRA driver (driver.py) calls this under the node lock (the one every layout apply takes):
-1. `choose(ref, name, earlier, taken)`: a VF of the allocated GPU that has no type, that nothing the engine
-   knows holds (inuse.held_devices with every holder source: VFIO group users, prepared claims, kubelet
-   allocations) and that no other device of this call took, and whose creatable list has the profile's type.
+0. `begin()`: one in-use engine (inuse.Holders) for this claim's prepare: what cannot change while the node lock is
+   held (the VFs' IOMMU groups, their VFIO identities) is read once, who holds a group is asked each time;
+1. `choose(ref, name, earlier, taken)`: a VF of the allocated GPU that has no type, that no other prepared claim
+   or other device of this call took (`taken`) and whose creatable list has the profile's type: sysfs reads only.
    A claim prepared before (a retry after a crash: its record says which VF) gets the same VF back when that
    still has the type or none (adopted);
 2. the driver records the claim PrepareStarted with that VF (durably) before any write;
-3. `write(device)`: the type written to `nvidia/current_vgpu_type` and read back;
+3. `write(device)`: right before the write, and only there, the VF is asked of the in-use engine (its group's
+   EBUSY probe and every holder source: VFIO group users, prepared claims, kubelet allocations); one held by
+   anything but this claim raises VfHeld with nothing written (the driver records the next candidate and tries
+   that); else the type is written to `nvidia/current_vgpu_type` and read back. A VF that has the type already
+   (adopted) is not written and not asked;
 4. the driver writes the CDI spec and the KEP-5304 metadata (`resource.kubernetes.io/pciBusID`: the VF).
 `release(device)` at unprepare writes 0 when nothing but the claim holds the VF; a VF a process still holds
 keeps its type (the reconcile clears a claim-time GPU's unheld, unrecorded types: claim_time_layout.plan).
@@ -26,15 +31,35 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciD
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 
 
-class ClaimTimePreparer:
-    """`held_of(devices)` -> {device: [holder]}: the engine's in-use answer (vgpu_apply.Node.held, every holder
-    source; `devices`, the GPU and the VF asked about, are its probe scope); `recheck(devices)`: the engine's
-    O(1) re-check right before a write (inuse.Holders.recheck), None to skip it."""
+class VfHeld(ClaimError):
+    """The chosen VF is held by something else right before the write; nothing was written."""
 
-    def __init__(self, sysfs, held_of, recheck=None):
-        self.sysfs, self.held_of, self.recheck = sysfs, held_of, recheck
+    def __init__(self, message, vf):
+        super().__init__(message)
+        self.vf = vf
+
+
+class ClaimTimePreparer:
+    """`holders()` -> a fresh in-use engine for one prepare (an inuse.Holders: the agent's engine's `in_use`, every
+    holder source); `begin()` asks for it, once per claim prepared or unprepared under the node lock."""
+
+    def __init__(self, sysfs, holders):
+        self.sysfs, self.holders = sysfs, holders
+        self.in_use = None      # the inuse.Holders of the prepare under way (begin)
         self.devices = {}       # published device name -> claim_time.ProfileDevice
         self.vf_lists = {}      # PF address -> its VF addresses (_vfs)
+
+    def begin(self):
+        """A new prepare or unprepare: the devices' facts are read again once, by a new in-use engine."""
+        self.in_use = self.holders()
+        return self.in_use
+
+    def _held(self, ref, vf):
+        """The holders of `vf` now other than claim `ref` (the group's probe and the holder sources)."""
+        if self.in_use is None:
+            self.begin()
+        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
+        return [h for h in self.in_use.recheck([vf]).get(vf, ()) if h != mine]
 
     def update(self, items):
         """The claim-time devices as last published (claim_time.offers)."""
@@ -47,21 +72,17 @@ class ClaimTimePreparer:
         """The VgpuDevice (named as allocated, its address the chosen VF) for device `name` of claim `ref`.
 
         `earlier`: this claim's checkpoint record of that device from an earlier, unfinished prepare;
-        `taken`: VFs other devices of this call or other prepared claims have."""
+        `taken`: VFs other devices of this call or other prepared claims have, and VFs found held at the write.
+        Who holds the VF is asked once, by `write`, right before the type is written."""
         offer = self.devices[name]
         vfs = self._vfs(offer.gpu)
-        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-        if earlier and earlier.get("key") in vfs:
+        if earlier and earlier.get("key") in vfs and earlier["key"] not in taken:
             vf = earlier["key"]
-            current = vgpu_types.read_current(self.sysfs, vf) or 0
-            others = [h for h in inuse.holders(self.held_of([offer.gpu, vf]), vf) if h != mine]
-            if current in (0, offer.type_id) and not others:
+            if (vgpu_types.read_current(self.sysfs, vf) or 0) in (0, offer.type_id):
                 return self._device(name, offer, vf)
         for vf in vfs:
-            # cheapest first: a typed VF is out at one read; the holder scan runs for a candidate only
+            # cheapest first: a typed VF is out at one read
             if vf in taken or vgpu_types.read_current(self.sysfs, vf):
-                continue
-            if inuse.holders(self.held_of([offer.gpu, vf]), vf):
                 continue
             if offer.type_id in [t.type_id for t in vgpu_types.read_creatable(self.sysfs, vf)]:
                 return self._device(name, offer, vf)
@@ -83,16 +104,15 @@ class ClaimTimePreparer:
                           framebuffer_mib=offer.size_mib)
 
     def write(self, ref, device):
-        """Type the chosen VF (nothing to do when it has the type already) and read it back."""
+        """Type the chosen VF (nothing to do when it has the type already) and read it back; VfHeld, nothing
+        written, when anything but the claim holds it now (asked right before the write, the one holder check)."""
         path = vgpu_types.vfio_dir(device.address) + "/current_vgpu_type"
         if (vgpu_types.read_current(self.sysfs, device.address) or 0) == device.type_id:
             return
-        if self.recheck is not None:   # a VM may have opened the VF since it was chosen: asked right before
-            mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-            found = [h for h in self.recheck([device.address]).get(device.address, ()) if h != mine]
-            if found:
-                raise ClaimError("%s: VF %s of GPU %s is held by %s since it was chosen; nothing written" % (
-                    ref, device.address, device.parent_gpu, inuse.describe(found)))
+        found = self._held(ref, device.address)
+        if found:
+            raise VfHeld("%s: VF %s of GPU %s is held by %s; nothing written" % (
+                ref, device.address, device.parent_gpu, inuse.describe(found)), device.address)
         try:
             self.sysfs.write(path, device.type_id)
         except SysfsError as exc:
@@ -103,7 +123,7 @@ class ClaimTimePreparer:
             raise ClaimError("%s: VF %s of GPU %s: wrote type %d (%s), it reads back %s" % (
                 ref, device.address, device.parent_gpu, device.type_id, device.profile, back))
 
-    def release(self, ref, record, gpu=None):
+    def release(self, ref, record):
         """Clear the VF of a claim-time record (unprepare, or a prepare that failed) when nothing but the claim
         holds it; True when cleared or already clear."""
         vf = record.get("key")
@@ -117,9 +137,7 @@ class ClaimTimePreparer:
             return True
         if current != record.get("typeID"):
             return False    # someone else's type now: never ours to clear
-        pf = gpu or self.sysfs.link_name("%s/%s/physfn" % (vgpu_types.PCI_DEVICES, vf))
-        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-        if [h for h in inuse.holders(self.held_of([pf, vf] if pf else [vf]), vf) if h != mine]:
+        if self._held(ref, vf):
             return False
         self.sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", 0)
         return True

@@ -46,6 +46,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoi
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import HOLDER
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import NodeLockError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import VfHeld
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
 
 Prepared = namedtuple("Prepared", "devices error")   # devices: [{"requests", "pool", "device", "cdiIDs"}]
@@ -153,17 +154,20 @@ class DraDriver:
             except NodeLockError as exc:
                 raise ClaimError("%s: not prepared within %.0f s: %s; the kubelet retries" % (ref, wait, exc)) from None
             stack.enter_context(self._lock)
+            if self.claim_time is not None and any(self._chosen_now(item) for item in allocated):
+                self.claim_time.begin()     # one in-use engine for this claim (claim_time_prepare.py)
             current = self.node_view.current(sorted({item.device for item in allocated if not self._chosen_now(item)}))
             held = self.checkpoint.holders()
             mine = HOLDER % (ref.namespace, ref.name)
             earlier = {d["device"]: d for d in (self.checkpoint.get(ref.uid) or {}).get("devices") or ()}
             entries, typed = [], []
+            others = {key for key, names in held.items() if set(names) - {mine}}
             for item in allocated:
                 if item.pool != self.node_name:
                     raise ClaimError("%s: device %s/%s is not in this node's pool (%s)" % (
                         ref, item.pool, item.device, self.node_name))
                 if self._chosen_now(item):   # claim-time: a free VF of the allocated GPU (claim_time_prepare.py)
-                    taken = {key for key, names in held.items() if set(names) - {mine}} | {e[2].key for e in entries}
+                    taken = others | {e[2].key for e in entries}
                     if item.device in [e[2].name for e in entries]:
                         raise ClaimError("%s: device %s is allocated twice in one claim; ask one vGPU per request"
                                          % (ref, item.device))
@@ -183,14 +187,31 @@ class DraDriver:
             # claim-time VF typed next is found recorded after a crash
             self.checkpoint.save()
             try:
-                for device in typed:
-                    self.claim_time.write(ref, device)
+                self._write_types(ref, entries, typed, others)
             except BaseException:
                 self._release_claim_time(ref, self.checkpoint.get(ref.uid))
                 self.checkpoint.drop(ref.uid)
                 self.checkpoint.save()
                 raise
         return entries
+
+    def _write_types(self, ref, entries, typed, others):
+        """Type each chosen VF (claim_time_prepare.write: its holders asked right before the write). A VF found held
+        there is written nothing: the next free VF of the GPU is chosen, recorded durably, and tried instead."""
+        held_now = set()
+        for index, device in enumerate(typed):
+            while True:
+                try:
+                    self.claim_time.write(ref, device)
+                    break
+                except VfHeld as exc:
+                    held_now.add(exc.vf)
+                    taken = others | held_now | {e[2].key for e in entries if e[2] is not device}
+                    replacement = self.claim_time.choose(ref, device.name, None, taken)
+                    entries[:] = [(r, p, replacement if d is device else d) for r, p, d in entries]
+                    typed[index] = device = replacement
+                    self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries, typed))
+                    self.checkpoint.save()
 
     def _chosen_now(self, item):
         return self.claim_time is not None and self.claim_time.owns(item.device)
@@ -199,8 +220,10 @@ class DraDriver:
         """Clear the VFs a claim-time record typed, where nothing but the claim holds them; the caller holds the
         node lock. (A prepare that fails after the type write keeps its PrepareStarted record, VF typed: the
         kubelet's retry adopts the VF, its unprepare clears it.)"""
-        for record in [d for d in (entry or {}).get("devices") or () if d.get("claimTime")]:
-            if self.claim_time is not None:
+        records = [d for d in (entry or {}).get("devices") or () if d.get("claimTime")]
+        if records and self.claim_time is not None:
+            self.claim_time.begin()     # this lock hold's in-use engine
+            for record in records:
                 self.claim_time.release(ref, record)
 
     def _claim_time_lock(self, refs):

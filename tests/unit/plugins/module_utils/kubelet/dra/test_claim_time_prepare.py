@@ -7,10 +7,10 @@ import os
 import pytest
 from claim_data import ClaimStore, claim, ref
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, claim_time, devices, metadata
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, checkpoint, claim_time, devices, metadata
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, inuse, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -43,7 +43,7 @@ class Env:
         sysfs = self.engine.sysfs
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
                            self.plugin_dir, self.cdi_dir, boot_id="boot-1")
-        driver.claim_time = ClaimTimePreparer(sysfs, self.engine.held, self.engine.in_use.recheck)
+        driver.claim_time = ClaimTimePreparer(sysfs, self.engine.begin)
         driver.claim_time.update(claim_time.offers(sysfs, self.result["claim_time"]))
         return driver
 
@@ -171,3 +171,48 @@ def test_the_reconcile_keeps_prepared_vfs_and_clears_a_type_nobody_records(env):
     e.node.clear_log()
     vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"))
     assert e.type_writes() == [(stray, "0")] and e.current(vf) == 1155
+
+
+def test_the_agents_preparer_uses_one_engine_per_prepare_and_asks_the_vf_once_right_before_the_write(env, monkeypatch):
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+    made, asked = [], []
+
+    def make_engine():
+        made.append(vgpu_apply.Node(Sysfs(e.node.root), CommandRunner(), e.node.dev_root, "/proc",
+                                    cache_dir=str(e.tmp), kubelet_dir=e.kubelet))
+        return made[-1]
+    real = inuse.Holders.recheck
+
+    def spy(self, names, *args, **kwargs):
+        entry = claim_holders.read_claims(claim_holders.checkpoint_path(e.plugin_dir)).get(UIDS[0])
+        asked.append((list(names), entry and vf_of(entry), e.current(names[-1])))
+        return real(self, names, *args, **kwargs)
+    monkeypatch.setattr(inuse.Holders, "recheck", spy)
+    e.driver.claim_time = agent_plugin.claim_time_preparer(make_engine)
+    e.driver.claim_time.update(claim_time.offers(e.engine.sysfs, e.result["claim_time"]))
+    del made[:]
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    vf = vf_of(checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0]))
+    # one engine (its inuse.Holders) for the prepare; the VF asked once, recorded already and not typed yet
+    assert len(made) == 1 and asked == [([vf], vf, 0)]
+    assert e.type_writes() == [(vf, "1155")] and e.current(vf) == 1155
+
+
+def test_a_vf_held_at_the_write_is_not_written_the_next_free_vf_is_recorded_and_typed(env, monkeypatch):
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+    first = e.node.vfs(GPU1)[0]
+    real_write = e.driver.claim_time.write
+
+    def opened_meanwhile(ref_, device):   # a VM opens the chosen VF between the choice and the write
+        if device.address == first:
+            e.node.hold(first)
+        return real_write(ref_, device)
+    monkeypatch.setattr(e.driver.claim_time, "write", opened_meanwhile)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    entry = checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0])
+    vf = vf_of(entry)
+    assert vf != first and entry["state"] == checkpoint.COMPLETED and len(entry["devices"]) == 1
+    assert e.type_writes() == [(vf, "1155")] and e.current(first) == 0
+
