@@ -186,6 +186,12 @@ def _print_apply(result, check):
             instances = ", ".join(mig_diff["gpu_instances"]) or "none"
             _say("%s (%s): %s MIG mode %s, GPU instances %s"
                  % (gpu["address"], gpu["model"], verb, mig_diff["mode"], instances))
+        pending = result["diff"]["after"].get(gpu["address"], {})
+        if gpu["framework"] is None and pending.get("vfs") == "enabled":   # planned before its VFs exist
+            _say("%s (%s): awaits SR-IOV VFs: %s enable them, then create %s" % (
+                gpu["address"], gpu["model"], "would" if check else "will",
+                _counts_text(pending.get("profiles") or {})))
+            continue
         if not moved:
             _say("%s (%s, %s): unchanged" % (gpu["address"], gpu["model"], gpu["framework"]))
             continue
@@ -193,8 +199,22 @@ def _print_apply(result, check):
         for vgpu in moved:
             slot = vgpu["address"] + ("/" + vgpu["uuid"] if vgpu.get("uuid") else "")
             _say("  %s: %s -> %s" % (slot, vgpu["before"] or "-", vgpu["after"] or "-"))
+    for gpu in result.get("claim_time") or ():
+        if gpu.get("reserved"):
+            continue    # a warning says why (passed through)
+        if not gpu["vfs"]:
+            _say("%s (%s, claim-time): awaits SR-IOV VFs: offers no vGPU until they are enabled"
+                 % (gpu["address"], gpu["model"] or "unknown model"))
+        else:
+            offered = ", ".join("%s (up to %d)" % (p["profile"], p["max_instances"]) for p in gpu["profiles"])
+            _say("%s (%s, claim-time): offers %s; DRA claims type its VFs"
+                 % (gpu["address"], gpu["model"], offered or "nothing"))
     for warning in result["warnings"]:
         _say("warning: %s" % warning, sys.stderr)
+
+
+def _counts_text(profiles):
+    return ", ".join("%d x %s" % (count, profile) for profile, count in profiles.items()) or "no vGPUs"
 
 
 def cmd_apply(args):

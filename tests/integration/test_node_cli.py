@@ -76,3 +76,19 @@ def test_a_vgpu_allocated_to_a_pod_but_not_opened_is_not_retyped_nor_stopped(gpu
     assert idle.returncode == 1 and "in use: 0000:42:00.4 held by %s" % pod in idle.stdout
     assert node.log() == []
     assert node.read("bus/pci/devices/0000:42:00.4/nvidia/current_vgpu_type") == "1155"
+
+
+def test_check_says_a_gpu_awaits_its_vfs_layout_and_claim_time_alike(gpusim_node, pyz, tmp_path):
+    node = gpusim_node("l40s:2")
+    kubelet = tmp_path / "kubelet"
+    modes = kubelet / "plugins" / "vgpu.accelops.io" / "claim-time-gpus.json"
+    modes.parent.mkdir(parents=True)
+    modes.write_text(json.dumps({"gpus": ["0000:42:00.0"]}))     # the agent made GPU 1 claim-time
+    node.clear_log()
+    run = cli(pyz, node, "apply", "--check", "--kubelet-dir", str(kubelet), "--config", "-",
+              stdin=json.dumps([{"profiles": {"L40S-24Q": 2}}]))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "0000:41:00.0 (L40S): awaits SR-IOV VFs: would enable them, then create 2 x L40S-24Q",
+        "0000:42:00.0 (L40S, claim-time): awaits SR-IOV VFs: offers no vGPU until they are enabled"]
+    assert node.log() == []

@@ -108,6 +108,7 @@ class Agent:
         self.skipped = []           # GPUs passed through the last apply left alone (status file `reserved`)
         self.allocations = None     # with the device plugin off: kubelet.pod_resources.AllocationRecord, once a
         # record an earlier device plugin left is found (pruned at every reconcile, see _plugin_check)
+        self.warned = []            # the last apply's warnings, logged when they change
 
     # --- threads ---------------------------------------------------------------------------------
     def on_node(self, node):
@@ -260,6 +261,10 @@ class Agent:
                 self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])
             self._report_skipped(node, name, result.get("reserved") or [])
+            if result["warnings"] != self.warned:   # e.g. a claim's VF a restart reset that a process holds
+                for warning in result["warnings"]:
+                    log("config %s: warning: %s" % (name, warning))
+                self.warned = list(result["warnings"])
             self.hand_over_to_boot(name)
             self._finish(changing[-1] if changing else node, vdm.SUCCESS, profiles, None, applied=bool(changing),
                          config=name)
@@ -483,6 +488,7 @@ def main(args):
         agent.dra_plugin = agent_plugin.VgpuDraPlugin(
             settings, api, agent.engine, lambda timeout: node_lock(settings.sysfs_root, timeout), log,
             serves=agent_settings.served(settings.dra_driver_gpus, gpus)).start()
+        agent.probe.claimed = agent.dra_plugin.claim_time_vfs   # prepared claim-time VFs: a restart resets them too
     if settings.metrics_port is not None:  # /metrics, /healthz, /readyz (agent/http_endpoint.py)
         try:
             endpoint = HttpEndpoint(telemetry, settings.metrics_bind_address, settings.metrics_port).start()

@@ -35,7 +35,7 @@ from collections import OrderedDict, namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, vgpu_layout, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, pci, pf_driver, vgpu_layout, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import VgpuTypeError, parse_profile
 
@@ -188,30 +188,52 @@ def check_moves(sysfs, before, after, held, vfs_of):
 
 
 class Modes:
-    """What one plan found: the claim-time GPUs, the moves, the stale types to clear (see `plan`)."""
+    """What one plan found: the claim-time GPUs, the moves, the stale types to clear, the prepared claims' types to
+    restore, the GPUs passed through (see `plan`)."""
 
-    def __init__(self, gpus=None, before=(), stale=()):
+    def __init__(self, gpus=None, before=(), stale=(), restore=None, reserved=(), recheck=None):
         self.gpus = OrderedDict(gpus or {})     # PF address -> allow-list or None
         self.before = list(before)
         self.stale = list(stale)                # VFs of claim-time GPUs with a type nobody holds
+        self.restore = OrderedDict(restore or {})   # VF -> type ID of the prepared claim that holds it, reset
+        self.reserved = list(reserved)          # pf_driver.Skipped: claim-time GPUs passed through, offering nothing
+        self.recheck = recheck                  # inuse.Holders.recheck: asked right before each write of `finish`
         self.offers = {}                        # PF address -> {model, vfs, profiles: offers()}
         self.warnings = []
+
+    def offerable(self):
+        """(address, allow-list) of the claim-time GPUs that may offer profiles (not passed through)."""
+        skipped = {s.address for s in self.reserved}
+        return [(address, allow) for address, allow in self.gpus.items() if address not in skipped]
+
+    @property
+    def changed(self):
+        return bool(self.stale or self.restore)
 
     def result(self):
         """The apply result's `claim_time`: per GPU its address, model, VF count and offered profiles."""
         found = []
+        reserved = {s.address: s.reason for s in self.reserved}
         for address, allow in self.gpus.items():
             offer = self.offers.get(address) or {"model": None, "vfs": 0, "profiles": []}
             found.append({"address": address, "allow": list(allow) if allow else None, "model": offer["model"],
                           "vfs": offer["vfs"], "profiles": offer["profiles"]})
+            if address in reserved:
+                found[-1]["reserved"] = reserved[address]
         return found
 
 
-def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of):
+def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None):
     """Modes for one reconcile (under the node lock, before any write): which GPUs are claim-time, refused
-    moves (LayoutError), and the VFs of claim-time GPUs that carry a type no holder explains (left by the
-    layout before the move, or by a boot-time apply that predates it): those are cleared, nothing else is
-    written. `held_of(addresses)` is the engine's held_devices for those PFs. `declaration_` None: the caller
+    moves (LayoutError), the VFs of claim-time GPUs that carry a type no holder explains (left by the
+    layout before the move, or by a boot-time apply that predates it): those are cleared, and the VFs that
+    prepared DRA claims hold but that lost their type (a vGPU-manager restart resets every VF): the type the
+    checkpoint recorded for the claim is written again, when nothing but prepared claims holds the VF (a VF a
+    process or a device plugin allocation holds is never written: a warning names it). Nothing else is
+    written. A claim-time GPU passed through (bound to vfio-pci or another driver than nvidia,
+    node/pf_driver.py) is reserved: it offers nothing and none of its VFs is written.
+    `held_of(addresses)` is the engine's held_devices for those PFs; `recheck(names)` its O(1) re-check
+    (inuse.Holders.recheck), asked right before each of `finish`'s writes. `declaration_` None: the caller
     declares nothing (the node CLI, the boot unit, the module): the GPUs recorded as claim-time stay so."""
     before = read_modes(modes_file)
     if declaration_ is None:   # a caller without a declaration (CLI, boot unit, module) keeps the agent's modes
@@ -225,19 +247,48 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of):
     held = held_of(gpus_here + [vf for address in gpus_here for vf in vfs_of.get(address) or ()])
     check_moves(sysfs, before, chosen, held, vfs_of)
     parents = inuse.mdev_parents(sysfs)
-    stale = []
+    reserved = pf_driver.skipped(sysfs, [pci.PciDevice(sysfs, address) for address in chosen])
+    reserved = [s._replace(reason="%s; as a claim-time GPU it offers no vGPU" % s.reason) for s in reserved]
+    passed_through = {s.address for s in reserved}
+    claimed = None
+    stale, restore, warnings = [], OrderedDict(), []
     for address in chosen:
+        if address in passed_through:
+            continue
         for vf in vfs_of.get(address) or ():
             current = sysfs.read_int(vgpu_types.vfio_dir(vf) + "/current_vgpu_type")
-            if current and not inuse.holders(held, vf, parents):
+            found = inuse.holders(held, vf, parents)
+            if current and not found:
                 stale.append(vf)
-    return Modes(chosen, before, stale)
+            elif not current and found and any(map(claim_holders.is_claim_holder, found)):
+                if claimed is None:
+                    claimed = claim_holders.claimed_types(claim_holders.read_claims(
+                        claim_holders.checkpoint_path(os.path.dirname(modes_file))))
+                type_id = claimed.get(vf)
+                others = [h for h in found if not claim_holders.is_claim_holder(h)]
+                if type_id and not others:
+                    restore[vf] = type_id
+                elif type_id:
+                    claims = inuse.describe([h for h in found if claim_holders.is_claim_holder(h)])
+                    warnings.append("GPU %s: VF %s of %s lost its type %d (a vGPU-manager restart?) and is held by "
+                                    "%s too: not written" % (address, vf, claims, type_id, inuse.describe(others)))
+    modes = Modes(chosen, before, stale, restore, reserved, recheck)
+    modes.warnings.extend(warnings)
+    return modes
 
 
 def finish(sysfs, modes, modes_file):
-    """After the layout's writes: clear the stale types, record the modes applied."""
-    for vf in modes.stale:
-        sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", 0)
+    """After the layout's writes: clear the stale types, give the prepared claims their types back, record the
+    modes applied. Each VF is asked again right before its write (modes.recheck): one a process opened since the
+    plan, or a claim prepared on a stale VF meanwhile, is left alone (a warning)."""
+    for vf, value in [(vf, 0) for vf in modes.stale] + list(modes.restore.items()):
+        if modes.recheck is not None:
+            now = modes.recheck([vf]).get(vf) or []
+            if [h for h in now if not (value and claim_holders.is_claim_holder(h))]:
+                modes.warnings.append("VF %s: held by %s since the plan; its type is left as it is"
+                                      % (vf, inuse.describe(now)))
+                continue
+        sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", value)
     if modes.gpus or modes.before:
         write_modes(modes_file, list(modes.gpus))
 

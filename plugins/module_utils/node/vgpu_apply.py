@@ -320,11 +320,11 @@ class Node:
             walked.append(True)
             return self.held(scope, reuse=reuse)
         self.modes = claim_time_layout.plan(self.sysfs, self.claim_time, list(gpus.values()), self.modes_file,
-                                            held_for_modes, vfs_of)
+                                            held_for_modes, vfs_of, recheck=self.in_use.recheck)
         selection = OrderedDict((a, e) for a, e in selection.items() if a not in self.modes.gpus)
-        for address, allow in self.modes.gpus.items():
+        for address, allow in self.modes.offerable():     # a claim-time GPU passed through offers nothing
             self._claim_time_offers(gpus[address], allow, vfs_of.get(address))
-        self.skipped = drop_reserved(selection, list(gpus.values()), self.sysfs, self.take_over)
+        self.skipped = self.modes.reserved + drop_reserved(selection, list(gpus.values()), self.sysfs, self.take_over)
         frameworks, no_vgpu = frameworks_of(self.sysfs, selection, gpus, vfs_of)
         self.skipped += no_vgpu
         # the scope names the VFs too (read with the GPUs): no physfn link is read to place them
@@ -368,6 +368,7 @@ class Node:
         if framework == NEEDS_VFS:
             self.modes.warnings.append("GPU %s: claim-time mode: SR-IOV VFs are not enabled; it offers no vGPU until "
                                        "they are (accelops.vgpu.sriov_vfs)" % gpu.address)
+            self.modes.offers[gpu.address] = {"model": model_name(gpu.vendor, gpu.device), "vfs": 0, "profiles": []}
             return
         if framework != vgpu_vfio.FRAMEWORK:
             raise LayoutError("GPU %s: claim-time mode needs a vendor-VFIO GPU (vGPU 17+ on Ada, Hopper or Blackwell); "
@@ -569,7 +570,7 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
     if node.modes.gpus:
         result["claim_time"] = node.modes.result()
         result["warnings"].extend(node.modes.warnings)
-    result["changed"] = result["changed"] or bool(node.modes.stale)
+    result["changed"] = result["changed"] or node.modes.changed
     result["vfs_enabled"] = enabled
     add_skipped(result, node.skipped)
     if not plans:

@@ -31,7 +31,7 @@ import time
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError, KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import read_boot_id
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, read_boot_id
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
@@ -146,6 +146,19 @@ class VgpuDraPlugin:
             self.log("DRA driver: the ResourceSlices of node %s had been changed or deleted (a kubelet restart "
                      "deletes them); published %d vGPU(s) again" % (self.settings.node_name,
                                                                     len(self.publisher.published)))
+
+    def claim_time_vfs(self):
+        """{GPU address: [(VF, type ID)]}: per claim-time GPU the VFs completed claims were prepared on and their types
+        (the agent's manager probe reads one: a vGPU-manager restart resets them under the claims)."""
+        found = {}
+        for entry in self.driver.prepared_claims().values():
+            if entry.get("state") != COMPLETED:
+                continue
+            for device in entry.get("devices") or ():
+                offer = self.driver.claim_time.devices.get(device.get("device"))
+                if device.get("claimTime") and offer is not None and device.get("typeID"):
+                    found.setdefault(offer.gpu, []).append((device["key"], device["typeID"]))
+        return found
 
     def _refuse_claim_time(self, exc):
         """Claim-time mode off for this agent's life: its devices withdrawn, fixed-profile vGPUs still published."""

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
@@ -125,3 +126,22 @@ def test_max_instances_are_read_from_nvidia_smi_verbose_output():
             "        Max Instances : 2\n    vGPU Type ID : 0x481\n        Name : NVIDIA L40S-12Q\n"
             "        Max Instances : 4\n        Max Instances Per GI : 1\n    vGPU Type ID : junk\n")
     assert claim_time_layout.parse_max_instances(text) == {0x483: 2, 0x481: 4}
+
+
+def test_a_claim_time_gpu_passed_through_is_reserved_offers_nothing_and_is_never_written(
+        gpusim_node, monkeypatch, tmp_path):
+    node = gpusim_node("l40s:2")
+    engine = engine_for(node, monkeypatch, tmp_path)
+    vgpu_apply.apply(engine, vgpu_layout.from_layout([{"devices": [GPU0], "profiles": {}}]), enable_vfs=True)
+    node.bind(GPU1, "vfio-pci")          # reserved for whole-GPU passthrough (driverctl)
+    node.clear_log()
+    doc = dict(VDM, **{"claim-time": [{"devices": "all", "profiles": ["L40S-24Q"]}]})
+    result = apply(engine, doc)
+    reason = ("bound to vfio-pci, not to the vGPU host driver nvidia (reserved for whole-GPU passthrough); as a "
+              "claim-time GPU it offers no vGPU")
+    assert result["reserved"] == [{"address": GPU1, "driver": "vfio-pci", "reason": reason}]
+    by_address = {gpu["address"]: gpu for gpu in result["claim_time"]}
+    assert by_address[GPU1]["profiles"] == [] and by_address[GPU1]["reserved"] == reason
+    assert [p["profile"] for p in by_address[GPU0]["profiles"]] == ["L40S-24Q"]
+    assert not any(GPU1[:7] in w["path"] for w in node.log())
+    assert claim_time.gpus_of(claim_time.offers(engine.sysfs, result["claim_time"])) == {GPU0}

@@ -216,3 +216,23 @@ def test_a_vf_held_at_the_write_is_not_written_the_next_free_vf_is_recorded_and_
     assert vf != first and entry["state"] == checkpoint.COMPLETED and len(entry["devices"]) == 1
     assert e.type_writes() == [(vf, "1155")] and e.current(first) == 0
 
+
+def test_a_manager_restart_under_a_prepared_claim_gets_its_type_back_from_the_checkpoint(env):
+    one, two = claim("vm-a", UIDS[0], [D24], NODE), claim("vm-b", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    e.driver.prepare([ref(one)])
+    e.driver.prepare([ref(two)])
+    vfs = [vf_of(checkpoint.Checkpoint(e.plugin_dir).get(uid)) for uid in UIDS[:2]]
+    e.node.ctl("manager-restart")   # refused by gpusim while a VF is open (sriov-manage -d waits for it)
+    assert [e.current(vf) for vf in vfs] == [0, 0]
+    e.node.hold(vfs[1])             # a process opened vm-b's VF since: nothing may write it
+    e.node.clear_log()
+    result = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"))
+    # the label-driven GPU 0 gets its layout back too; GPU 1 only vm-a's VF, from the checkpoint
+    assert [(vf, value) for vf, value in e.type_writes() if vf.startswith("0000:42:")] == [(vfs[0], "1155")]
+    assert e.current(vfs[0]) == 1155 and e.current(vfs[1]) == 0 and result["changed"]
+    assert any(w.startswith("GPU %s: VF %s of DRA claim vms/vm-b lost its type 1155" % (GPU1, vfs[1]))
+               for w in result["warnings"])
+    e.node.clear_log()
+    check = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"), check_mode=True)
+    assert e.node.log() == [] and not check["changed"]
