@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 
+from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import DraKubelet
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
     NODE_PYTHON, AgentProcess, Cluster, agent_state)
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ROOT, ApiServer
@@ -45,3 +48,13 @@ def start_agent(pyz, tmp_path):
     yield start
     for agent in started:
         agent.stop()
+
+
+@pytest.fixture
+def dra_env(tmp_path):
+    """(kubelet, kubelet_dir, cdi_dir): a DRA test kubelet in a short directory (socket paths <= 107 bytes)."""
+    kubelet_dir = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+    kubelet = DraKubelet(kubelet_dir, grace=0.5).start()
+    yield kubelet, kubelet_dir, str(tmp_path / "cdi")
+    kubelet.stop()
+    shutil.rmtree(kubelet_dir, ignore_errors=True)

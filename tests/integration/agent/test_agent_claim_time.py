@@ -4,15 +4,11 @@ noticed and the claim's type written back from the DRA checkpoint; a VF somethin
 from __future__ import annotations
 
 import copy
-import shutil
-import tempfile
 import time
 
-import pytest
 import yaml
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
-from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import DraKubelet
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
     CLAIMS, RESOURCES as DRA_RESOURCES, dra_state, program, stored_slices)
@@ -29,15 +25,6 @@ def claim(name, uid, device, share):
             "status": {"allocation": {"devices": {"results": [
                 {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device, "shareID": "%032x" % share,
                  "consumedCapacity": {"instances": "1"}}]}}}}
-
-
-@pytest.fixture
-def dra_env(tmp_path):
-    kubelet_dir = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-    kubelet = DraKubelet(kubelet_dir, grace=0.5).start()
-    yield kubelet, kubelet_dir, str(tmp_path / "cdi")
-    kubelet.stop()
-    shutil.rmtree(kubelet_dir, ignore_errors=True)
 
 
 def config_file(tmp_path, claim_time_entry):

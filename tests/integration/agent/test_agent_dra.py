@@ -33,16 +33,6 @@ def claim(device):
                 {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}}}
 
 
-@pytest.fixture
-def dra_env(tmp_path):
-    """(kubelet, kubelet_dir, cdi_dir): a DRA test kubelet in a short directory (socket paths <= 107 bytes)."""
-    kubelet_dir = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-    kubelet = DraKubelet(kubelet_dir, grace=0.5).start()
-    yield kubelet, kubelet_dir, str(tmp_path / "cdi")
-    kubelet.stop()
-    shutil.rmtree(kubelet_dir, ignore_errors=True)
-
-
 def test_slices_follow_the_node_claims_prepare_and_a_prepared_vgpu_is_held(gpusim_node, cluster, start_agent, dra_env):
     kubelet, kubelet_dir, cdi_dir = dra_env
     node = gpusim_node("l40s:1")
