@@ -45,7 +45,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent.http_endpoint 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.telemetry import Telemetry, node_vgpu_counts
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, handover, pod_allocations
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
@@ -243,6 +243,9 @@ class Agent:
             self._plugin_check(engine)
             entries = self.config.entries(name)
             engine.claim_time = self.config.claim_time()   # GPUs whose profiles DRA claims choose: not the layout's
+            if engine.claim_time:       # served by the DRA driver only (DEVICE_PLUGIN_GPUS naming one: an error)
+                every = vgpu_layout.nvidia_gpus(engine.sysfs)
+                agent_settings.check_claim_time(s, every, engine.claim_time.select(every))
             result = vgpu_apply.apply(engine, entries, mixed_size=s.mixed_size, lock_timeout=s.lock_timeout,
                                       enable_vfs=True, wait_timeout=s.wait_timeout, before_changes=before_changes,
                                       stop=self.stop)
@@ -309,15 +312,40 @@ class Agent:
     def _serve_programmed(self, engine, entries):
         """After a failed apply the device plugin serves what the node has programmed (the DRA driver does the
         same in its `reconciled`): read back from sysfs on the GPUs the layout selects, or on every GPU when the
-        layout cannot say (unknown config, broken file: `entries` None)."""
+        layout cannot say (unknown config, broken file: `entries` None); never on a claim-time GPU (its VFs are
+        typed by DRA claims at prepare time: `_claim_time_gpus`). The device plugin keeps to DEVICE_PLUGIN_GPUS
+        itself (device_plugin.devices_programmed `serves`)."""
         if self.device_plugin is None or engine is None:
             return
         sysfs = engine.sysfs
         try:
-            gpus = None if entries is None else set(vgpu_layout.resolve(entries, vgpu_layout.nvidia_gpus(sysfs), sysfs))
+            every = vgpu_layout.nvidia_gpus(sysfs)
         except EngineError:
-            gpus = None
-        self.device_plugin.not_applied(sysfs, gpus, engine.names)
+            every = []
+        gpus = {gpu.address for gpu in every}
+        try:
+            if entries is not None:
+                gpus = set(vgpu_layout.resolve(entries, every, sysfs))
+        except EngineError:
+            pass
+        claim_time = self._claim_time_gpus(engine, every)
+        if claim_time is None:
+            log("device plugin: serving nothing programmed: which GPUs are claim-time cannot be told")
+        self.device_plugin.not_applied(sysfs, gpus - claim_time if claim_time is not None else set(), engine.names)
+
+    def _claim_time_gpus(self, engine, gpus):
+        """The claim-time GPUs: those the last apply recorded (claim_time_layout's modes file) and those the config
+        file declares where it can be read; None when the record cannot be read (unknown: none may be served)."""
+        try:
+            found = set(claim_time_layout.read_modes(engine.modes_file))
+        except EngineError as exc:
+            log("%s" % exc)
+            return None
+        try:
+            found.update(self.config.claim_time().select(gpus))
+        except EngineError:
+            pass        # the file cannot be read: the record is what the last apply declared
+        return found
 
     def hand_over_to_boot(self, name):
         """The boot unit and the vGPU manager image re-apply what this agent last applied (node/handover.py):

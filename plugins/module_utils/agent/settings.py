@@ -171,6 +171,25 @@ def check_split(settings, gpus):
                                 "served by one of them only" % (gpu.address, gpu.vendor, gpu.device))
 
 
+def check_claim_time(settings, gpus, claim_time):
+    """SettingsError naming the first of the node's `gpus` that the config file declares claim-time (`claim_time`:
+    their PF addresses, node/claim_time_layout.Declaration.select) and the settings cannot serve: only the DRA
+    driver serves a claim-time GPU (its VFs are typed by NodePrepareResources), whatever DRA_DRIVER_GPUS says;
+    DEVICE_PLUGIN_GPUS naming it (its address or its PCI ID) is a configuration error."""
+    for gpu in gpus:
+        if gpu.address not in claim_time:
+            continue
+        if not settings.dra_driver:
+            raise SettingsError("GPU %s is claim-time in %s but DRA_DRIVER is not true: only the DRA driver serves a "
+                                "claim-time GPU (it types the VFs when a claim is prepared)"
+                                % (gpu.address, settings.config_file))
+        if settings.device_plugin and not settings.device_plugin_gpus.everything and \
+                settings.device_plugin_gpus.selects(gpu):
+            raise SettingsError("GPU %s is claim-time in %s and in DEVICE_PLUGIN_GPUS: a claim-time GPU is served by "
+                                "the DRA driver only; take it out of DEVICE_PLUGIN_GPUS"
+                                % (gpu.address, settings.config_file))
+
+
 def _dest(flag):
     return flag[2:].replace("-", "_")
 

@@ -8,9 +8,10 @@ import tempfile
 
 import pytest
 
+from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double import TestKubelet
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import DraKubelet
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
-    NODE_PYTHON, AgentProcess, Cluster, agent_state)
+    NODE, NODE_PYTHON, AgentProcess, Cluster, agent_state)
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ROOT, ApiServer
 
 
@@ -58,3 +59,13 @@ def dra_env(tmp_path):
     yield kubelet, kubelet_dir, str(tmp_path / "cdi")
     kubelet.stop()
     shutil.rmtree(kubelet_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(cluster):
+    """The test kubelet (device plugins, plugins_registry, PodResources) in a short directory."""
+    root = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+    double = TestKubelet(root, api_url=cluster.api.url, node=NODE, grace=1.0).start()
+    yield double
+    double.stop()
+    shutil.rmtree(root, ignore_errors=True)

@@ -4,6 +4,7 @@ noticed and the claim's type written back from the DRA checkpoint; a VF somethin
 from __future__ import annotations
 
 import copy
+import os
 import time
 
 import yaml
@@ -78,3 +79,43 @@ def test_a_manager_restart_under_prepared_claim_time_vfs_restores_their_types_ne
     assert "VF %s of DRA claim vms/vm-b-gpu lost its type 1155" % typed[1] in agent.output()
     time.sleep(3)           # three probes: vm-b's VF, left untyped on purpose, is no restart over and over
     assert agent.status()["manager_restarts"] == 1 and agent.status()["state"] == "success"
+
+
+def test_a_claim_time_gpu_in_device_plugin_gpus_is_one_line_naming_it_and_nothing_is_written(
+        gpusim_node, cluster, start_agent, kubelet, tmp_path):
+    node = gpusim_node("l40s:2")
+    first, second = node.pfs()
+    program(node, [], per_pf=0)
+    node.clear_log()
+    agent = start_agent(node, cluster.api, DEVICE_PLUGIN="true", DRA_DRIVER="true", KUBELET_DIR=kubelet.root,
+                        CDI_DIR=str(tmp_path / "cdi"), DEVICE_PLUGIN_GPUS=second, DRA_DRIVER_GPUS=first,
+                        CONFIG_FILE=config_file(tmp_path, {"devices": [1], "profiles": ["L40S-24Q"]}))
+    status = agent.wait("failed", "default")
+    reason = ("GPU %s is claim-time in %s and in DEVICE_PLUGIN_GPUS: a claim-time GPU is served by the DRA driver "
+              "only; take it out of DEVICE_PLUGIN_GPUS" % (second, tmp_path / "vgpu-config.yaml"))
+    assert status["reason"] == reason and cluster.annotations()["accelops.io/vgpu.config.reason"] == reason
+    assert [w for w in node.log() if w["path"].endswith("current_vgpu_type")] == []
+
+
+def test_an_unreadable_config_never_serves_a_claim_time_gpus_vfs_through_the_device_plugin(
+        gpusim_node, cluster, start_agent, kubelet, tmp_path):
+    node = gpusim_node("l40s:2")
+    first, second = node.pfs()
+    program(node, [], per_pf=0)
+    label_vf, claim_vf = node.vfs(first)[0], node.vfs(second)[0]
+    for vf in (label_vf, claim_vf):      # GPU 0's layout, and a claim prepared on claim-time GPU 1
+        node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf, L40S_24Q)
+    record = "%s/plugins/vgpu.accelops.io/claim-time-gpus.json" % kubelet.root
+    os.makedirs(os.path.dirname(record), exist_ok=True)
+    with open(record, "w") as handle:    # the last apply made GPU 1 claim-time
+        handle.write('{"gpus": ["%s"]}\n' % second)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("version: v1\nvgpu-configs: [unclosed\n")
+    agent = start_agent(node, cluster.api, DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root, CONFIG_FILE=str(broken))
+    agent.wait("failed", "default")
+    kubelet.wait("the programmed vGPU of GPU 0 served", lambda k: ids(k) == [label_vf])
+    assert [current(node, vf) for vf in (label_vf, claim_vf)] == [L40S_24Q, L40S_24Q]
+
+
+def ids(kubelet):
+    return sorted(i for resource in kubelet.devices() for i, dummy, dummy2 in kubelet.devices(resource))

@@ -5,32 +5,20 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 import signal
-import tempfile
 
 import grpc
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import pod_resources
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import pod_allocations
-from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double import TestKubelet
-from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
+from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
     RESOURCES as DRA_RESOURCES, dra_state, published_devices)
 from ansible_collections.accelops.vgpu.tests.integration.pod_allocations import allocate_to_pod
 
 R24, R12 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/NVIDIA_L40S-12Q"
 ENV24 = "PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-24Q"
-
-
-@pytest.fixture
-def kubelet(cluster):
-    root = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-    double = TestKubelet(root, api_url=cluster.api.url, node=NODE, grace=1.0).start()
-    yield double
-    double.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def start_plugin_agent(start_agent, gpu_node, cluster, kubelet, **env):

@@ -28,6 +28,7 @@ import os
 import threading
 import time
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError, KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
@@ -38,7 +39,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publishe
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_keeper import SliceKeeper
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, facts
 
 
 def node_view(make_engine, serves=None):
@@ -113,7 +114,10 @@ class VgpuDraPlugin:
         else:
             current = self.view.still_there()
         on_claim_time = claim_time.gpus_of(self.claim_time)   # their VFs are typed by Prepare: no fixed devices
-        current = [device for device in current if device.parent_gpu not in on_claim_time]
+        if result is None:      # no apply says which GPUs are claim-time now: the last one's record does too
+            recorded = self._recorded_claim_time()
+            on_claim_time = None if recorded is None else on_claim_time | recorded
+        current = [device for device in current if on_claim_time is not None and device.parent_gpu not in on_claim_time]
         self.service.update_health(current)
         if node_uid and not self.publisher.node_uid:
             self.publisher.node_uid = node_uid
@@ -134,6 +138,15 @@ class VgpuDraPlugin:
         if plan is not None and not plan.empty:
             self.log("DRA driver: published %d vGPU(s) in %d ResourceSlice(s)" % (
                 len(current), len(plan.updates) + len(plan.creates) or 1))
+
+    def _recorded_claim_time(self):
+        """The GPUs the last apply recorded as claim-time (node/claim_time_layout.py's modes file); None when the
+        record cannot be read (then no fixed device is offered: a prepared claim-time VF must not be offered twice)."""
+        try:
+            return set(claim_time_layout.read_modes(claim_time_layout.modes_path(self.settings.kubelet_dir)))
+        except EngineError as exc:
+            self.log("DRA driver: %s; publishing no fixed-profile vGPU until an apply succeeds" % exc)
+            return None
 
     def _republish(self):
         """The keeper's: the devices last published, listed against the API again (only what is missing or

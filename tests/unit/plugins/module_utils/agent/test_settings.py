@@ -117,3 +117,22 @@ def test_each_gpu_goes_to_the_mode_that_names_it_and_the_node_is_checked(tmp_pat
     alone = settings.resolve(parse([]), dict(REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path), DEVICE_PLUGIN="true"))
     assert settings.served(alone.device_plugin_gpus, node) is None   # one mode alone: every GPU
     settings.check_split(alone, node)
+
+
+def test_a_claim_time_gpu_is_the_dra_drivers_whatever_dra_driver_gpus_says(tmp_path):
+    node = [gpu("0000:41:00.0"), gpu("0000:c1:00.0", device="1eb8")]
+    env = dict(REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path), **BOTH)
+    split = settings.resolve(parse([]), dict(env, DEVICE_PLUGIN_GPUS="0000:c1:00.0", DRA_DRIVER_GPUS="10de:ffff"))
+    settings.check_claim_time(split, node, {"0000:41:00.0"})     # in neither list: the DRA driver's
+    by_id = settings.resolve(parse([]), dict(env, DEVICE_PLUGIN_GPUS="10de:26b9", DRA_DRIVER_GPUS="0000:c1:00.0"))
+    with pytest.raises(settings.SettingsError) as refused:
+        settings.check_claim_time(by_id, node, {"0000:41:00.0"})
+    assert str(refused.value) == ("GPU 0000:41:00.0 is claim-time in /etc/vgpu/config.yaml and in DEVICE_PLUGIN_GPUS: "
+                                  "a claim-time GPU is served by the DRA driver only; take it out of "
+                                  "DEVICE_PLUGIN_GPUS")
+    plugin_only = settings.resolve(parse([]), dict(REQUIRED, ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path),
+                                                   DEVICE_PLUGIN="true"))
+    settings.check_claim_time(plugin_only, node, set())
+    with pytest.raises(settings.SettingsError, match=r"^GPU 0000:41:00.0 is claim-time in /etc/vgpu/config.yaml but "
+                                                     r"DRA_DRIVER is not true"):
+        settings.check_claim_time(plugin_only, node, {"0000:41:00.0"})

@@ -9,6 +9,7 @@ from dra_node import L40S, build, node_facts
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.fakes import kube_api_rules as rules
 
@@ -182,3 +183,12 @@ def test_a_server_without_partitionable_devices_refuses_claim_time_once_and_fixe
     refused = [line for line in lines if "claim-time mode refused" in line]
     assert len(refused) == 1 and "0000:99:00.0" in refused[0] and "spec.sharedCounters" in refused[0]
     assert not plugin.dra.driver.claim_time.owns("l40s-24q-gpu-0000-99-00-0")
+
+
+def test_a_failed_first_reconcile_never_offers_the_vfs_of_a_gpu_the_last_apply_made_claim_time(plugin, tmp_path):
+    record = claim_time_layout.modes_path(str(tmp_path / "kubelet"))
+    claim_time_layout.write_modes(record, [L40S])     # its typed VFs are prepared claims' (claim-time)
+    plugin.dra.reconciled("uid-1")
+    every = sorted(d.name for d in devices.inventory(plugin.sysfs, node_facts(plugin.node)))
+    assert plugin.api.published() == [name for name in every if "0000-41-00" not in name]
+    assert any("0000-41-00" in name for name in every)
