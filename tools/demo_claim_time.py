@@ -127,7 +127,7 @@ class Scene:
         self.driver = DraDriver(self.node, lambda ns, name: self.client.get_resource_claim(ns, name, timeout=10),
                                 devices.NodeView(self.sysfs, lambda: facts.gather(self.sysfs, {})), self.plugin_dir,
                                 self.cdi_dir, boot_id="demo")
-        self.driver.claim_time = ClaimTimePreparer(self.sysfs, self.engine.held, self.engine.in_use.recheck)
+        self.driver.claim_time = ClaimTimePreparer(self.sysfs, self.engine.begin)
         self.driver.claim_time.update(self.offers)
         typed = self.typed()
         print("After the apply: %d VFs enabled, %d typed (a claim-time GPU's VFs are typed by Prepare only)" % (

@@ -75,7 +75,7 @@ class ClaimTimeNode:
         self.driver = DraDriver(NODE, lambda ns, name: self.client.get_resource_claim(ns, name, timeout=10),
                                 devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})), self.plugin_dir,
                                 self.cdi_dir, boot_id="boot-1")
-        self.driver.claim_time = ClaimTimePreparer(sysfs, self.engine.held, self.engine.in_use.recheck)
+        self.driver.claim_time = ClaimTimePreparer(sysfs, self.engine.begin)
         self.driver.claim_time.update(self.offers)
 
     def offer(self, device):
