@@ -84,3 +84,19 @@ def test_disarmed_or_empty_results_cost_nothing():
     probe.arm({"gpus": [{"address": L40S, "vgpus": []}]})
     clock.now += 60
     assert probe.check() == [] and probe.seconds_left() is None and sysfs.reads == []
+
+
+def test_claim_time_vfs_one_read_per_gpu_and_a_vf_the_apply_left_untyped_is_passed_over():
+    ct = "0000:44:00.0"
+    held, mine = "0000:44:00.4", "0000:44:00.5"      # vm-b's VF a process holds (left untyped), vm-a's VF typed
+    path = "bus/pci/devices/%s/nvidia/current_vgpu_type"
+    sysfs, clock = FakeSysfs({path % held: "0\n", path % mine: "1155\n"}, ()), Clock()
+    probe = ManagerProbe(sysfs, 5, clock)
+    probe.claimed = lambda: {ct: [(held, 1155), (mine, 1155)]}
+    probe.arm({"gpus": []})            # a node with claim-time GPUs only: armed all the same
+    sysfs.reads.clear()
+    clock.now += 5
+    assert probe.check() == [] and sysfs.reads == [path % mine]    # the held one is passed over: no restart loop
+    sysfs.files[path % mine] = "0\n"                                 # the manager restarted
+    clock.now += 5
+    assert probe.check() == [ct]
