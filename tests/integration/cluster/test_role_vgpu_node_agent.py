@@ -90,7 +90,9 @@ def test_deploys_the_agent_labels_the_nodes_and_is_idempotent(cluster, kubeconfi
     assert mounts["/host/dev"]["readOnly"] and mounts["/host/proc"]["readOnly"] and not mounts["/host/sys"].get("readOnly")
     assert mounts["/etc/accelops-vgpu/agent"]["readOnly"] and "/run/accelops-vgpu" in mounts
     host_paths = sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v)
-    assert host_paths == ["/dev", "/etc/accelops-vgpu", "/proc", "/run/accelops-vgpu", "/sys"]
+    # the allocation record and PodResources in every mode: the record is pruned whenever one exists
+    assert host_paths == ["/dev", "/etc/accelops-vgpu", "/proc", "/run/accelops-vgpu", "/sys",
+                          "/var/lib/kubelet/plugins/accelops-vgpu-device-plugin", "/var/lib/kubelet/pod-resources"]
     assert "/host/etc/accelops-vgpu" in mounts   # the hand-over to the boot unit (node/handover.py)
     assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
 

@@ -401,7 +401,8 @@ def _exercise(api, params, created, plan, rows):
     after = api.list_vmis(namespace, run_id)
     rows.append(checks.overallocation_check(plan, extra, seen, params["pending_timeout"],
                                             dict((n, after.get(n)) for n in names)))
-    _delete_workloads(api, created, names + [extra], [], params)
+    # the one VMI more first: deleting the others first frees their vGPUs and it would start on one
+    _delete_workloads(api, created, [extra] + names, [], params)
 
 
 def _claimed(api, params, created, plan, name, what):
@@ -431,7 +432,8 @@ def _exercise_dra(api, params, created, plan, rows):
                    claim=True)
     capacity = dict((n, c) for n, c in api.list_claims(namespace, run_id).items() if n != extra)
     rows.append(dra.overallocation_check(plan, extra, seen, capacity, params["pending_timeout"]))
-    _delete_workloads(api, created, names + [extra], names + [extra], params)
+    # the pending VMI and claim first: deleting the others first frees their devices and it would be allocated
+    _delete_workloads(api, created, [extra] + names, [extra] + names, params)
 
 
 def run(api, params, check_mode, now=None):
