@@ -363,8 +363,13 @@ def _would_create(params, run_id, plans, dra_plans):
     return manifests
 
 
-def _delete_workloads(api, created, names, claims, params):
-    """Delete the VMIs `names`, wait until they are gone, then their claims, and wait for those."""
+def _delete_workloads(api, created, names, claims, params, pending=None):
+    """Delete the VMIs `names`, wait until they are gone, then their claims, and wait for those. `pending`, the
+    one workload more (its VMI, and its claim where `claims` has it), goes first and is waited for on its own:
+    deleting the others first frees their devices, and it would be allocated and started on one."""
+    if pending is not None:
+        _delete_workloads(api, created, [pending], [pending] if pending in claims else [], params)
+        names, claims = [n for n in names if n != pending], [c for c in claims if c != pending]
     namespace, run_id = created.namespace, created.run_id
     for delete, lister, items in ((api.delete_vmi, api.list_vmis, names), (api.delete_claim, api.list_claims, claims)):
         for name in items:
@@ -374,7 +379,8 @@ def _delete_workloads(api, created, names, claims, params):
                 if exc.status != 404:
                     raise
         if items:
-            _gone(lambda lister=lister: not lister(namespace, run_id), params, time.monotonic, time.sleep)
+            _gone(lambda lister=lister, items=items: not set(items) & set(lister(namespace, run_id)), params,
+                  time.monotonic, time.sleep)
 
 
 def _exercise(api, params, created, plan, rows):
@@ -401,8 +407,7 @@ def _exercise(api, params, created, plan, rows):
     after = api.list_vmis(namespace, run_id)
     rows.append(checks.overallocation_check(plan, extra, seen, params["pending_timeout"],
                                             dict((n, after.get(n)) for n in names)))
-    # the one VMI more first: deleting the others first frees their vGPUs and it would start on one
-    _delete_workloads(api, created, [extra] + names, [], params)
+    _delete_workloads(api, created, names + [extra], [], params, pending=extra)
 
 
 def _claimed(api, params, created, plan, name, what):
@@ -432,8 +437,7 @@ def _exercise_dra(api, params, created, plan, rows):
                    claim=True)
     capacity = dict((n, c) for n, c in api.list_claims(namespace, run_id).items() if n != extra)
     rows.append(dra.overallocation_check(plan, extra, seen, capacity, params["pending_timeout"]))
-    # the pending VMI and claim first: deleting the others first frees their devices and it would be allocated
-    _delete_workloads(api, created, [extra] + names, [extra] + names, params)
+    _delete_workloads(api, created, names + [extra], names + [extra], params, pending=extra)
 
 
 def run(api, params, check_mode, now=None):

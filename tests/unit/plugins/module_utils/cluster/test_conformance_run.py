@@ -118,6 +118,20 @@ def test_cleanup_deletes_claims_after_their_vmis_are_gone_and_finds_claims_by_th
     assert "x" in api.claims and not [c for c in api.calls if c[0].endswith("claims")]
 
 
+def test_the_pending_workload_is_deleted_and_gone_before_the_others_free_their_devices():
+    api = FakeApi(["v-1", "v-2", "v-3"], claims=["v-1", "v-2", "v-3"])
+    created = run.Created("ns", "r1")
+    run._delete_workloads(api, created, ["v-1", "v-2", "v-3"], ["v-1", "v-2", "v-3"], PARAMS, pending="v-3")
+    deletes = [c for c in api.calls if c[0].startswith("delete")]
+    assert deletes == [("delete", "v-3"), ("delete-claim", "v-3"), ("delete", "v-1"), ("delete", "v-2"),
+                       ("delete-claim", "v-1"), ("delete-claim", "v-2")]
+    # its VMI and its claim were seen gone before the first other VMI was deleted
+    first_other = api.calls.index(("delete", "v-1"))
+    assert ("list", "ns") in api.calls[:api.calls.index(("delete-claim", "v-3"))]
+    assert ("list-claims", "ns") in api.calls[:first_other]
+    assert not api.vmis and not api.claims
+
+
 def test_cleanup_leaves_a_namespace_of_another_run_or_owner_alone():
     clock = Clock()
     api = FakeApi([], {"vgpu-conformance": {"metadata": {"labels": {}}}})
