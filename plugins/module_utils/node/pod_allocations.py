@@ -146,12 +146,23 @@ def _identity(path):
 
 def read(path):
     """The verified devices of the record whose snapshot is `path` (the journal's on top); {} when there is none.
-    Lock-free: a read a rewrite overlapped (the old snapshot, then the journal the rewrite emptied) is read again."""
+    Lock-free: a read a rewrite overlapped (the old snapshot, then the journal the rewrite emptied) is read again,
+    and so is one that found damage: a writer repairing a cut line or emptying the journal while this read copied
+    it shows a spliced line for a moment. Damage still there after READ_TRIES reads is the error."""
+    damaged = None
     for dummy in range(READ_TRIES):
         before = _identity(path)
-        devices = _read_once(path)
+        try:
+            devices = _read_once(path)
+        except AllocationRecordError as exc:
+            damaged = exc
+            time.sleep(0.01)
+            continue
         if _identity(path) == before:
             return devices
+        damaged = None
+    if damaged is not None:
+        raise damaged
     raise AllocationRecordError("device plugin allocation record %s: rewritten during %d reads in a row"
                                 % (path, READ_TRIES))
 

@@ -248,3 +248,22 @@ def test_a_read_that_a_rewrite_overlapped_is_read_again(kubelet_dir, monkeypatch
 
     monkeypatch.setattr(pod_allocations, "_read_journal", rewritten_meanwhile)
     assert pod_allocations.read(path) == {VF1: {"resource": R24, "allocatedAt": 5.0}}
+
+
+def test_a_read_that_met_a_line_a_writer_was_repairing_is_read_again(kubelet_dir, monkeypatch):
+    """A lock-free reader copying the journal while the appender drops a cut line and appends into the same page
+    can see a spliced line once; the next read sees the repaired journal. Only damage that stays is an error."""
+    path = pod_allocations.record_path(kubelet_dir)
+    pod_allocations.write(path, {})
+    pod_allocations.append(path, R24, [VF1], 5.0)
+    real, calls = pod_allocations._read_journal, []
+
+    def spliced_once(journal):
+        calls.append(journal)
+        if len(calls) == 1:
+            raise pod_allocations.AllocationRecordError("device plugin allocation journal %s: line 1 is damaged"
+                                                        % journal)
+        return real(journal)
+
+    monkeypatch.setattr(pod_allocations, "_read_journal", spliced_once)
+    assert pod_allocations.read(path) == {VF1: {"resource": R24, "allocatedAt": 5.0}} and len(calls) == 2
