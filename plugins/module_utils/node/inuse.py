@@ -145,6 +145,8 @@ class ProcessScan:
                 if self._failed(pid, path, exc, errno.EINVAL) is False:
                     return False
                 continue
+            if stat.S_ISDIR(info.st_mode):
+                continue                # never a VFIO node (the engine's own walk_cache directories, a cwd...)
             key = identity(info)
             self.by_identity.setdefault(key, set()).add(pid)
             if key[0] == "rdev":
@@ -349,20 +351,22 @@ def _vfio_links(sysfs, base, device):
     return group, cdevs
 
 
-def probe_group(dev_root, group):
+def probe_group(dev_root, group, vfio_fd=None):
     """The kernel's answer for a VFIO group: "busy", "free", or "cannot tell (<why>)".
 
     Opens `<dev_root>/vfio/<group>` and closes it at once: a VFIO group can be open only once
     (drivers/vfio/group.c vfio_group_fops_open: EBUSY when already open, or when a device of it is
     bound through its iommufd cdev). A VM opening it in that instant gets EBUSY and fails to start
     (KubeVirt retries); it is never written under. A regular file stands for a simulated node (gpusim
-    answers the same EBUSY); production nodes are character devices.
+    answers the same EBUSY); production nodes are character devices. `vfio_fd`: an open descriptor of
+    `<dev_root>/vfio` (Sysfs.cached_dir) to look the group up in, one path component instead of the whole path.
     """
     for name in (group, "noiommu-" + group):
         path = os.path.join(dev_root, "vfio", name)
         try:
             # opened first, its type checked on the open file (one lookup less than a stat before the open)
-            handle = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+            handle = os.open(name if vfio_fd is not None else path,
+                             os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0), dir_fd=vfio_fd)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 continue
@@ -614,7 +618,7 @@ class Holders:
 
     def _probe(self, group):
         self.counts["probes"] += 1
-        return probe_group(self.roots[0], group)
+        return probe_group(self.roots[0], group, self.sysfs.cached_dir(os.path.join(self.roots[0], "vfio")))
 
     def _merge(self, held, names):
         for source in self.sources:

@@ -10,8 +10,10 @@ tell EBUSY from EINVAL and users get one line naming the object.
 
 from __future__ import annotations
 
+import contextlib
 import errno as errno_mod
 import os
+import stat
 import threading
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
@@ -41,6 +43,52 @@ class Sysfs:
         self.writes = 0
         self.write_log = []
         self._log_lock = threading.Lock()
+        self._walks = None          # the WalkCache of the current walk_cache() block, if any
+        self._walk_depth = 0
+
+    @contextlib.contextmanager
+    def walk_cache(self):
+        """A block (one apply) in which PCI device paths are walked from their bus's directory.
+
+        `bus/pci/devices/<address>/<name>` is then looked up relative to an open descriptor of the directory the
+        kernel put that bus's devices in (learned once per bus from one device's link), not through the link and
+        the whole path again: on a node that is less path walking per operation, on gpusim (no dentry cache)
+        a few FUSE round trips instead of a dozen. Answers are the same as without it (a name that is not where
+        its bus's devices are is looked up by its full path). Re-entrant; descriptors are closed at the end."""
+        with self._log_lock:
+            if self._walk_depth == 0:
+                self._walks = WalkCache(self)
+            self._walk_depth += 1
+        try:
+            yield self._walks
+        finally:
+            with self._log_lock:
+                self._walk_depth -= 1
+                if self._walk_depth == 0:
+                    walks, self._walks = self._walks, None
+                    walks.close()
+
+    def cached_dir(self, path):
+        """An open descriptor of the absolute directory `path` for lookups relative to it, inside a
+        walk_cache() block (kept until its end); None outside one or when it cannot be opened."""
+        walks = self._walks
+        return walks.directory(path) if walks is not None else None
+
+    def _at(self, rel, op):
+        """op(name, dir_fd) for `rel`: relative to its bus's directory inside a walk_cache() block, else
+        op(absolute path, None). A name missing there is looked up by its full path only when its device is
+        missing there too (the device is elsewhere, or was re-created), so a missing attribute costs no more."""
+        path = self.path(rel)
+        walks = self._walks
+        found = walks.locate(rel) if walks is not None else None
+        if found is not None:
+            fd, device, name = found
+            try:
+                return op(name, fd)
+            except FileNotFoundError:
+                if walks.has(fd, device):
+                    raise
+        return op(path, None)
 
     def path(self, rel):
         """Absolute path of `rel`, refusing anything that would leave the root (`..`, absolute)."""
@@ -53,16 +101,27 @@ class Sysfs:
         return os.path.join(self.root, *parts) if parts else self.root
 
     def exists(self, rel):
-        return os.path.exists(self.path(rel))
+        return self._stat_mode(rel) is not None
 
     def isdir(self, rel):
-        return os.path.isdir(self.path(rel))
+        mode = self._stat_mode(rel)
+        return mode is not None and stat.S_ISDIR(mode)
+
+    def _stat_mode(self, rel):
+        """st_mode of `rel` (links followed), None where os.path.exists would say False."""
+        try:
+            return self._at(rel, lambda name, dir_fd: os.stat(name, dir_fd=dir_fd).st_mode)
+        except (OSError, ValueError):
+            return None
 
     def read(self, rel):
         """Contents with the trailing newline removed."""
-        try:
-            with open(self.path(rel), "r") as handle:
+        def read(name, dir_fd):
+            opener = None if dir_fd is None else (lambda path, flags: os.open(path, flags, dir_fd=dir_fd))
+            with open(name, "r", opener=opener) as handle:
                 return handle.read().rstrip("\n")
+        try:
+            return self._at(rel, read)
         except OSError as exc:
             raise SysfsError(rel, exc.errno, "read") from None
 
@@ -88,7 +147,7 @@ class Sysfs:
 
     def listdir(self, rel=""):
         try:
-            return sorted(os.listdir(self.path(rel)))
+            return sorted(self._at(rel, _listdir))
         except OSError as exc:
             if exc.errno in (errno_mod.ENOENT, errno_mod.ENOTDIR):
                 return []
@@ -97,7 +156,7 @@ class Sysfs:
     def readlink(self, rel):
         """Target of a symlink, or None when `rel` is not a link."""
         try:
-            return os.readlink(self.path(rel))
+            return self._at(rel, lambda name, dir_fd: os.readlink(name, dir_fd=dir_fd))
         except OSError as exc:
             if exc.errno in (errno_mod.ENOENT, errno_mod.EINVAL, errno_mod.ENOTDIR):
                 return None
@@ -116,7 +175,7 @@ class Sysfs:
         """Write `value` in one write(2) call, as the kernel's store functions expect."""
         data = str(value).encode()
         try:
-            fd = os.open(self.path(rel), os.O_WRONLY)
+            fd = self._at(rel, lambda name, dir_fd: os.open(name, os.O_WRONLY, dir_fd=dir_fd))
         except OSError as exc:
             raise SysfsError(rel, exc.errno, "write") from None
         try:
@@ -130,6 +189,88 @@ class Sysfs:
         with self._log_lock:
             self.writes += 1
             self.write_log.append((rel, str(value)))
+
+
+def _listdir(name, dir_fd):
+    if dir_fd is None:
+        return os.listdir(name)
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dir_fd)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+class WalkCache:
+    """The open directories of one Sysfs.walk_cache() block: each PCI bus's device directory (the parent the
+    kernel gives every device on that bus, pci_device_add: dev.parent = bus->bridge), learned from the first
+    device of the bus that is looked up, and absolute directories asked for by cached_dir()."""
+
+    PREFIX = "bus/pci/devices/"
+
+    def __init__(self, sysfs):
+        self.sysfs = sysfs
+        self._lock = threading.Lock()
+        self._buses = {}    # "<domain>:<bus>" -> fd of its devices' directory, or None (not learnable)
+        self._dirs = {}     # absolute path -> fd or None
+
+    def locate(self, rel):
+        """(bus directory fd, device, name below it) for `bus/pci/devices/<device>/<attribute...>`, else None."""
+        if not rel.startswith(self.PREFIX):
+            return None
+        parts = [p for p in rel[len(self.PREFIX):].split("/") if p not in ("", ".")]
+        if len(parts) < 2 or parts[0].count(":") != 2:
+            return None     # the bus link itself, or not a PCI address
+        device = parts[0]
+        bus = device.rsplit(":", 1)[0]
+        with self._lock:
+            if bus not in self._buses:
+                learned = self._learn(device)
+                if learned is False:
+                    return None     # this device has no link (yet): another one of its bus may teach it
+                self._buses[bus] = learned
+            fd = self._buses[bus]
+        return (fd, device, "/".join(parts)) if fd is not None else None
+
+    def _learn(self, device):
+        """The directory the kernel's link `bus/pci/devices/<device>` points into, opened; None where it cannot
+        be used (full paths then, for the whole bus), False where the device has no readable link."""
+        try:
+            target = os.readlink(self.sysfs.path(self.PREFIX + device))
+        except OSError as exc:
+            return False if exc.errno == errno_mod.ENOENT else None
+        resolved = os.path.normpath(os.path.join(self.PREFIX.rstrip("/"), target))
+        if os.path.isabs(target) or resolved.startswith("..") or os.path.basename(resolved) != device:
+            return None
+        return self._open(self.sysfs.path(os.path.dirname(resolved)))
+
+    def has(self, fd, device):
+        """Whether the device's directory is below `fd` (an attribute missing there is missing)."""
+        try:
+            os.close(os.open(device, os.O_PATH | os.O_DIRECTORY, dir_fd=fd))
+        except OSError:
+            return False
+        return True
+
+    def directory(self, path):
+        with self._lock:
+            if path not in self._dirs:
+                self._dirs[path] = self._open(path)
+            return self._dirs[path]
+
+    @staticmethod
+    def _open(path):
+        try:
+            return os.open(path, os.O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+
+    def close(self):
+        with self._lock:
+            for fd in list(self._buses.values()) + list(self._dirs.values()):
+                if fd is not None:
+                    os.close(fd)
+            self._buses, self._dirs = {}, {}
 
 
 class SysfsDir:

@@ -552,7 +552,7 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
     `stop`: a threading.Event that ends the wait for the node lock (the agent's SIGTERM).
     """
     lock = contextlib.nullcontext() if check_mode else node_lock(node.sysfs.root, lock_timeout, stop=stop)
-    with lock:
+    with lock, node.sysfs.walk_cache():
         node.begin()
         plans = node.plan(entries, state, mixed_size, enable_vfs, check_mode)
         if before_changes is not None and not check_mode and any(p.changed for dummy, dummy2, dummy3, p in plans):

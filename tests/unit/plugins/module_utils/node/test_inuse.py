@@ -182,6 +182,34 @@ def test_a_real_open_handle_in_this_process_is_found(node):
     assert found == {"0000:41:00.7": [os.getpid()]}
 
 
+def test_open_directories_are_not_taken_for_device_nodes(node):
+    """An apply's walk_cache holds directories open (a bus's device directory, /dev/vfio): the walk of this
+    process's fd table must not record them, so they neither look like holders nor make every device's
+    VFIO identity worth reading."""
+    vfio = str(node.dev / "vfio")
+    fd = os.open(vfio, os.O_PATH | os.O_DIRECTORY)
+    try:
+        scan = inuse.ProcessScan("/proc", (vfio + "/",))
+    finally:
+        os.close(fd)
+    assert inuse.identity(os.stat(vfio)) not in scan.by_identity
+
+
+def test_a_probe_inside_a_walk_cache_looks_the_group_up_in_the_open_vfio_directory(node, monkeypatch):
+    group = node.group_of("0000:41:00.7")
+    (node.dev / "vfio" / group).write_text("")
+    sysfs, opened, real_open = Sysfs(str(node.sys)), [], os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append((str(path), k.get("dir_fd"))) or
+                        real_open(path, *a, **k))
+    holders = inuse.Holders(sysfs, str(node.dev), str(node.proc))
+    with sysfs.walk_cache():
+        assert holders._probe(group) == "free"
+        assert holders._probe(group) == "free"
+    assert [name for name, dir_fd in opened if dir_fd is not None] == [group, group]
+    assert holders._probe(group) == "free"          # outside the block: by its full path again
+    assert opened[-1] == (str(node.dev / "vfio" / group), None)
+
+
 def test_dev_root_reached_through_a_symlink_matches_resolved_fd_targets(node, tmp_path):
     os.symlink(str(node.dev), tmp_path / "devlink")
     pid = node.hold(node.group_of("0000:41:00.4"))

@@ -97,3 +97,93 @@ def test_opendir_of_a_missing_directory_names_it(pf_dir):
     with pytest.raises(SysfsError) as err:
         pf_dir.opendir("bus/pci/devices/0000:09:00.0")
     assert err.value.errno == errno.ENOENT and "bus/pci/devices/0000:09:00.0" in str(err.value)
+
+
+# --- walk_cache(): PCI device paths walked from their bus's directory ---------------------------------------
+
+PF, VF, ELSEWHERE = "0000:41:00.0", "0000:41:00.4", "0000:41:01.0"
+
+
+@pytest.fixture
+def pci(tmp_path):
+    """A bridge with a PF and a VF below it, as the kernel lays them out, and one device of the same bus that
+    sits elsewhere (as a VF on a virtual bus may): bus/pci/devices holds relative links to all three."""
+    bridge = tmp_path / "devices/pci0000:40/0000:40:01.1"
+    for parent, address, value in ((bridge, PF, "0"), (bridge, VF, "17"), (tmp_path / "devices/virtual", ELSEWHERE, "9")):
+        device = parent / address
+        (device / "nvidia").mkdir(parents=True)
+        (device / "nvidia/current_vgpu_type").write_text(value + "\n")
+        os.symlink("../../../kernel/iommu_groups/%s" % address[-1], device / "iommu_group")
+        links = tmp_path / "bus/pci/devices"
+        links.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(device, links), links / address)
+    return tmp_path
+
+
+def _answers(sysfs):
+    out = []
+    for address in (PF, VF, ELSEWHERE, "0000:99:00.0"):
+        base = "bus/pci/devices/" + address
+        out.append((sysfs.read_optional(base + "/nvidia/current_vgpu_type"), sysfs.read_optional(base + "/nope"),
+                    sysfs.link_name(base + "/iommu_group"), sysfs.readlink(base + "/nope"), sysfs.listdir(base + "/nvidia"),
+                    sysfs.listdir(base + "/nope"), sysfs.exists(base + "/nvidia"), sysfs.isdir(base + "/nvidia"),
+                    sysfs.exists(base + "/nope")))
+        for op in (lambda: sysfs.read(base + "/nope"), lambda: sysfs.write(base + "/nope/x", 1)):
+            with pytest.raises(SysfsError) as err:
+                op()
+            out.append((err.value.errno, str(err.value)))
+    return out
+
+
+def test_walk_cache_gives_the_answers_full_paths_give(pci):
+    plain = _answers(Sysfs(str(pci)))
+    sysfs = Sysfs(str(pci))
+    with sysfs.walk_cache():
+        assert _answers(sysfs) == plain
+    assert [plain[i][0] for i in (0, 3, 6, 9)] == ["0", "17", "9", None]
+    assert plain[1] == (errno.ENOENT, "read bus/pci/devices/%s/nope: No such file or directory (ENOENT)" % PF)
+
+
+def test_walk_cache_looks_devices_up_in_their_bus_directory(pci, monkeypatch):
+    sysfs = Sysfs(str(pci))
+    calls, real_open = [], os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: calls.append((str(path), k.get("dir_fd"))) or
+                        real_open(path, *a, **k))
+    with sysfs.walk_cache():
+        sysfs.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % PF)     # learns bus 41's directory
+        calls.clear()
+        sysfs.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % VF, 25)
+        assert calls[0][0] == VF + "/nvidia/current_vgpu_type" and calls[0][1] is not None
+        assert sysfs.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % ELSEWHERE) == "9"   # by its full path
+    assert (pci / "devices/pci0000:40/0000:40:01.1" / VF / "nvidia/current_vgpu_type").read_text() == "25\n"
+    assert sysfs.write_log == [("bus/pci/devices/%s/nvidia/current_vgpu_type" % VF, "25")]
+
+
+def test_walk_cache_closes_its_descriptors_and_is_reentrant(pci):
+    before = set(os.listdir("/proc/self/fd"))
+    sysfs = Sysfs(str(pci))
+    with sysfs.walk_cache():
+        with sysfs.walk_cache():
+            sysfs.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % VF)
+            assert sysfs.cached_dir(str(pci / "devices")) is not None
+        assert len(set(os.listdir("/proc/self/fd")) - before) == 2    # still open in the outer block
+        assert sysfs.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % PF) == "0"
+    assert set(os.listdir("/proc/self/fd")) <= before
+    assert sysfs.cached_dir(str(pci / "devices")) is None
+
+
+def test_walk_cache_reads_a_recreated_device_tree_by_its_full_path(pci):
+    """The bridge's directory is removed and made again (VFs disabled and enabled, a remove and rescan) while
+    the block holds the old one: the device is read where it is now."""
+    sysfs = Sysfs(str(pci))
+    with sysfs.walk_cache():
+        assert sysfs.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % VF) == "17"
+        bridge = pci / "devices/pci0000:40/0000:40:01.1"
+        bridge.rename(pci / "devices/old-bridge")
+        (bridge / VF / "nvidia").mkdir(parents=True)
+        (bridge / VF / "nvidia/current_vgpu_type").write_text("3\n")
+        (pci / "devices/old-bridge").rename(pci / "devices/gone")
+        import shutil
+        shutil.rmtree(pci / "devices/gone")
+        assert sysfs.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % VF) == "3"
+        assert sysfs.read_optional("bus/pci/devices/%s/nvidia/current_vgpu_type" % PF) is None

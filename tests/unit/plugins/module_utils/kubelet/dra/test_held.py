@@ -120,7 +120,9 @@ def test_a_process_that_opens_the_claimed_vf_after_the_plan_stops_its_restore(tm
         busy = os.path.join(str(node.dev), "vfio", group)
 
         def kernel_open(path, *args, **kwargs):
-            if str(path) == busy:
+            dir_fd = kwargs.get("dir_fd")       # the engine looks groups up in an open /dev/vfio (Sysfs.cached_dir)
+            where = os.path.join(os.readlink("/proc/self/fd/%d" % dir_fd), path) if dir_fd is not None else path
+            if str(where) == busy:
                 raise OSError(errno.EBUSY, "busy")
             return real_open(path, *args, **kwargs)
         monkeypatch.setattr(os, "open", kernel_open)
