@@ -165,6 +165,14 @@ options:
         description: With O(state=absent), also remove the file's directory once it is empty.
         type: bool
         default: false
+      remove:
+        description:
+          - The file is removed where it exists, with either O(state) (after the layout is applied; not in
+            check mode), and reported in RV(boot_files_removed) - a file that must not stay, such as the node agent's
+            C(agent-applied.json) when a play takes the node back. Takes none of O(boot_files[].content),
+            O(boot_files[].layout), O(boot_files[].node_cli), O(boot_files[].checksum); O(boot_files[].mode) is not used.
+        type: bool
+        default: false
   boot_unit:
     description:
       - The systemd unit among O(boot_files) that re-applies the layout at boot (C(accelops-vgpu.service)).
@@ -346,7 +354,9 @@ boot_files_installed:
   elements: str
   sample: ["/etc/accelops-vgpu/layout.json"]
 boot_files_removed:
-  description: With O(state=absent), the paths of O(boot_files) the module removed (in check mode, would remove).
+  description:
+    - The paths of O(boot_files) the module removed (in check mode, would remove) - every one that existed with
+      O(state=absent), those with O(boot_files[].remove) with O(state=present).
   returned: always
   type: list
   elements: str
@@ -393,7 +403,7 @@ LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(
 BOOT_FILE = dict(path=dict(type="path", required=True), mode=dict(type="str", required=True),
                  content=dict(type="str"), layout=dict(type="bool", default=False),
                  node_cli=dict(type="bool", default=False), checksum=dict(type="str"),
-                 own_directory=dict(type="bool", default=False))
+                 own_directory=dict(type="bool", default=False), remove=dict(type="bool", default=False))
 SOURCES = ("content", "layout", "node_cli", "checksum")
 
 
@@ -403,12 +413,15 @@ def boot_file_entries(items, config, present=True):
     entries = []
     for item in items:
         given = [key for key in SOURCES if item[key] not in (None, False)]
-        if len(given) != 1:
+        if item["remove"] and given:
+            raise boot_files.BootFileError("boot_files: %s is to be removed, it takes none of %s (has %s)"
+                                           % (item["path"], ", ".join(SOURCES), ", ".join(given)))
+        if len(given) != 1 and not item["remove"]:
             raise boot_files.BootFileError("boot_files: %s needs exactly one of %s (has %s)"
                                            % (item["path"], ", ".join(SOURCES), ", ".join(given) or "none"))
-        entry = dict(path=item["path"], mode=item["mode"], own_directory=item["own_directory"])
+        entry = dict(path=item["path"], mode=item["mode"], own_directory=item["own_directory"], remove=item["remove"])
         entries.append(entry)
-        if not present:  # removed whatever they hold
+        if not present or item["remove"]:  # removed whatever they hold
             continue
         if item["layout"]:
             if config is None:

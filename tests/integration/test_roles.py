@@ -373,6 +373,9 @@ def test_the_agents_layout_survives_a_reboot_until_the_role_reclaims_the_node(gp
     run = run_playbook(ROLE_TASKS, node, extra_vars=role_vars(node, root, vgpu_profiles_reclaim_from_agent=True))
     assert run.rc == 0, run
     assert not agent_file.exists()
+    # removed by the layout's one module run, no task of its own
+    assert [r["boot_files_removed"] for r in run.results if "boot_files_removed" in r] == [[str(agent_file)]]
+    assert changed_tasks(run) == ["accelops.vgpu.vgpu_profiles : Apply vGPU layout 'fleet'"]
     node.ctl("reboot")
     assert run_cli(boot_command(root), node) == 0
     assert int(node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vfs[0])) == TYPE_IDS["L40S-24Q"]

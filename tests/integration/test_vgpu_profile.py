@@ -267,3 +267,17 @@ def test_a_bad_boot_file_entry_writes_nothing(gpusim_node, run_playbook, tmp_pat
     assert run.task("apply")["msg"] == ("boot_files: %s needs exactly one of content, layout, node_cli, checksum "
                                         "(has node_cli, checksum)" % files[1]["path"])
     assert node.writes() == [] and not (tmp_path / "layout.json").exists()
+
+
+def test_a_boot_file_to_remove_takes_no_content_and_a_bad_one_writes_nothing(gpusim_node, run_playbook, tmp_path):
+    node = gpusim_node("l40s:1")
+    handover = tmp_path / "agent-applied.json"
+    handover.write_text("{}\n")
+    for bad, message in (({"content": "{}"}, "boot_files: %s is to be removed, it takes none of content, layout, "
+                                             "node_cli, checksum (has content)" % handover),
+                         ({"path": "relative.json"}, "boot_files: 'relative.json' is not an absolute path")):
+        entry = dict({"path": str(handover), "mode": "0644", "remove": True}, **bad)
+        run = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True,
+                                                                                boot_files=[entry])}], node)
+        assert run.rc != 0 and run.task("apply")["msg"] == message
+        assert node.writes() == [] and handover.exists()

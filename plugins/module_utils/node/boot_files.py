@@ -8,8 +8,9 @@ round trip, so a converged node costs no separate look (stat/find) per run and a
 transfers. A file is up to date when it exists as a regular file with the given SHA-1 of its
 content, the given mode, owned by root:root; anything else, unreadable included, counts as outdated.
 
-An entry is {path, mode} plus either `content` (bytes or text: installed when outdated) or only
-`checksum` (looked at, never written: a file someone else installs). Installing writes a temporary
+An entry is {path, mode} plus either `content` (bytes or text: installed when outdated), only
+`checksum` (looked at, never written: a file someone else installs) or `remove` (a file that must not
+stay, removed where it exists: the node agent's handover file when a play takes the node back). Installing writes a temporary
 file in the target directory (mode, owner root:root, fsync) and renames it over the target, so a
 reader sees the old file or the new one; missing parent directories are created 0755 root:root.
 """
@@ -80,8 +81,25 @@ def installed_checksum(entry):
 
 
 def validate(entries):
-    """The expected checksum of every entry, in order; raises BootFileError on the first bad one."""
-    return [checksum_of(entry) for entry in entries or []]
+    """The expected checksum of every entry to install or look at, in order (entries to `remove` are only
+    checked to name an absolute path that is no directory); raises BootFileError on the first bad one."""
+    for entry in entries or []:
+        if entry.get("remove"):
+            _removable(entry)
+    return [checksum_of(entry) for entry in _kept(entries)]
+
+
+def _kept(entries):
+    """The entries that are installed or looked at (not removed)."""
+    return [entry for entry in entries or [] if not entry.get("remove")]
+
+
+def _removable(entry):
+    path = entry.get("path")
+    if not path or not os.path.isabs(str(path)):
+        raise BootFileError("boot_files: %r is not an absolute path" % (path,))
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise BootFileError("boot_files: %s is a directory, not a file to remove" % path)
 
 
 def outdated(entries):
@@ -108,14 +126,15 @@ def _write(entry, content):
 
 
 def install(entries, check_mode=False):
-    """Bring the entries with `content` up to date; the others are only looked at.
+    """Bring the entries with `content` up to date; those with `checksum` are only looked at, those to
+    `remove` left to remove().
 
     Returns {"outdated": paths that were missing or differed, "installed": paths written (in check
     mode: that would be), "diff": {"before": {path: sha1 or None}, "after": {...}}} for the outdated
     ones. Every entry is validated before the first write; a write that fails raises BootFileError
     naming the file (files written before it stay written: each is complete on its own).
     """
-    entries = list(entries or [])
+    entries = _kept(entries)
     wanted = validate(entries)
     result = {"outdated": [], "installed": [], "diff": {"before": {}, "after": {}}}
     for entry, checksum in zip(entries, wanted):
@@ -149,11 +168,7 @@ def remove(entries, check_mode=False):
     """
     entries = list(entries or [])
     for entry in entries:
-        path = entry.get("path")
-        if not path or not os.path.isabs(str(path)):
-            raise BootFileError("boot_files: %r is not an absolute path" % (path,))
-        if os.path.isdir(path) and not os.path.islink(path):
-            raise BootFileError("boot_files: %s is a directory, not a file to remove" % path)
+        _removable(entry)
     result = {"removed": [], "diff": {"before": {}, "after": {}}}
     for entry in entries:
         path = str(entry["path"])

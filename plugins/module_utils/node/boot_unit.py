@@ -71,10 +71,14 @@ def converge(runner, unit, files, present=True, check_mode=False):
     removed, actions (command lines), diff}; in check mode nothing is written and the same is reported."""
     if present:
         done = boot_files.install(files, check_mode)
+        gone = boot_files.remove([entry for entry in files if entry.get("remove")], check_mode)
+        done["removed"] = gone["removed"]
+        for side in ("before", "after"):
+            done["diff"][side].update(gone["diff"][side])
         actions = plan(runner, unit, True, bool(done["installed"])) if unit else []
         if not check_mode:
             run(runner, unit, actions)
-        touched = done["installed"]
+        touched = done["installed"] + done["removed"]
     else:
         actions = plan(runner, unit, False, False) if unit else []
         if not check_mode:

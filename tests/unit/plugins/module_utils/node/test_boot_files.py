@@ -159,3 +159,34 @@ def test_remove_refuses_a_directory_before_removing_anything(tmp_path):
     with pytest.raises(boot_files.BootFileError, match="layout.json is a directory, not a file to remove"):
         boot_files.remove([content_entry(unit), content_entry(tmp_path / "layout.json")])
     assert unit.exists()
+
+
+def test_an_entry_to_remove_goes_with_state_present_after_the_files_are_installed(tmp_path):
+    """The node agent's handover file when a play takes the node back (vgpu_profiles_reclaim_from_agent):
+    removed in the same module run as the install, reported with the removals, in check mode only reported."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_unit
+    handover, layout = tmp_path / "etc/agent-applied.json", tmp_path / "etc/layout.json"
+    handover.parent.mkdir()
+    handover.write_text("{}\n")
+    files = [{"path": str(handover), "mode": "0644", "remove": True}, content_entry(layout, "{}\n")]
+    assert boot_files.validate(files) == [hashlib.sha1(b"{}\n").hexdigest()]
+    check = boot_unit.converge(None, None, files, present=True, check_mode=True)
+    assert (check["removed"], check["installed"], check["changed"]) == ([str(handover)], [str(layout)], True)
+    assert handover.exists() and not layout.exists()
+    if os.geteuid() != 0:
+        return          # installing needs root (root:root files); the removal was checked above
+    done = boot_unit.converge(None, None, files, present=True)
+    assert done["removed"] == [str(handover)] and done["diff"]["after"][str(handover)] is None
+    assert not handover.exists() and layout.exists()
+    again = boot_unit.converge(None, None, files, present=True)
+    assert (again["removed"], again["installed"], again["changed"]) == ([], [], False)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"path": "etc/agent-applied.json", "remove": True}, "'etc/agent-applied.json' is not an absolute path"),
+    ({"path": "DIR", "remove": True}, "is a directory, not a file to remove"),
+])
+def test_a_bad_entry_to_remove_is_refused_by_validate(tmp_path, bad, message):
+    bad = dict(bad, path=str(tmp_path) if bad["path"] == "DIR" else bad["path"])
+    with pytest.raises(boot_files.BootFileError, match=message):
+        boot_files.validate([content_entry(tmp_path / "layout.json"), bad])
