@@ -102,11 +102,28 @@ def holders(claims):
     return {key: sorted(set(names)) for key, names in held.items()}
 
 
-def claimed_types(claims):
+def read_boot_id(proc_root="/proc"):
+    """The running kernel's boot ID (`<proc_root>/sys/kernel/random/boot_id`), recorded with each prepared claim;
+    None when it cannot be read."""
+    try:
+        with open(os.path.join(proc_root, "sys/kernel/random/boot_id")) as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+ANY_BOOT = object()
+
+
+def claimed_types(claims, boot_id=ANY_BOOT):
     """{device key: vGPU type ID} the claims were prepared with (a device recorded twice with two IDs: left out,
-    nobody can say which one to restore)."""
+    nobody can say which one to restore). `boot_id` given: only the claims recorded with that boot ID, as the
+    driver tells a claim prepared this boot (kubelet/dra/checkpoint.py completed_this_boot): a claim of an earlier
+    boot is prepared again by the kubelet, maybe on another VF or GPU, so its type is nobody's to restore."""
     types, conflicting = {}, set()
     for entry in claims.values():
+        if boot_id is not ANY_BOOT and entry.get("bootID") != boot_id:
+            continue
         for device in entry.get("devices") or ():
             type_id = device.get("typeID")
             if not isinstance(type_id, int) or isinstance(type_id, bool):

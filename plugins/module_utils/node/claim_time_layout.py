@@ -223,15 +223,19 @@ class Modes:
         return found
 
 
-def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None):
+def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, boot_id=None):
     """Modes for one reconcile (under the node lock, before any write): which GPUs are claim-time, refused
     moves (LayoutError), the VFs of claim-time GPUs that carry a type no holder explains (left by the
     layout before the move, or by a boot-time apply that predates it): those are cleared, and the VFs that
     prepared DRA claims hold but that lost their type (a vGPU-manager restart resets every VF): the type the
     checkpoint recorded for the claim is written again, when nothing but prepared claims holds the VF (a VF a
-    process or a device plugin allocation holds is never written: a warning names it). Nothing else is
-    written. A claim-time GPU passed through (bound to vfio-pci or another driver than nvidia,
-    node/pf_driver.py) is reserved: it offers nothing and none of its VFs is written.
+    process or a device plugin allocation holds is never written: a warning names it), the claim was prepared in
+    this boot (`boot_id`, claim_holders.read_boot_id; after a reboot the kubelet prepares its claims again) and the
+    VF can create that type now (its creatable list: another GPU in the slot, or a mode the restart reset, would
+    make the write fail on every reconcile; a warning names the VF and the type). A VF whose type cannot be read
+    (no nvidia/ directory for a moment after a vGPU-manager restart) is never written; a warning names it when a
+    claim holds it. Nothing else is written. A claim-time GPU passed through (bound to vfio-pci or another driver
+    than nvidia, node/pf_driver.py) is reserved: it offers nothing and none of its VFs is written.
     `held_of(addresses)` is the engine's held_devices for those PFs; `recheck(names)` its O(1) re-check
     (inuse.Holders.recheck), asked right before each of `finish`'s writes. `declaration_` None: the caller
     declares nothing (the node CLI, the boot unit, the module): the GPUs recorded as claim-time stay so."""
@@ -258,29 +262,57 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None):
         for vf in vfs_of.get(address) or ():
             current = sysfs.read_int(vgpu_types.vfio_dir(vf) + "/current_vgpu_type")
             found = inuse.holders(held, vf, parents)
+            by_claims = [h for h in found if claim_holders.is_claim_holder(h)]
             if current and not found:
                 stale.append(vf)
-            elif not current and found and any(map(claim_holders.is_claim_holder, found)):
+            elif current is None and by_claims:
+                warnings.append("GPU %s: VF %s of %s: %s; not written" % (
+                    address, vf, inuse.describe(by_claims), UNREADABLE))
+            elif current == 0 and by_claims:
                 if claimed is None:
                     claimed = claim_holders.claimed_types(claim_holders.read_claims(
-                        claim_holders.checkpoint_path(os.path.dirname(modes_file))))
+                        claim_holders.checkpoint_path(os.path.dirname(modes_file))), boot_id)
                 type_id = claimed.get(vf)
                 others = [h for h in found if not claim_holders.is_claim_holder(h)]
-                if type_id and not others:
-                    restore[vf] = type_id
-                elif type_id:
-                    claims = inuse.describe([h for h in found if claim_holders.is_claim_holder(h)])
+                if type_id and others:
                     warnings.append("GPU %s: VF %s of %s lost its type %d (a vGPU-manager restart?) and is held by "
-                                    "%s too: not written" % (address, vf, claims, type_id, inuse.describe(others)))
+                                    "%s too: not written" % (address, vf, inuse.describe(by_claims), type_id,
+                                                             inuse.describe(others)))
+                elif type_id:
+                    why = _not_writable(sysfs, vf, type_id)
+                    if why:
+                        warnings.append("GPU %s: VF %s of %s: %s; not written" % (
+                            address, vf, inuse.describe(by_claims), why))
+                    else:
+                        restore[vf] = type_id
     modes = Modes(chosen, before, stale, restore, reserved, recheck)
     modes.warnings.extend(warnings)
     return modes
 
 
+UNREADABLE = "its vGPU type cannot be read (no nvidia/ directory: the vGPU manager restarting?)"
+
+
+def _not_writable(sysfs, vf, value):
+    """Why `value` cannot be written to the VF's current_vgpu_type now (None: it can): its type cannot be read,
+    or the type (not 0) is not in its creatable list (the driver would refuse it: EINVAL)."""
+    if sysfs.read_int(vgpu_types.vfio_dir(vf) + "/current_vgpu_type") is None:
+        return UNREADABLE
+    if value:
+        try:
+            creatable = {t.type_id for t in vgpu_types.read_creatable(sysfs, vf)}
+        except VgpuTypeError as exc:
+            return "its creatable list cannot be read (%s)" % exc
+        if value not in creatable:
+            return "type %d is not creatable on it now (another GPU, or a mode the restart reset?)" % value
+    return None
+
+
 def finish(sysfs, modes, modes_file):
     """After the layout's writes: clear the stale types, give the prepared claims their types back, record the
     modes applied. Each VF is asked again right before its write (modes.recheck): one a process opened since the
-    plan, or a claim prepared on a stale VF meanwhile, is left alone (a warning)."""
+    plan, or a claim prepared on a stale VF meanwhile, is left alone (a warning); so is one whose type cannot be
+    read now or that cannot create the type any more (a warning naming the VF): the rest goes on."""
     for vf, value in [(vf, 0) for vf in modes.stale] + list(modes.restore.items()):
         if modes.recheck is not None:
             now = modes.recheck([vf]).get(vf) or []
@@ -288,6 +320,10 @@ def finish(sysfs, modes, modes_file):
                 modes.warnings.append("VF %s: held by %s since the plan; its type is left as it is"
                                       % (vf, inuse.describe(now)))
                 continue
+        why = _not_writable(sysfs, vf, value)
+        if why:
+            modes.warnings.append("VF %s: %s; its type is left as it is" % (vf, why))
+            continue
         sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", value)
     if modes.gpus or modes.before:
         write_modes(modes_file, list(modes.gpus))

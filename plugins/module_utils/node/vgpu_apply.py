@@ -224,6 +224,7 @@ class Node:
         # plan() leaves those GPUs out and records the modes in `modes`
         self.claim_time = None
         self.modes_file = claim_time_layout.modes_path(kubelet_dir)
+        self.boot_id = claim_holders.read_boot_id(proc_root)   # claim-time types are restored for this boot's claims
         self.modes = claim_time_layout.Modes()
 
     @property
@@ -320,7 +321,8 @@ class Node:
             walked.append(True)
             return self.held(scope, reuse=reuse)
         self.modes = claim_time_layout.plan(self.sysfs, self.claim_time, list(gpus.values()), self.modes_file,
-                                            held_for_modes, vfs_of, recheck=self.in_use.recheck)
+                                            held_for_modes, vfs_of, recheck=self.in_use.recheck,
+                                            boot_id=self.boot_id)
         selection = OrderedDict((a, e) for a, e in selection.items() if a not in self.modes.gpus)
         for address, allow in self.modes.offerable():     # a claim-time GPU passed through offers nothing
             self._claim_time_offers(gpus[address], allow, vfs_of.get(address))

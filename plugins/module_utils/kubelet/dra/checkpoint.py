@@ -25,8 +25,6 @@ an error naming it and what to do (nothing is then prepared or unprepared: guess
 
 from __future__ import annotations
 
-import os
-
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import DURABLE, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import VERSION
@@ -34,12 +32,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders i
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
 
 
-def read_boot_id(proc_root="/proc"):
-    try:
-        with open(os.path.join(proc_root, "sys/kernel/random/boot_id")) as handle:
-            return handle.read().strip() or None
-    except OSError:
-        return None
+read_boot_id = claim_holders.read_boot_id     # the node layer reads it too (claim-time types restored this boot only)
 
 
 class Checkpoint:

@@ -11,6 +11,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import a
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, inuse, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -42,7 +43,7 @@ class Env:
     def start(self):
         sysfs = self.engine.sysfs
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
-                           self.plugin_dir, self.cdi_dir, boot_id="boot-1")
+                           self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id)   # this boot
         driver.claim_time = ClaimTimePreparer(sysfs, self.engine.begin)
         driver.claim_time.update(claim_time.offers(sysfs, self.result["claim_time"]))
         return driver
@@ -236,3 +237,82 @@ def test_a_manager_restart_under_a_prepared_claim_gets_its_type_back_from_the_ch
     e.node.clear_log()
     check = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"), check_mode=True)
     assert e.node.log() == [] and not check["changed"]
+
+
+def restarted(e, *claims):
+    """The claims prepared, then a vGPU-manager restart: every VF untyped. Their VFs, in claim order."""
+    for one in claims:
+        assert e.driver.prepare([ref(one)])[one["metadata"]["uid"]].error == ""
+    vfs = [vf_of(checkpoint.Checkpoint(e.plugin_dir).get(one["metadata"]["uid"])) for one in claims]
+    e.node.ctl("manager-restart")
+    assert [e.current(vf) for vf in vfs] == [0] * len(vfs)
+    return vfs
+
+
+def test_a_prepared_vf_whose_type_cannot_be_read_is_left_alone_with_a_warning_and_the_rest_is_restored(env):
+    """After a manager restart a VF may lack its nvidia/ directory for a while (here: not bound to nvidia yet): its
+    type reads as unknown, not 0. Nothing is written to it, a warning names it, the other claim gets its type."""
+    one, two = claim("vm-a", UIDS[0], [D24], NODE), claim("vm-b", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    vfs = restarted(e, one, two)
+    e.node.write("bus/pci/drivers/nvidia/unbind", vfs[1])
+    assert not os.path.exists(os.path.join(e.node.root, "bus/pci/devices", vfs[1], "nvidia"))
+    e.node.clear_log()
+    result = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"))
+    assert [(vf, value) for vf, value in e.type_writes() if vf.startswith("0000:42:")] == [(vfs[0], "1155")]
+    assert not any(vfs[1] in w["path"] for w in e.node.log())
+    assert ("GPU %s: VF %s of DRA claim vms/vm-b: its vGPU type cannot be read (no nvidia/ directory: the vGPU "
+            "manager restarting?); not written" % (GPU1, vfs[1])) in result["warnings"]
+    e.node.clear_log()
+    check = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"), check_mode=True)
+    assert e.node.log() == [] and not check["changed"]
+
+
+def test_a_type_that_vanishes_between_plan_and_finish_is_a_warning_not_a_failed_reconcile(env, monkeypatch):
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+    [vf] = restarted(e, one)
+    real_finish = claim_time_layout.finish
+
+    def unbound_meanwhile(sysfs, modes, modes_file):
+        assert list(modes.restore) == [vf]
+        e.node.write("bus/pci/drivers/nvidia/unbind", vf)
+        return real_finish(sysfs, modes, modes_file)
+    monkeypatch.setattr(claim_time_layout, "finish", unbound_meanwhile)
+    e.node.clear_log()
+    result = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"))
+    assert not any(w["path"].endswith("current_vgpu_type") and vf in w["path"] for w in e.node.log())
+    assert "VF %s: its vGPU type cannot be read (no nvidia/ directory: the vGPU manager restarting?); its type is " \
+           "left as it is" % vf in result["warnings"]
+
+
+def test_a_claim_of_an_earlier_boot_gets_no_type_back(env):
+    """After a reboot the checkpoint still lists the claims of the last boot until the kubelet prepares them again
+    (maybe elsewhere): their VFs are held, but their types are nobody's to restore."""
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+    [vf] = restarted(e, one)
+    e.engine.boot_id = "the-next-boot"
+    e.node.clear_log()
+    result = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"))
+    assert [w for w in e.node.log() if w["path"].startswith("bus/pci/devices/0000:42:")] == []
+    assert e.current(vf) == 0 and not any(vf in w for w in result["warnings"])
+
+
+def test_a_checkpointed_type_the_vf_cannot_create_now_is_skipped_with_one_warning(env):
+    """A GPU swapped in the slot (or a mode the restart reset): the recorded type is not in the VF's creatable
+    list; writing it would fail with EINVAL on every reconcile. The VF is left alone, the other claim restored."""
+    one, two = claim("vm-a", UIDS[0], [D24], NODE), claim("vm-b", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    vfs = restarted(e, one, two)
+    listed = e.node.read("bus/pci/devices/%s/nvidia/creatable_vgpu_types" % vfs[1])
+    foreign = max(int(line.split(":")[0]) for line in listed.splitlines()[1:]) + 1000   # another GPU's type
+    cp = checkpoint.Checkpoint(e.plugin_dir)
+    cp.get(UIDS[1])["devices"][0]["typeID"] = foreign
+    cp.save()
+    e.node.clear_log()
+    result = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"))
+    assert [(vf, value) for vf, value in e.type_writes() if vf.startswith("0000:42:")] == [(vfs[0], "1155")]
+    assert [w for w in result["warnings"] if vfs[1] in w] == [
+        "GPU %s: VF %s of DRA claim vms/vm-b: type %d is not creatable on it now (another GPU, or a mode the restart "
+        "reset?); not written" % (GPU1, vfs[1], foreign)]
