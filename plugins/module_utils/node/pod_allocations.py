@@ -49,7 +49,10 @@ DIRECTORY = "accelops-vgpu-device-plugin"  # under <kubelet dir>/plugins/
 FILE_NAME = "allocations.json"
 JOURNAL_NAME = "allocations.journal"
 LOCK_NAME = "allocations.lock"
-APPEND_WAIT = 1.0    # seconds an Allocate waits for a rewrite (which holds the lock for a read and two fsyncs)
+# seconds an Allocate waits for a rewrite (which holds the lock for a read and two fsyncs): during a rollout two agents
+# overlap, and on a slow disk the other's rewrite can take seconds; the kubelet does not retry a failed Allocate (the
+# VMI fails), so the wait is long
+APPEND_WAIT = 10.0
 REWRITE_WAIT = 5.0   # seconds a reconcile waits for appenders
 READ_TRIES = 5       # reads a rewrite overlapped before the reader gives up (an error naming the file)
 VERSION = 1

@@ -231,6 +231,26 @@ def test_an_allocate_waits_a_bounded_time_for_the_record_lock_then_fails_naming_
     assert list(pod_allocations.read(path)) == [VF1]
 
 
+def test_an_allocate_outwaits_a_slow_rewrite_of_the_other_agent_during_a_rollout(kubelet_dir):
+    """Two agents overlap during a rollout; the other one's rewrite holds the lock for its read and two fsyncs, which
+    a slow disk can stretch to seconds. The kubelet does not retry a failed Allocate (the VMI fails): it must wait."""
+    path = pod_allocations.record_path(kubelet_dir)
+    lock = os.path.join(os.path.dirname(path), "allocations.lock")
+    record = pod_resources.AllocationRecord(kubelet_dir)
+    os.makedirs(os.path.dirname(path))
+    handle = open(lock, "w")
+    fcntl.flock(handle, fcntl.LOCK_EX)          # the other agent's rewrite, 2 s on a slow disk
+    releaser = threading.Timer(2.0, handle.close)
+    releaser.start()
+    try:
+        started = time.monotonic()
+        record.add(R24, [VF1])
+        assert time.monotonic() - started >= 1.5
+    finally:
+        releaser.join()
+    assert list(pod_allocations.read(path)) == [VF1]
+
+
 def test_a_read_that_a_rewrite_overlapped_is_read_again(kubelet_dir, monkeypatch):
     """A reader (the engine, the CLI, the boot unit: no lock, the directory may be read-only to it) reads the old
     snapshot, then a rewrite folds the journal into a new snapshot and empties the journal, then the reader reads
