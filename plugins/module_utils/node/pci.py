@@ -9,7 +9,8 @@ Facts (kernel drivers/pci/pci-sysfs.c, drivers/pci/iov.c): devices live in bus/p
 linked (the PF's `virtfn<N>` entries); their addresses come from the kernel's own routing-ID arithmetic
 (drivers/pci/iov.c pci_iov_virtfn_bus/devfn: PF routing ID + sriov_offset + N * sriov_stride, the values
 the kernel used when it added them), read from the PF's `sriov_offset`/`sriov_stride`, so no link per VF
-is read; without those attributes each link is read. Never a model's assumed offset (L40S VFs start at
+is read: one readlink, of the highest `virtfn<N>`, checks the result. Without those attributes, or when that
+link disagrees (or cannot be read), each link is read. Never a model's assumed offset (L40S VFs start at
 function 4, RTX PRO 6000 at .2).
 """
 
@@ -140,15 +141,25 @@ class PciDevice:
 
     def virtfns(self):
         """VF addresses in virtfn order (virtfn0, virtfn1, ... numerically, not lexically): one per `virtfn<N>`
-        entry the kernel made, its address by the kernel's arithmetic (module doc), else by its link."""
+        entry the kernel made, its address by the kernel's arithmetic (module doc) when the highest link agrees,
+        else by its link."""
         names = virtfn_names(self.sysfs.listdir(self.base))
         if not names:
             return []
         computed = self.vf_addresses([int(name[6:]) for name in names])
-        if computed is not None:
+        if computed is not None and self._link_agrees(names[-1], computed[-1]):
             return computed
         targets = (self.sysfs.link_name(self.attr(name)) for name in names)
         return [target for target in targets if target]
+
+    def _link_agrees(self, name, address):
+        """Whether the link `name` (the highest virtfn: the one the arithmetic is likeliest to get wrong, its
+        routing ID the farthest from the PF's) points to `address`: one readlink per PF checks the computed list;
+        a mismatch or any error reads every link instead."""
+        try:
+            return self.sysfs.link_name(self.attr(name)) == address
+        except (SysfsError, OSError):
+            return False
 
     def vf_addresses(self, indices):
         """[address of VF N for N in indices] from sriov_offset/sriov_stride, or None where the kernel does not

@@ -105,7 +105,7 @@ def test_vf_addresses_follow_the_kernels_routing_id_arithmetic_without_reading_l
     sysfs = RecordingSysfs(str(tmp_path))
     found = pci.PciDevice(sysfs, address).virtfns()
     assert found == vfs and found[0] == first and found[-1] == last
-    assert sysfs.links == []
+    assert sysfs.links == ["bus/pci/devices/%s/virtfn%d" % (address, count - 1)]    # the one check
     assert all(pci.PciDevice(sysfs, vf).physfn == address for vf in found)
 
 
@@ -114,6 +114,34 @@ def test_vf_addresses_are_only_those_the_kernel_linked(tmp_path):
     pf = _pf_with_vfs(tmp_path, "0000:41:00.0", vfs, offset=4, stride=1)
     os.unlink(pf / "virtfn3")          # the kernel removes VFs last first: virtfn3 is gone already
     assert pci.PciDevice(Sysfs(str(tmp_path)), "0000:41:00.0").virtfns() == vfs[:3]
+
+
+def test_offset_and_stride_that_disagree_with_the_links_fall_back_to_the_links(tmp_path):
+    """A kernel or a device whose attributes do not give the linked addresses (here: offset 4, stride 1 shown, the VFs
+    linked with stride 2): the highest link disagrees, so every link is read and the linked addresses win."""
+    vfs = ["0000:41:00.4", "0000:41:00.6", "0000:41:01.0", "0000:41:01.2"]
+    _pf_with_vfs(tmp_path, "0000:41:00.0", vfs, offset=4, stride=1)
+    sysfs = RecordingSysfs(str(tmp_path))
+    assert pci.PciDevice(sysfs, "0000:41:00.0").virtfns() == vfs
+    assert sysfs.links == ["bus/pci/devices/0000:41:00.0/virtfn3"] + [
+        "bus/pci/devices/0000:41:00.0/virtfn%d" % n for n in range(4)]
+
+
+def test_a_highest_link_that_cannot_be_read_falls_back_to_the_links(tmp_path, monkeypatch):
+    vfs = ["0000:41:00.%d" % n for n in range(4, 8)]
+    _pf_with_vfs(tmp_path, "0000:41:00.0", vfs, offset=4, stride=1)
+    sysfs = RecordingSysfs(str(tmp_path))
+    real = RecordingSysfs.readlink
+    failed = []
+
+    def once_eio(self, rel):
+        if rel.endswith("/virtfn3") and not failed:
+            failed.append(rel)
+            raise SysfsError(rel, 5, "readlink")
+        return real(self, rel)
+    monkeypatch.setattr(RecordingSysfs, "readlink", once_eio)
+    assert pci.PciDevice(sysfs, "0000:41:00.0").virtfns() == vfs and failed
+    assert len(sysfs.links) == 4
 
 
 @pytest.mark.parametrize("offset,stride", [(None, None), (0, 1), (4, 0)])
