@@ -81,8 +81,10 @@ class DraAllocator:
     request's amount, else the whole capacity), and the sum stays within the capacity; its result carries
     `shareID` and `consumedCapacity`. Other devices go to one claim. Greedy first fit per request, no
     backtracking across requests (the real allocator backtracks; no test here depends on it). Constraints
-    and admin access are not modelled: such a claim is refused loudly. (A template's claim is created
-    before it gets here: VmiController._pod_claims.)
+    (`spec.devices.constraints`: matchAttribute, distinctAttribute) and admin access (`adminAccess` on a request
+    or subrequest) are not modelled: such a claim is refused (Unallocatable naming the claim and what is not
+    modelled, which the VMI's PodScheduled condition shows), never allocated as if they were absent. (A
+    template's claim is created before it gets here: VmiController._pod_claims.)
     """
 
     def __init__(self, classes, slices, claims, overallocate=False):
@@ -243,6 +245,7 @@ class DraAllocator:
         """The claim's allocation on `node`, or Unallocatable; what it takes counts for later claims only after
         commit() (a failed claim leaves the state as it was)."""
         ref = "claim %s/%s" % (claim["metadata"].get("namespace"), claim["metadata"]["name"])
+        unmodelled(ref, claim)
         saved = self.snapshot()
         results, picked = [], set()
         try:
@@ -273,6 +276,22 @@ class DraAllocator:
     def commit(self, allocation):
         for result in allocation["devices"]["results"]:
             self._add(result)
+
+
+def unmodelled(ref, claim):
+    """Unallocatable for a claim that asks what DraAllocator does not model (constraints, admin access): the real
+    allocator honours them (structured/allocator.go: constraints per claim; adminAccess devices are not counted as
+    allocated), so allocating as if they were absent would let a test pass that the real scheduler fails."""
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    if devices.get("constraints"):
+        raise Unallocatable("%s: constraints are not modelled by the test double (tests/fakes/vmi_controller.py "
+                            "DraAllocator); not allocated" % ref)
+    for request in devices.get("requests") or []:
+        for spec in [request.get("exactly") or {}] + list(request.get("firstAvailable") or []):
+            if spec.get("adminAccess"):
+                raise Unallocatable("%s, request %s: adminAccess is not modelled by the test double "
+                                    "(tests/fakes/vmi_controller.py DraAllocator); not allocated"
+                                    % (ref, request.get("name")))
 
 
 _SUFFIXES = {"Ki": 1024, "Mi": 1024 ** 2, "Gi": 1024 ** 3, "Ti": 1024 ** 4, "k": 1000, "M": 1000 ** 2,

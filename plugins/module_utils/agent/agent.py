@@ -208,6 +208,11 @@ class Agent:
         self.reconciled, self.next_resync = wanted, self.clock() + self.settings.resync_interval
         if self.dra_plugin is not None:     # the node as it is now, applied or not, reaches the slices
             self.dra_plugin.reconciled(_meta_field(node, "uid"), *(applied or (None, None)))
+        if applied is not None:
+            # armed once the DRA plugin knows this apply's claim-time offers: before, its claim_time_vfs (the probe's
+            # `claimed`) names no VF on the first reconcile, so a claim's VF left untyped on purpose (a process holds
+            # it) would not be passed over and would read as a vGPU-manager restart at the first check
+            self.probe.arm(applied[1])
         if state == vdm.FAILED and self.restart_pending:
             # the manager may still be coming back: retry sooner than the resync, backing off
             self.next_resync = self.clock() + self.restart_backoff.next()
@@ -259,7 +264,6 @@ class Agent:
             self.probe.disarm()
             reason = vdm.reason_text("internal error: %s: %s" % (type(exc).__name__, exc))
         else:
-            self.probe.arm(result)
             if self.device_plugin is not None:
                 self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])

@@ -6,13 +6,15 @@ from __future__ import annotations
 import copy
 import os
 import time
+import urllib.request
 
 import yaml
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
+from ansible_collections.accelops.vgpu.tests.fakes.registry import free_port
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
-    CLAIMS, RESOURCES as DRA_RESOURCES, dra_state, program, stored_slices)
+    CLAIMS, RESOURCES as DRA_RESOURCES, dra_state, program, published_devices)
 
 DRIVER = "vgpu.accelops.io"
 L40S_24Q = "1155"
@@ -35,11 +37,6 @@ def config_file(tmp_path, claim_time_entry):
     return str(path)
 
 
-def published(api):
-    """The device names of the node's slices (counter slices carry none)."""
-    return {d["name"] for item in stored_slices(api) for d in item["spec"].get("devices") or ()}
-
-
 def current(node, vf):
     return node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf).strip()
 
@@ -59,7 +56,7 @@ def test_a_manager_restart_under_prepared_claim_time_vfs_restores_their_types_ne
                         CONFIG_FILE=config_file(tmp_path, {"devices": "all", "profiles": ["L40S-24Q"]}),
                         RESYNC_INTERVAL=600, MANAGER_PROBE_INTERVAL=1)
     agent.wait("success", "default")
-    wait_for("the claim-time device published", lambda: device in published(cluster.api) or None, timeout=10)
+    wait_for("the claim-time device published", lambda: device in published_devices(cluster.api) or None, timeout=10)
     kubelet.wait("the driver registered", lambda k: any(r["registered"] for r in k.registrations.values()))
     answer = kubelet.prepare(DRIVER, [("vms", "vm-a-gpu", UIDS[0]), ("vms", "vm-b-gpu", UIDS[1])])
     assert [answer[uid]["error"] for uid in UIDS[:2]] == ["", ""]
@@ -79,6 +76,48 @@ def test_a_manager_restart_under_prepared_claim_time_vfs_restores_their_types_ne
     assert "VF %s of DRA claim vms/vm-b-gpu lost its type 1155" % typed[1] in agent.output()
     time.sleep(3)           # three probes: vm-b's VF, left untyped on purpose, is no restart over and over
     assert agent.status()["manager_restarts"] == 1 and agent.status()["state"] == "success"
+
+
+def restart_events(api):
+    """The stored Events of a noticed vGPU-manager restart (agent.EVENT_MANAGER_RESTART)."""
+    return [obj for obj in api.stored() if obj.get("kind") == "Event" and obj.get("reason") == "VGPUManagerRestarted"]
+
+
+def test_a_first_reconcile_leaving_a_held_claim_time_vf_untyped_reports_no_manager_restart(
+        gpusim_node, cluster, start_agent, dra_env, tmp_path):
+    """A claim prepared by the last agent; a manager restart reset its VF and a process holds it since: the next
+    agent's first reconcile leaves it untyped on purpose. That is no restart: no Event, the metric stays 0."""
+    kubelet, kubelet_dir, cdi_dir = dra_env
+    node = gpusim_node("l40s:1")
+    [pf] = node.pfs()
+    program(node, [], per_pf=0)
+    device = claim_time.device_name("L40S-24Q", pf)
+    state = dra_state([(CLAIMS, "vms", claim("vm-a-gpu", UIDS[0], device, 1))])
+    state["resources"] = dict(copy.deepcopy(RESOURCES), **DRA_RESOURCES)
+    cluster.api.reset(state)
+    env = dict(DRA_DRIVER="true", KUBELET_DIR=kubelet_dir, CDI_DIR=cdi_dir, RESYNC_INTERVAL=600,
+               CONFIG_FILE=config_file(tmp_path, {"devices": "all", "profiles": ["L40S-24Q"]}),
+               MANAGER_PROBE_INTERVAL=1)
+    first = start_agent(node, cluster.api, **env)
+    first.wait("success", "default")
+    wait_for("the claim-time device published", lambda: device in published_devices(cluster.api) or None, timeout=10)
+    kubelet.wait("the driver registered", lambda k: any(r["registered"] for r in k.registrations.values()))
+    assert kubelet.prepare(DRIVER, [("vms", "vm-a-gpu", UIDS[0])])[UIDS[0]]["error"] == ""
+    [vf] = [vf for vf in node.vfs(pf) if current(node, vf) == L40S_24Q]
+    first.stop()
+    node.ctl("manager-restart")
+    node.hold(vf)                      # a process opened the claim's VF since: it stays untyped
+    port = free_port()
+    agent = start_agent(node, cluster.api, METRICS_PORT=port, METRICS_BIND_ADDRESS="127.0.0.1", **env)
+    agent.wait("success", "default")
+    time.sleep(3)                      # three probes after the first reconcile
+    assert current(node, vf) == "0"
+    assert agent.status()["manager_restarts"] == 0 and agent.status()["state"] == "success"
+    assert restart_events(cluster.api) == []
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as response:
+        samples = [line for line in response.read().decode().splitlines()
+                   if line.startswith("accelops_vgpu_agent_manager_restarts_total")]
+    assert samples in ([], ["accelops_vgpu_agent_manager_restarts_total 0"])    # a counter not counted yet: no sample
 
 
 def test_a_claim_time_gpu_in_device_plugin_gpus_is_one_line_naming_it_and_nothing_is_written(

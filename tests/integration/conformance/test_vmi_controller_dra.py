@@ -7,6 +7,8 @@ import json
 import time
 import urllib.request
 
+import pytest
+
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DELETE_PROTECTION
 from ansible_collections.accelops.vgpu.tests.integration.conformance.conformance_helpers import (
     CLAIMS, SLICES, VMIS, healthy_state, stored)
@@ -101,6 +103,24 @@ def test_a_cel_runtime_error_fails_the_allocation_with_the_error(cluster, contro
     message = stored(cluster, VMIS, "v", NS)["status"]["conditions"][0]["message"]
     assert "claim default/c, request vgpu: selector #0: CEL runtime error" in message
     assert results(cluster, "c") == []
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda body: body["spec"]["devices"].update(constraints=[{"requests": ["vgpu"], "matchAttribute":
+                                                               "vgpu.accelops.io/parentGPU"}]),
+     "claim default/c: constraints are not modelled by the test double"),
+    (lambda body: body["spec"]["devices"]["requests"][0]["exactly"].update(adminAccess=True),
+     "claim default/c, request vgpu: adminAccess is not modelled by the test double"),
+])
+def test_a_claim_with_constraints_or_admin_access_is_refused_never_allocated_as_if_plain(
+        cluster, controller, change, said):
+    body = claim("c", PROFILE % "L40S-24Q")
+    change(body)
+    seeded(cluster, [(body, vmi("v", "c"))])
+    controller()
+    assert until(lambda: (stored(cluster, VMIS, "v", NS).get("status") or {}).get("conditions"))
+    assert said in stored(cluster, VMIS, "v", NS)["status"]["conditions"][0]["message"]
+    assert phase(cluster, "v") == "Pending" and results(cluster, "c") == []
 
 
 def test_only_the_newest_complete_generation_of_a_pool_is_allocated(cluster, controller):

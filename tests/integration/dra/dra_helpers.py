@@ -88,6 +88,6 @@ def stored_slices(api):
 
 
 def published_devices(api, node_name=NODE):
-    """{device name: device entry} over the stored slices of `node_name`."""
+    """{device name: device entry} over the stored slices of `node_name` (its counter-only slices carry none)."""
     return {device["name"]: device for item in stored_slices(api) if item["spec"].get("nodeName") == node_name
-            for device in item["spec"]["devices"]}
+            for device in item["spec"].get("devices") or ()}
