@@ -162,15 +162,17 @@ options:
         description: Only look at the file - SHA-1 (hex) of its expected content.
         type: str
       own_directory:
-        description: With O(state=absent), also remove the file's directory once it is empty.
+        description: When the file is removed (O(state=absent), or O(boot_files[].remove)), also remove its directory once it is empty.
         type: bool
         default: false
       remove:
         description:
-          - The file is removed where it exists, with either O(state) (after the layout is applied; not in
-            check mode), and reported in RV(boot_files_removed) - a file that must not stay, such as the node agent's
+          - The file is removed where it exists, with either O(state) (after the layout is applied, before the other
+            files are installed; not in check mode), and reported in RV(boot_files_removed) - a file that must not stay, such as the node agent's
             C(agent-applied.json) when a play takes the node back. Takes none of O(boot_files[].content),
-            O(boot_files[].layout), O(boot_files[].node_cli), O(boot_files[].checksum); O(boot_files[].mode) is not used.
+            O(boot_files[].layout), O(boot_files[].node_cli), O(boot_files[].checksum); O(boot_files[].mode) is required all the
+            same and not used.
+          - A path may be named once in O(boot_files).
         type: bool
         default: false
   boot_unit:
@@ -459,6 +461,8 @@ def main():
         files = boot_file_entries(params["boot_files"], params["config"], present)
         if present:
             boot_files.validate(files)  # bad input writes nothing
+        else:
+            boot_files.validate_removal(files)
         if params["config_file"]:
             entries = vgpu_layout.from_file(params["config_file"], params["selected"])
         else:

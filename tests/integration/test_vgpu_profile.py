@@ -281,3 +281,11 @@ def test_a_boot_file_to_remove_takes_no_content_and_a_bad_one_writes_nothing(gpu
                                                                                 boot_files=[entry])}], node)
         assert run.rc != 0 and run.task("apply")["msg"] == message
         assert node.writes() == [] and handover.exists()
+    # state absent checks its entries before the vGPUs are removed, too
+    assert run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True)}], node).rc == 0
+    node.clear_log()
+    bad = [{"path": str(handover), "mode": "0644", "remove": True}, {"path": "relative.json", "mode": "0644", "remove": True}]
+    run = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", state="absent", boot_files=bad)}],
+                       node)
+    assert run.rc != 0 and run.task("apply")["msg"] == "boot_files: 'relative.json' is not an absolute path"
+    assert node.writes() == [] and handover.exists()

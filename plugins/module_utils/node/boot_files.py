@@ -86,7 +86,30 @@ def validate(entries):
     for entry in entries or []:
         if entry.get("remove"):
             _removable(entry)
+    _once_each(entries)
     return [checksum_of(entry) for entry in _kept(entries)]
+
+
+def validate_removal(entries):
+    """What remove() checks before it removes anything (absolute paths, none a directory, each named once):
+    the module asks it before the apply with state absent, so bad input writes nothing."""
+    for entry in entries or []:
+        _removable(entry)
+    _once_each(entries)
+
+
+def _once_each(entries):
+    """A path that an entry writes or removes is named by no other entry (installed and removed in one run,
+    or installed with two contents, it would change on every run); entries that only look may repeat."""
+    seen, acting = set(), set()
+    for entry in entries or []:
+        path = os.path.normpath(str(entry.get("path")))
+        acts = entry.get("remove") or _content(entry) is not None
+        if path in acting or (acts and path in seen):
+            raise BootFileError("boot_files: %s is named twice" % path)
+        seen.add(path)
+        if acts:
+            acting.add(path)
 
 
 def _kept(entries):
@@ -167,8 +190,7 @@ def remove(entries, check_mode=False):
     naming it, before anything is removed.
     """
     entries = list(entries or [])
-    for entry in entries:
-        _removable(entry)
+    validate_removal(entries)
     result = {"removed": [], "diff": {"before": {}, "after": {}}}
     for entry in entries:
         path = str(entry["path"])

@@ -70,8 +70,11 @@ def converge(runner, unit, files, present=True, check_mode=False):
     """Boot files and, when `unit` is given, its systemd state. Returns {changed, outdated, installed,
     removed, actions (command lines), diff}; in check mode nothing is written and the same is reported."""
     if present:
-        done = boot_files.install(files, check_mode)
+        boot_files.validate(files)
+        # the files to remove first: a removal that fails then stops before a unit file is written, so the
+        # next run still sees it outdated and reloads (written first, it would be current without a reload)
         gone = boot_files.remove([entry for entry in files if entry.get("remove")], check_mode)
+        done = boot_files.install(files, check_mode)
         done["removed"] = gone["removed"]
         for side in ("before", "after"):
             done["diff"][side].update(gone["diff"][side])

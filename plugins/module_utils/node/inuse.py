@@ -380,6 +380,8 @@ def probe_group(dev_root, group, vfio_fd=None):
         if not (stat.S_ISCHR(mode) or stat.S_ISREG(mode)):
             return "cannot tell (%s is not a device node)" % path
         return "free"
+    if vfio_fd is not None:     # devtmpfs removes an empty /dev/vfio: the open one may be gone, ask by path
+        return probe_group(dev_root, group)
     return "cannot tell (no VFIO group node %s below %s/vfio)" % (group, dev_root)
 
 

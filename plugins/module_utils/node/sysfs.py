@@ -233,8 +233,9 @@ class WalkCache:
         return (fd, device, "/".join(parts)) if fd is not None else None
 
     def _learn(self, device):
-        """The directory the kernel's link `bus/pci/devices/<device>` points into, opened; None where it cannot
-        be used (full paths then, for the whole bus), False where the device has no readable link."""
+        """The directory the kernel's link `bus/pci/devices/<device>` points into, opened, once the device found
+        below it is the one the full path reaches (same st_dev/st_ino: one stat each, once per bus); None where it
+        cannot be used (full paths then, for the whole bus), False where the device has no readable link."""
         try:
             target = os.readlink(self.sysfs.path(self.PREFIX + device))
         except OSError as exc:
@@ -242,7 +243,20 @@ class WalkCache:
         resolved = os.path.normpath(os.path.join(self.PREFIX.rstrip("/"), target))
         if os.path.isabs(target) or resolved.startswith("..") or os.path.basename(resolved) != device:
             return None
-        return self._open(self.sysfs.path(os.path.dirname(resolved)))
+        fd = self._open(self.sysfs.path(os.path.dirname(resolved)))
+        if fd is not None and not self._same(fd, device):
+            os.close(fd)    # the link's text names another directory than the one it reaches (a linked `bus`)
+            return None
+        return fd
+
+    def _same(self, fd, device):
+        """Whether `device` below `fd` is the directory the full path through the bus link reaches."""
+        try:
+            below = os.stat(device, dir_fd=fd)
+            linked = os.stat(self.sysfs.path(self.PREFIX + device))
+        except OSError:
+            return False
+        return (below.st_dev, below.st_ino) == (linked.st_dev, linked.st_ino)
 
     def has(self, fd, device):
         """Whether the device's directory is below `fd` (an attribute missing there is missing)."""

@@ -190,3 +190,33 @@ def test_a_bad_entry_to_remove_is_refused_by_validate(tmp_path, bad, message):
     bad = dict(bad, path=str(tmp_path) if bad["path"] == "DIR" else bad["path"])
     with pytest.raises(boot_files.BootFileError, match=message):
         boot_files.validate([content_entry(tmp_path / "layout.json"), bad])
+
+
+def test_a_path_named_twice_is_refused(tmp_path):
+    layout = tmp_path / "etc/layout.json"
+    for second in ({"path": str(layout), "mode": "0644", "remove": True}, content_entry(tmp_path / "etc/../etc/layout.json")):
+        with pytest.raises(boot_files.BootFileError, match="layout.json is named twice"):
+            boot_files.validate([content_entry(layout, "{}\n"), second])
+    with pytest.raises(boot_files.BootFileError, match="named twice"):
+        boot_files.validate_removal([content_entry(layout), content_entry(layout)])
+
+
+def test_a_removal_that_fails_comes_before_any_install(tmp_path, monkeypatch):
+    """The unit file would otherwise be written in a run that then fails: the next run finds it current and
+    reloads nothing. Removing first, the failed run writes nothing and the next one installs and reloads."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_unit
+    import errno
+    handover, layout = tmp_path / "etc/agent-applied.json", tmp_path / "etc/layout.json"
+    handover.parent.mkdir()
+    handover.write_text("{}\n")
+    real_unlink = os.unlink
+
+    def refused(path, *args, **kwargs):
+        if str(path) == str(handover):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return real_unlink(path, *args, **kwargs)
+    monkeypatch.setattr(os, "unlink", refused)
+    files = [{"path": str(handover), "mode": "0644", "remove": True}, content_entry(layout, "{}\n")]
+    with pytest.raises(boot_files.BootFileError, match="cannot remove %s" % handover):
+        boot_unit.converge(None, None, files, present=True)
+    assert handover.exists() and not layout.exists()

@@ -210,6 +210,21 @@ def test_a_probe_inside_a_walk_cache_looks_the_group_up_in_the_open_vfio_directo
     assert opened[-1] == (str(node.dev / "vfio" / group), None)
 
 
+def test_a_probe_through_a_vfio_directory_that_was_replaced_asks_by_path(node):
+    """devtmpfs removes /dev/vfio once it is empty and makes it again for the next group: the directory the
+    walk cache holds open is then gone, and the group is asked for by its full path, not "cannot tell"."""
+    group = node.group_of("0000:41:00.7")
+    sysfs = Sysfs(str(node.sys))
+    holders = inuse.Holders(sysfs, str(node.dev), str(node.proc))
+    with sysfs.walk_cache():
+        assert holders._probe(group).startswith("cannot tell (no VFIO group node")
+        os.rename(node.dev / "vfio", node.dev / "vfio-gone")
+        shutil.rmtree(node.dev / "vfio-gone")
+        (node.dev / "vfio").mkdir()
+        (node.dev / "vfio" / group).write_text("")
+        assert holders._probe(group) == "free"
+
+
 def test_dev_root_reached_through_a_symlink_matches_resolved_fd_targets(node, tmp_path):
     os.symlink(str(node.dev), tmp_path / "devlink")
     pid = node.hold(node.group_of("0000:41:00.4"))

@@ -187,3 +187,24 @@ def test_walk_cache_reads_a_recreated_device_tree_by_its_full_path(pci):
         shutil.rmtree(pci / "devices/gone")
         assert sysfs.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % VF) == "3"
         assert sysfs.read_optional("bus/pci/devices/%s/nvidia/current_vgpu_type" % PF) is None
+
+
+def test_walk_cache_checks_the_learned_directory_against_the_link(pci):
+    """A `bus/pci` that is itself a link (a test tree, a copied capture): the link text of a device names a
+    directory relative to where the link sits, not to `bus/pci/devices`; the directory learned from the text is
+    used only when the device below it is the one the full path reaches."""
+    import shutil
+    deeper = pci / "x/y"
+    deeper.mkdir(parents=True)
+    shutil.move(str(pci / "bus/pci"), str(deeper / "pci"))
+    os.symlink("../x/y/pci", pci / "bus/pci")
+    real = pci / "x/devices/pci0000:40/0000:40:01.1" / VF
+    (real / "nvidia").mkdir(parents=True)
+    (real / "nvidia/current_vgpu_type").write_text("33\n")      # where the link reaches from x/y/pci/devices
+    plain = Sysfs(str(pci)).read("bus/pci/devices/%s/nvidia/current_vgpu_type" % VF)
+    sysfs = Sysfs(str(pci))
+    with sysfs.walk_cache():
+        assert sysfs.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % VF) == plain == "33"
+        sysfs.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % VF, 44)
+    assert (real / "nvidia/current_vgpu_type").read_text() == "44\n"
+    assert (pci / "devices/pci0000:40/0000:40:01.1" / VF / "nvidia/current_vgpu_type").read_text() == "17\n"
