@@ -143,6 +143,7 @@ class Agent:
         return 0
 
     def shutdown(self, *dummy):
+        """Stop the loop (SIGTERM, SIGINT: through relay_signals, never from the handler itself)."""
         self.stop.set()
         self.wake.set()
 
@@ -529,6 +530,30 @@ def main(args):
                                                % (settings.metrics_bind_address, settings.metrics_port,
                                                   exc.strerror)) from None
         log("serving /metrics, /healthz and /readyz on %s port %d" % (endpoint.address, endpoint.port))
-    signal.signal(signal.SIGTERM, agent.shutdown)
-    signal.signal(signal.SIGINT, agent.shutdown)
+    relay_signals(agent.shutdown)
     return agent.run()
+
+
+def relay_signals(stop, signals=(signal.SIGTERM, signal.SIGINT)):
+    """Handlers for `signals` that have `stop()` called from a thread of its own; returns the previous handlers.
+
+    A Python handler runs in the main thread between two bytecodes, and the agent's main thread waits in
+    Event.wait, which holds the event's condition lock (not reentrant) for a moment at every wake-up: a handler
+    that sets an event right then waits for itself, and the pod hangs until the kubelet's SIGKILL (the P5
+    benchmark caught one, an agent stopped with SIGTERM that never exited). The handler only writes a byte to a
+    pipe, which takes no lock; a relay thread reads it and calls `stop`."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+
+    def relay():
+        while os.read(read_fd, 1):
+            stop()
+
+    threading.Thread(target=relay, name="signals", daemon=True).start()
+
+    def handler(*dummy):
+        try:
+            os.write(write_fd, b"s")
+        except BlockingIOError:
+            pass    # the pipe is full of earlier signals: the relay has enough to stop on
+    return dict((sig, signal.signal(sig, handler)) for sig in signals)
