@@ -177,8 +177,9 @@ def node_vgpu_counts(engine_factory, log=None):
     try:
         engine = engine_factory()
         in_use = engine.in_use
-        held = engine.held(reuse=True)
-        return vgpu_counts(facts.vgpu_census(engine.sysfs, held, engine.names, lambda vf: in_use.facts(vf).group))
+        with engine.sysfs.walk_cache():     # one read per VF, each walked from its bus's directory as the apply's
+            held = engine.held(reuse=True)
+            return vgpu_counts(facts.vgpu_census(engine.sysfs, held, engine.names, lambda vf: in_use.facts(vf).group))
     except Exception as exc:  # pylint: disable=broad-exception-caught
         if log is not None:
             log("cannot count the node's vGPUs for the metrics: %s" % exc)

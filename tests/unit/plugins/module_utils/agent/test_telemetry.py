@@ -120,7 +120,15 @@ def test_the_counts_after_a_reconcile_reuse_its_walk_of_proc_and_its_groups(gpus
     vgpu_apply.apply(engine, from_layout([{"profiles": {"L40S-24Q": 2}}]), enable_vfs=True)
     scans = engine.holders.counts["scans"]
     engine.sysfs.reads, engine.sysfs.links = [], []
+    import os
+    real_open, opened = os.open, []
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append((str(path), k.get("dir_fd"))) or
+                        real_open(path, *a, **k))
     counts = node_vgpu_counts(lambda: engine)
+    monkeypatch.undo()
+    # each VF read walked from its bus's directory, as in the apply (Sysfs.walk_cache)
+    types_read = [dir_fd for path, dir_fd in opened if path.endswith("/current_vgpu_type")]
+    assert len(types_read) == 64 and None not in types_read
     assert counts[("L40S-24Q", "free")] == 4 and counts[("L40S-24Q", "in_use")] == 0
     assert engine.holders.counts["scans"] == scans == 1
     assert not [rel for rel in engine.sysfs.links if rel.endswith("/iommu_group")]
