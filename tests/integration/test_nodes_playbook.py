@@ -10,8 +10,11 @@ import yaml
 
 from gpusim.models import MODELS
 
-from conftest import ANSIBLE_PLAYBOOK, COLLECTIONS, NODE_PYTHON, REPO
-
+# not imported from conftest: with the whole tree collected, `conftest` may name another directory's
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ANSIBLE_PLAYBOOK = os.path.join(REPO, ".venv", "bin", "ansible-playbook")
+COLLECTIONS = os.path.join(REPO, ".build", "collections")
+NODE_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else os.path.join(REPO, ".venv", "bin", "python")
 NODES_YML = os.path.join(REPO, "playbooks", "nodes.yml")
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 L40S_24Q = next(t.type_id for t in MODELS["l40s"].types if t.short_name == "L40S-24Q")
