@@ -69,12 +69,14 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.kubevirt import plan_cluster_resources
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import resource_name, short_name
+# The engine is imported when the filter runs, not with this file: ansible-core loads every filter file of
+# the collection in each forked worker that uses any accelops.vgpu filter (the node play's vdm_document on
+# every host), and this file's imports were most of that cost (issue 34, P4b).
 
 
 def profile_resource(profile):
     """A resource dict like vgpu_profile's from {type_name, pci_vendor_selector[, framework]}."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import resource_name, short_name
     type_name = str(profile["type_name"]).strip()
     out = {"profile": short_name(type_name), "type_name": type_name, "resource_name": resource_name(type_name),
            "pci_vendor_selector": str(profile["pci_vendor_selector"]).upper(),
@@ -86,6 +88,7 @@ def profile_resource(profile):
 
 def vgpu_cluster_plan(hosts, hostvars, naming="profile", mdev_external_provider=True, provider="kubevirt",
                       extra_profiles=()):
+    from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.kubevirt import plan_cluster_resources
     if naming not in ("profile", "model"):
         raise AnsibleFilterError("vgpu_cluster_plan: naming must be profile or model, not %r" % naming)
     nodes = []

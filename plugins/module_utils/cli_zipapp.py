@@ -18,13 +18,16 @@ a `__main__.py` calling `cli.main()`. Ansible itself is not needed on the node.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import io
 import os
 import re
+import sys
 import typing
 import zipfile
+import zipimport
 
 # Ansible's module packer ships the module_utils a module imports, following every import statement
 # it can see, also in blocks that never run. This one ships the node CLI's whole closure with every
@@ -137,9 +140,39 @@ def loaded_source(name):
     return source.decode("utf-8") if isinstance(source, bytes) else source
 
 
+def from_zip(archive, prefix):
+    """(read_source, exists) for the sources below `prefix` (`.../module_utils/`) in the zip `archive` (the
+    AnsiballZ payload), read as members: zipimport compiles a module to answer `find_spec`, so the
+    import system would compile the CLI's whole closure only to find its files."""
+    members = zipfile.ZipFile(archive)
+    names = set(members.namelist())
+
+    def member(name):
+        return prefix + name.replace(".", "/") + ".py"
+
+    return (lambda name: members.read(member(name)).decode("utf-8")), (lambda name: member(name) in names)
+
+
+def _shipped_zip():
+    """(archive, prefix) when module_utils was imported from a zip (zipimport), else None."""
+    package = sys.modules.get(PACKAGE)
+    loader = getattr(getattr(package, "__spec__", None), "loader", None)
+    paths = list(getattr(package, "__path__", None) or [])
+    if not isinstance(loader, zipimport.zipimporter) or len(paths) != 1:
+        return None
+    archive = loader.archive
+    if not paths[0].startswith(archive + os.sep):
+        return None
+    return archive, paths[0][len(archive) + 1:].replace(os.sep, "/") + "/"
+
+
 def shipped():
-    """The zipapp built from the running collection's sources (read, not imported)."""
-    return build(loaded_source, loaded_exists)
+    """The zipapp built from the running collection's sources (read, not imported): from the zip Ansible
+    shipped the module in, else through the import system (a checkout, an installed collection). Each
+    module's source and kind is looked up once: the closure and the archive ask for the same names."""
+    in_zip = _shipped_zip()
+    read_source, exists = from_zip(*in_zip) if in_zip else (loaded_source, loaded_exists)
+    return build(functools.lru_cache(maxsize=None)(read_source), functools.lru_cache(maxsize=None)(exists))
 
 
 def sha1(data):

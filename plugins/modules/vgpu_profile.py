@@ -125,7 +125,7 @@ options:
       - Files on the node that re-apply the layout at boot (the layout, the node CLI, the systemd unit),
         compared in the same run. A file is up to date when it is a regular file owned by root:root
         with the expected content and mode.
-      - An entry with O(boot_files[].content), O(boot_files[].layout) or O(boot_files[].node_cli) is installed by the module
+      - An entry with O(boot_files[].content), O(boot_files[].layout), O(boot_files[].node_cli) or O(boot_files[].unit) is installed by the module
         when it is missing or differs (after the layout is applied; not in check mode), written to a
         temporary file beside it and renamed over it, parent directories created with mode C(0755). An entry
         with only O(boot_files[].checksum) is looked at, never written (RV(boot_files_outdated)).
@@ -158,6 +158,43 @@ options:
             no file is transferred.
         type: bool
         default: false
+      unit:
+        description:
+          - The file is the systemd unit C(accelops-vgpu.service) that re-applies the layout at boot and after
+            every restart of the vGPU manager, built by the module - its C(ExecStart) is the node CLI's C(apply)
+            with this run's O(selected), roots and options, reading the O(boot_files[].layout) entry's file with the
+            O(boot_files[].node_cli) entry's CLI (both entries are needed, with node-absolute paths, and O(selected)).
+          - "C(After=) and C(PartOf=) each vGPU manager unit and C(WantedBy=multi-user.target) and them (a restart of
+            the manager re-applies the layout), C(Before=) the units that must not start before the layout is in place."
+          - Its content is, byte for byte, what the C(accelops.vgpu.vgpu_profiles) role wrote when it templated the unit
+            on the controller, so the nodes it converged keep their unit file.
+        type: dict
+        suboptions:
+          manager_units:
+            description: The vGPU manager's units.
+            type: list
+            elements: str
+            default: [nvidia-vgpud.service, nvidia-vgpu-mgr.service]
+          before_units:
+            description: Units that start after the layout is applied (the kubelet publishes the devices).
+            type: list
+            elements: str
+            default: [kubelet.service]
+          retry_for:
+            description:
+              - Seconds the boot apply retries while it fails (the vGPU manager not ready yet), with backoff;
+                C(TimeoutStartSec) is 300 s more.
+            type: int
+            default: 300
+          agent_applied:
+            description:
+              - The node agent's handover file - while it exists the unit applies it instead of O(selected).
+            type: path
+            default: /etc/accelops-vgpu/agent-applied.json
+          state_file:
+            description: Where the unit records its last outcome (applied, retrying, failed).
+            type: path
+            default: /run/accelops-vgpu/boot-state.json
       checksum:
         description: Only look at the file - SHA-1 (hex) of its expected content.
         type: str
@@ -170,11 +207,18 @@ options:
           - The file is removed where it exists, with either O(state) (after the layout is applied, before the other
             files are installed; not in check mode), and reported in RV(boot_files_removed) - a file that must not stay, such as the node agent's
             C(agent-applied.json) when a play takes the node back. Takes none of O(boot_files[].content),
-            O(boot_files[].layout), O(boot_files[].node_cli), O(boot_files[].checksum); O(boot_files[].mode) is required all the
+            O(boot_files[].layout), O(boot_files[].node_cli), O(boot_files[].unit), O(boot_files[].checksum); O(boot_files[].mode) is required all the
             same and not used.
           - A path may be named once in O(boot_files).
         type: bool
         default: false
+  boot_files_root:
+    description:
+      - Install (and remove) the O(boot_files) below this directory instead of the node's C(/) - a chroot, an image
+        root, a simulated node. Their paths as given, and those written into the unit, stay node-absolute;
+        the paths returned are where the files are.
+    type: path
+    default: /
   boot_unit:
     description:
       - The systemd unit among O(boot_files) that re-applies the layout at boot (C(accelops-vgpu.service)).
@@ -281,6 +325,8 @@ EXAMPLES = r"""
     boot_files:
       - {path: /etc/accelops-vgpu/layout.json, mode: "0644", layout: true}
       - {path: /usr/local/bin/accelops-vgpu, mode: "0755", node_cli: true}
+      - {path: /etc/systemd/system/accelops-vgpu.service, mode: "0644", unit: {before_units: [kubelet.service]}}
+    boot_unit: accelops-vgpu.service
 
 - name: Remove every vGPU no VM uses
   accelops.vgpu.vgpu_profile:
@@ -393,25 +439,54 @@ vfs_enabled:
 """
 
 import json
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_files, boot_unit, mig, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
+    boot_files, boot_unit, boot_unit_file, handover, mig, vgpu_apply, vgpu_layout)
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, addresses, engine_errors, exit_with_diff, node_argspec)
 
 LAYOUT_ENTRY = dict(devices=dict(type="raw", default="all"), device_filter=dict(type="raw"),
                     profiles=dict(type="dict", required=True))
+UNIT = dict(manager_units=dict(type="list", elements="str", default=list(boot_unit_file.MANAGER_UNITS)),
+            before_units=dict(type="list", elements="str", default=list(boot_unit_file.BEFORE_UNITS)),
+            retry_for=dict(type="int", default=boot_unit_file.RETRY_FOR),
+            agent_applied=dict(type="path", default=os.path.join(handover.NODE_DIR, handover.FILE_NAME)),
+            state_file=dict(type="path", default=boot_unit_file.STATE_FILE))
 BOOT_FILE = dict(path=dict(type="path", required=True), mode=dict(type="str", required=True),
                  content=dict(type="str"), layout=dict(type="bool", default=False),
-                 node_cli=dict(type="bool", default=False), checksum=dict(type="str"),
+                 node_cli=dict(type="bool", default=False), unit=dict(type="dict", options=UNIT),
+                 checksum=dict(type="str"),
                  own_directory=dict(type="bool", default=False), remove=dict(type="bool", default=False))
-SOURCES = ("content", "layout", "node_cli", "checksum")
+SOURCES = ("content", "layout", "node_cli", "unit", "checksum")
 
 
-def boot_file_entries(items, config, present=True):
-    """The boot_files entries for the engine: `layout` and `node_cli` become their content (absent:
-    only the paths matter, nothing is built)."""
+def _below(root, path):
+    """Where a node-absolute path lands below `root` (a relative one is left for boot_files to refuse)."""
+    return os.path.join(root, os.path.relpath(path, "/")) if os.path.isabs(path) else path
+
+
+def _unit_text(item, items, params):
+    """The boot unit for this run's layout: the layout and node CLI entries' node paths, the module's options."""
+    named = dict((key, [other["path"] for other in items if other[key] and not other["remove"]])
+                 for key in ("layout", "node_cli"))
+    missing = [key for key in ("layout", "node_cli") if len(named[key]) != 1] + ([] if params["selected"] else ["selected"])
+    if missing:
+        raise boot_files.BootFileError("boot_files: %s: the unit needs one layout entry, one node_cli entry and the "
+                                       "selected option (missing or more than one: %s)" % (item["path"], ", ".join(missing)))
+    unit = item["unit"]
+    command = boot_unit_file.exec_start(
+        named["node_cli"][0], named["layout"][0], params["selected"], unit["agent_applied"],
+        (params["sysfs_root"], params["dev_root"], params["proc_root"], params["kubelet_dir"]), params)
+    return boot_unit_file.text(params["selected"], named["layout"][0], command, unit["manager_units"],
+                               unit["before_units"], unit["retry_for"], unit["state_file"])
+
+
+def boot_file_entries(items, params, present=True):
+    """The boot_files entries for the engine, below `boot_files_root`: `layout`, `node_cli` and `unit`
+    become their content (absent: only the paths matter, nothing is built)."""
     entries = []
     for item in items:
         given = [key for key in SOURCES if item[key] not in (None, False)]
@@ -421,16 +496,19 @@ def boot_file_entries(items, config, present=True):
         if len(given) != 1 and not item["remove"]:
             raise boot_files.BootFileError("boot_files: %s needs exactly one of %s (has %s)"
                                            % (item["path"], ", ".join(SOURCES), ", ".join(given) or "none"))
-        entry = dict(path=item["path"], mode=item["mode"], own_directory=item["own_directory"], remove=item["remove"])
+        entry = dict(path=_below(params["boot_files_root"], item["path"]), mode=item["mode"],
+                     own_directory=item["own_directory"], remove=item["remove"])
         entries.append(entry)
         if not present or item["remove"]:  # removed whatever they hold
             continue
         if item["layout"]:
-            if config is None:
+            if params["config"] is None:
                 raise boot_files.BootFileError("boot_files: %s: layout needs the config option" % item["path"])
-            entry["content"] = json.dumps(config, indent=4, sort_keys=True) + "\n"
+            entry["content"] = json.dumps(params["config"], indent=4, sort_keys=True) + "\n"
         elif item["node_cli"]:
             entry["content"] = cli_zipapp.shipped()
+        elif item["unit"]:
+            entry["content"] = _unit_text(item, items, params)
         else:
             entry[given[0]] = item[given[0]]
     return entries
@@ -446,7 +524,7 @@ def main():
             enable_vfs=dict(type="bool", default=False), wait_timeout=dict(type="float", default=vgpu_apply.WAIT_TIMEOUT),
             sriov_manage_path=dict(type="path"), publish_facts=dict(type="bool", default=False),
             take_over=dict(type="list", elements="str", default=[]),
-            boot_unit=dict(type="str"),
+            boot_unit=dict(type="str"), boot_files_root=dict(type="path", default="/"),
             boot_files=dict(type="list", elements="dict", options=BOOT_FILE, default=[]),
             mig_mode_order=dict(type="str", default="after-vfs", choices=list(mig.MODE_ORDERS)),
             mig_compute_instances=dict(type="bool", default=True),
@@ -458,7 +536,7 @@ def main():
     node = NodeContext(module)
     present = params["state"] == "present"
     with engine_errors(module):
-        files = boot_file_entries(params["boot_files"], params["config"], present)
+        files = boot_file_entries(params["boot_files"], params, present)
         if present:
             boot_files.validate(files)  # bad input writes nothing
         else:

@@ -257,6 +257,40 @@ def test_boot_files_are_installed_by_the_module_and_the_cli_is_the_tools_build(g
     assert again.task("apply")["boot_files_installed"] == []
 
 
+def test_the_unit_entry_is_built_from_the_modules_options_below_the_boot_files_root(gpusim_node, run_playbook, tmp_path):
+    """boot_files_root takes the files below it and leaves node-absolute paths in the unit; the unit's
+    ExecStart is this run's apply (the layout and node_cli entries' paths, roots, options); a unit entry
+    without its layout entry is refused before any write."""
+    node = gpusim_node("l40s:1")
+    root = tmp_path / "root"
+    files = [{"path": "/etc/accelops-vgpu/layout.json", "mode": "0644", "layout": True},
+             {"path": "/usr/local/bin/accelops-vgpu", "mode": "0755", "node_cli": True},
+             {"path": "/etc/systemd/system/accelops-vgpu.service", "mode": "0644",
+              "unit": {"manager_units": ["nvidia-vgpu-mgr.service"], "before_units": [], "retry_for": 30}}]
+    task = [{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True, mixed_size=True,
+                                                                boot_files=files, boot_files_root=str(root))}]
+    real = run_playbook(task, node)
+    assert real.rc == 0, real
+    assert real.task("apply")["boot_files_installed"] == [str(root) + f["path"] for f in files]
+    unit = (root / "etc/systemd/system/accelops-vgpu.service").read_text().splitlines()
+    command = next(line for line in unit if line.startswith("ExecStart="))[len("ExecStart="):].split()
+    assert command[:6] == ["/usr/local/bin/accelops-vgpu", "apply", "--config", "/etc/accelops-vgpu/layout.json",
+                           "--selected", "default"]
+    assert command[command.index("--sysfs-root") + 1] == node.root and "--mixed-size" in command
+    assert ["PartOf=nvidia-vgpu-mgr.service", "TimeoutStartSec=330"] == [
+        line for line in unit if line.startswith(("PartOf=", "TimeoutStartSec=", "Before="))]
+    assert "ConditionPathExists=/etc/accelops-vgpu/layout.json" in unit
+    assert not run_playbook(task, node).task("apply")["changed"]
+
+    node.clear_log()
+    lonely = [{"path": str(tmp_path / "other/unit.service"), "mode": "0644", "unit": {}}]
+    run = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", boot_files=lonely)}], node)
+    assert run.rc != 0
+    assert run.task("apply")["msg"] == ("boot_files: %s: the unit needs one layout entry, one node_cli entry and the "
+                                        "selected option (missing or more than one: layout, node_cli)" % lonely[0]["path"])
+    assert node.writes() == [] and not (tmp_path / "other").exists()
+
+
 def test_a_bad_boot_file_entry_writes_nothing(gpusim_node, run_playbook, tmp_path):
     node = gpusim_node("l40s:1")
     files = [{"path": str(tmp_path / "layout.json"), "mode": "0644", "content": "{}"},
@@ -264,7 +298,7 @@ def test_a_bad_boot_file_entry_writes_nothing(gpusim_node, run_playbook, tmp_pat
     run = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True,
                                                                             boot_files=files)}], node)
     assert run.rc != 0
-    assert run.task("apply")["msg"] == ("boot_files: %s needs exactly one of content, layout, node_cli, checksum "
+    assert run.task("apply")["msg"] == ("boot_files: %s needs exactly one of content, layout, node_cli, unit, checksum "
                                         "(has node_cli, checksum)" % files[1]["path"])
     assert node.writes() == [] and not (tmp_path / "layout.json").exists()
 
@@ -274,7 +308,7 @@ def test_a_boot_file_to_remove_takes_no_content_and_a_bad_one_writes_nothing(gpu
     handover = tmp_path / "agent-applied.json"
     handover.write_text("{}\n")
     for bad, message in (({"content": "{}"}, "boot_files: %s is to be removed, it takes none of content, layout, "
-                                             "node_cli, checksum (has content)" % handover),
+                                             "node_cli, unit, checksum (has content)" % handover),
                          ({"path": "relative.json"}, "boot_files: 'relative.json' is not an absolute path")):
         entry = dict({"path": str(handover), "mode": "0644", "remove": True}, **bad)
         run = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm("default", enable_vfs=True,

@@ -1,11 +1,14 @@
 """The node CLI zipapp: one layout for the controller's build (tools/build-node-cli.py) and the
 module's build on the node (from the sources Python loaded), reproducible bytes."""
 
+import importlib.machinery
 import io
 import os
 import subprocess
 import sys
+import types
 import zipfile
+import zipimport
 
 from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
 
@@ -67,3 +70,22 @@ def test_the_tool_writes_the_same_bytes_and_their_checksum(tmp_path):
                    stdout=subprocess.DEVNULL)
     assert out.read_bytes() == cli_zipapp.shipped()
     assert (tmp_path / "cli.pyz.sha1").read_text() == cli_zipapp.sha1(out.read_bytes()) + "\n"
+
+
+def test_sources_read_from_a_zip_like_ansiballz_give_the_same_bytes(tmp_path, monkeypatch):
+    """The module's path: module_utils imported from a zip (zipimport) is read as members of that zip."""
+    archive = tmp_path / "payload.zip"
+    prefix = cli_zipapp.PACKAGE.replace(".", "/") + "/"
+    with zipfile.ZipFile(archive, "w") as payload:
+        for name, text in cli_zipapp.archive_files(READ, EXISTS).items():
+            if name.startswith(prefix):
+                payload.writestr(name, text)
+    assert cli_zipapp.build(*cli_zipapp.from_zip(str(archive), prefix)) == cli_zipapp.build(READ, EXISTS)
+    # shipped() finds that zip from the imported package (its zipimport loader and __path__)
+    package = types.ModuleType(cli_zipapp.PACKAGE)
+    loader = zipimport.zipimporter(str(archive) + "/" + prefix.rsplit("/", 2)[0])
+    package.__spec__ = importlib.machinery.ModuleSpec(cli_zipapp.PACKAGE, loader, is_package=True)
+    package.__path__ = [str(archive) + "/" + prefix.rstrip("/")]
+    monkeypatch.setitem(sys.modules, cli_zipapp.PACKAGE, package)
+    monkeypatch.setattr(cli_zipapp, "loaded_source", None)   # the import system is not asked
+    assert cli_zipapp.shipped() == cli_zipapp.build(READ, EXISTS)
