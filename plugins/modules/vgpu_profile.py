@@ -217,6 +217,8 @@ options:
       - Install (and remove) the O(boot_files) below this directory instead of the node's C(/) - a chroot, an image
         root, a simulated node. Their paths as given, and those written into the unit, stay node-absolute;
         the paths returned are where the files are.
+      - An absolute path; missing, it is created (mode C(0755)) - a path that is not a directory fails the module
+        before anything is written.
     type: path
     default: /
   boot_unit:
@@ -463,6 +465,16 @@ BOOT_FILE = dict(path=dict(type="path", required=True), mode=dict(type="str", re
 SOURCES = ("content", "layout", "node_cli", "unit", "checksum")
 
 
+def _files_root(root):
+    """boot_files_root, refused in one line (before the apply: bad input writes nothing) unless it is absolute
+    and, where it exists, a directory; a relative one would only show up as relative boot file paths."""
+    if not os.path.isabs(root):
+        raise boot_files.BootFileError("boot_files_root: %r is not an absolute path" % (root,))
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise boot_files.BootFileError("boot_files_root: %s is not a directory" % root)
+    return root
+
+
 def _below(root, path):
     """Where a node-absolute path lands below `root` (a relative one is left for boot_files to refuse)."""
     return os.path.join(root, os.path.relpath(path, "/")) if os.path.isabs(path) else path
@@ -488,6 +500,7 @@ def boot_file_entries(items, params, present=True):
     """The boot_files entries for the engine, below `boot_files_root`: `layout`, `node_cli` and `unit`
     become their content (absent: only the paths matter, nothing is built)."""
     entries = []
+    root = _files_root(params["boot_files_root"]) if items else None
     for item in items:
         given = [key for key in SOURCES if item[key] not in (None, False)]
         if item["remove"] and given:
@@ -496,7 +509,7 @@ def boot_file_entries(items, params, present=True):
         if len(given) != 1 and not item["remove"]:
             raise boot_files.BootFileError("boot_files: %s needs exactly one of %s (has %s)"
                                            % (item["path"], ", ".join(SOURCES), ", ".join(given) or "none"))
-        entry = dict(path=_below(params["boot_files_root"], item["path"]), mode=item["mode"],
+        entry = dict(path=_below(root, item["path"]), mode=item["mode"],
                      own_directory=item["own_directory"], remove=item["remove"])
         entries.append(entry)
         if not present or item["remove"]:  # removed whatever they hold

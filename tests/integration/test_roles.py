@@ -195,6 +195,20 @@ def test_cli_built_on_the_node_asserts_the_layout(gpusim_node, run_playbook, tmp
     assert run_cli(argv, node) == 1
 
 
+def test_no_manager_or_before_unit_gives_the_unit_the_template_wrote(gpusim_node, run_playbook, tmp_path):
+    """vgpu_profiles_manager_units: [] and vgpu_profiles_before_units: '' (what `-e name=` gives): the lines the
+    role's Jinja template wrote (no PartOf=, no Before=, "WantedBy=multi-user.target " with its space), so a node
+    it converged keeps its unit file (no rewrite and daemon-reload when the collection is upgraded)."""
+    node = gpusim_node("l40s:1")
+    root = tmp_path / "root"
+    variables = role_vars(node, root, vgpu_profiles_manager_units=[], vgpu_profiles_before_units="")
+    run = run_playbook(ROLE_TASKS, node, extra_vars=variables)
+    assert run.rc == 0, run
+    unit = (root / "etc/systemd/system/accelops-vgpu.service").read_text().splitlines()
+    assert [line for line in unit if line.startswith(("After=", "Before=", "PartOf=", "WantedBy="))] == [
+        "After=", "WantedBy=multi-user.target "]
+
+
 def test_mixed_sizes_come_back_after_a_reboot(gpusim_node, run_playbook, tmp_path):
     node = gpusim_node("l40s:1")
     root = tmp_path / "root"

@@ -291,6 +291,25 @@ def test_the_unit_entry_is_built_from_the_modules_options_below_the_boot_files_r
     assert node.writes() == [] and not (tmp_path / "other").exists()
 
 
+def test_a_bad_boot_files_root_writes_nothing(gpusim_node, run_playbook, tmp_path):
+    """A relative boot_files_root, or one that is a file, is refused naming it before the apply writes anything:
+    a file there failed only when the boot files were installed, after the vGPUs; a relative one was reported
+    as relative boot file paths that the task never named."""
+    node = gpusim_node("l40s:1")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    files = [{"path": "/etc/accelops-vgpu/layout.json", "mode": "0644", "layout": True}]
+    for root, message in (("relative/root", "boot_files_root: 'relative/root' is not an absolute path"),
+                          (str(a_file), "boot_files_root: %s is not a directory" % a_file)):
+        node.clear_log()
+        run = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm(
+            "default", enable_vfs=True, boot_files=files, boot_files_root=root)}], node)
+        assert run.rc != 0
+        assert run.task("apply")["msg"] == message
+        assert node.writes() == []
+    assert a_file.read_text() == "" and not (tmp_path / "relative").exists()
+
+
 def test_a_bad_boot_file_entry_writes_nothing(gpusim_node, run_playbook, tmp_path):
     node = gpusim_node("l40s:1")
     files = [{"path": str(tmp_path / "layout.json"), "mode": "0644", "content": "{}"},

@@ -79,6 +79,7 @@ def text(selected, layout, command, manager_units=MANAGER_UNITS, before_units=BE
         "ExecStart=%s" % command,
         "",
         "[Install]",
-        "WantedBy=%s" % " ".join(("multi-user.target",) + tuple(manager_units)),
+        # the template's "multi-user.target {{ units | join(' ') }}": a space even with no manager unit
+        "WantedBy=multi-user.target %s" % " ".join(manager_units),
     ]
     return "\n".join(lines) + "\n"

@@ -71,3 +71,15 @@ def test_the_clis_defaults_are_not_spelled_out():
     assert boot_unit_file.exec_start(CLI, LAYOUT, "a", HANDOVER, ("/sys", "/dev", "/proc", ""), options) == (
         CLI + " apply --config " + LAYOUT + " --selected a --agent-applied " + HANDOVER
         + " --sysfs-root /sys --dev-root /dev --proc-root /proc")
+
+
+def test_no_manager_unit_gives_the_roles_unit_byte_for_byte():
+    """vgpu_profiles_manager_units: [] (the manager in a pod, no systemd unit): the template wrote
+    "WantedBy=multi-user.target " with its space; without it a converged node's unit is rewritten and
+    reloaded on upgrade (text rendered by ansible-core from the template of cbcebcb^)."""
+    command = boot_unit_file.exec_start(CLI, LAYOUT, "default", HANDOVER, ("/sys", "/dev", "/proc", None), {})
+    expected = (DEFAULTS.replace("After=nvidia-vgpud.service nvidia-vgpu-mgr.service\n", "After=\n")
+                .replace("PartOf=nvidia-vgpud.service\nPartOf=nvidia-vgpu-mgr.service\n", "")
+                .replace("WantedBy=multi-user.target nvidia-vgpud.service nvidia-vgpu-mgr.service\n",
+                         "WantedBy=multi-user.target \n"))
+    assert boot_unit_file.text("default", LAYOUT, command, [], ["kubelet.service"]) == expected
