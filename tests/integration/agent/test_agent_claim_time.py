@@ -10,14 +10,16 @@ import urllib.request
 
 import yaml
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, claim_time
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
+from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import KubeletError
 from ansible_collections.accelops.vgpu.tests.fakes.registry import free_port
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
     CLAIMS, RESOURCES as DRA_RESOURCES, dra_state, program, published_devices)
 
 DRIVER = "vgpu.accelops.io"
-L40S_24Q = "1155"
+L40S_24Q, L40S_12Q = "1155", "1153"
 UIDS = ["5e1f7a00-2222-4222-8333-00000000000%d" % n for n in range(1, 4)]
 
 
@@ -118,6 +120,60 @@ def test_a_first_reconcile_leaving_a_held_claim_time_vf_untyped_reports_no_manag
         samples = [line for line in response.read().decode().splitlines()
                    if line.startswith("accelops_vgpu_agent_manager_restarts_total")]
     assert samples in ([], ["accelops_vgpu_agent_manager_restarts_total 0"])    # a counter not counted yet: no sample
+
+
+def test_a_restarted_agent_registers_once_it_knows_its_devices_and_finishes_a_prepare_a_kill_cut_short(
+        gpusim_node, cluster, start_agent, dra_env, tmp_path):
+    """Issue 40.1: the kubelet calls NodePrepareResources as soon as the driver registers. After a kill -9 (claim A
+    prepared, claim B's prepare cut short between its type write and its answer: PrepareStarted, VF typed), the
+    restarted agent's first reconcile is slow (its Node list answered 429, Retry-After 4 s): the driver registers
+    only once that reconcile knows the claim-time offers, and the kubelet's first answer prepares A (from the
+    checkpoint), B (on its own VF, no write) and a new claim C. Registered at once, B and C read as removed."""
+    kubelet, kubelet_dir, cdi_dir = dra_env
+    node = gpusim_node("l40s:1")
+    [pf] = node.pfs()
+    program(node, [], per_pf=0)
+    device = claim_time.device_name("L40S-12Q", pf)    # 4 per GPU
+    names = ["vm-a-gpu", "vm-b-gpu", "vm-c-gpu"]
+    state = dra_state([(CLAIMS, "vms", claim(name, uid, device, n + 1)) for n, (name, uid) in enumerate(zip(names, UIDS))])
+    state["resources"] = dict(copy.deepcopy(RESOURCES), **DRA_RESOURCES)
+    cluster.api.reset(state)
+    env = dict(DRA_DRIVER="true", KUBELET_DIR=kubelet_dir, CDI_DIR=cdi_dir, RESYNC_INTERVAL=600,
+               CONFIG_FILE=config_file(tmp_path, {"devices": "all", "profiles": ["L40S-12Q"]}))
+    first = start_agent(node, cluster.api, **env)
+    first.wait("success", "default")
+    kubelet.wait("the driver registered", lambda k: any(r["registered"] for r in k.registrations.values()))
+    answer_a = kubelet.prepare(DRIVER, [("vms", names[0], UIDS[0])])[UIDS[0]]
+    assert answer_a["error"] == ""
+    first.proc.kill()
+    first.proc.wait()
+    plugin_dir = claim_holders.plugin_dir(kubelet_dir)
+    record = checkpoint.Checkpoint(plugin_dir, checkpoint.read_boot_id("/proc"))
+    [vf_a] = [d["key"] for d in record.get(UIDS[0])["devices"]]
+    vf_b = [vf for vf in node.vfs(pf) if vf != vf_a][0]
+    node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf_b, L40S_12Q)     # B's type written, then the kill
+    record.set(UIDS[1], "vms", names[1], checkpoint.STARTED, [{
+        "requests": ["gpu"], "pool": NODE, "device": device, "key": vf_b, "typeID": int(L40S_12Q), "cdiIDs": [],
+        "claimTime": True}])
+    record.save()
+    cluster.api.control("fail", {"method": "GET", "plural": "nodes", "count": 1, "status": 429, "retry_after": 4})
+    node.clear_log()
+    start_agent(node, cluster.api, **env)
+
+    def first_answer():
+        try:
+            return kubelet.prepare(DRIVER, [("vms", name, uid) for name, uid in zip(names, UIDS)])
+        except KubeletError:        # the old sockets: nobody listens until the restarted driver serves them
+            return None
+    answer = wait_for("an answer from the restarted driver", first_answer, timeout=30, interval=0.2)
+    assert [answer[uid]["error"] for uid in UIDS] == ["", "", ""]
+    assert answer[UIDS[0]]["devices"] == answer_a["devices"]
+    entries = checkpoint.Checkpoint(plugin_dir).claims
+    assert [entries[uid]["state"] for uid in UIDS] == [checkpoint.COMPLETED] * 3
+    vf_c = entries[UIDS[2]]["devices"][0]["key"]
+    assert entries[UIDS[1]]["devices"][0]["key"] == vf_b and vf_c not in (vf_a, vf_b)
+    writes = [(w["path"].split("/")[3], w["value"]) for w in node.log() if w["path"].endswith("current_vgpu_type")]
+    assert writes == [(vf_c, L40S_12Q)]
 
 
 def test_a_claim_time_gpu_in_device_plugin_gpus_is_one_line_naming_it_and_nothing_is_written(

@@ -4,6 +4,12 @@
 """The node agent's DRA driver: ResourceSlices published after every reconcile, claims prepared for the
 kubelet over gRPC, device health. The agent imports this module only with DRA_DRIVER=true.
 
+`start()` serves nothing yet: the sockets (the service, then the registration the kubelet's plugin watcher dials)
+are served at the first `reconciled()`, once the driver knows the node's devices (the fixed vGPUs and the
+claim-time offers), whether that reconcile's apply succeeded or not; as the kubeletplugin helper's drivers build
+their state before they start the helper (NVIDIA's cmd/gpu-kubelet-plugin/driver.go NewDriver). Registered
+before that, a claim-time device (also one whose prepare a crash cut short) read as removed from the node.
+
 The agent calls, from its reconcile thread:
 - `reconciled(node_uid, sysfs, result)` after every reconcile: the node's vGPUs are published as this node's
   pool (a layout change reaches the API in the same reconcile) and fed to the health stream. After an apply
@@ -13,10 +19,11 @@ The agent calls, from its reconcile thread:
   (a few reads each; one full read of the node only when nothing was published yet).
   The API is only written when the devices differ from the last publish; a LIST that also removes stale or
   foreign-changed slices of this node runs on the first publish, after an API error and every
-  FULL_PUBLISH_INTERVAL. An API error is logged and the next reconcile tries again;
+  FULL_PUBLISH_INTERVAL. An API error is logged and the next reconcile tries again. After a publish, the
+  PrepareStarted records whose claim is gone from the API server are cleaned (driver.clean_stale);
 - `close()` at SIGTERM: the sockets go (the kubelet stops calling); the slices stay for the next pod
   (a rolling update republishes them; the Node's deletion removes them through their owner reference).
-A thread serves the sockets again when one was deleted. Slices someone else deleted (a kubelet that starts
+A thread serves the sockets again when one was deleted (or could not be served at the first reconcile). Slices someone else deleted (a kubelet that starts
 deletes every slice of its node, then registers the plugin again) are published again by the SliceKeeper
 (slice_keeper.py): at once when the kubelet registers the plugin, and about a second after a deletion its watch
 of this node's slices sees, with the devices last published (no read of the node).
@@ -72,7 +79,7 @@ class VgpuDraPlugin:
         self.view = node_view(make_engine, serves)
         self.driver = DraDriver(settings.node_name, self._read_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
-                                boot_id=read_boot_id(settings.proc_root))
+                                boot_id=read_boot_id(settings.proc_root), ready=False)
         self.driver.claim_time = claim_time_preparer(make_engine)
         self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
         self.claim_time_refused = None  # why the API server cannot take them (claim_time.FeatureMissing), for good
@@ -83,23 +90,39 @@ class VgpuDraPlugin:
         self.full_publish_due = None   # clock time of the next listing publish; None: at the next publish
         self._publishing = threading.Lock()     # the reconcile thread and the keeper's share the publisher
         self._stop = threading.Event()
+        self.started = False            # start() was called: the first reconcile serves the sockets
+        self.serving = False            # the sockets were served once (the watch thread keeps them)
 
     def start(self):
         if not os.path.isdir(self.paths.plugins_registry):
             raise KubeletDirError("kubelet directory %s: no plugins_registry/ directory (KUBELET_DIR or --kubelet-dir "
                                   "names the kubelet's root directory)" % self.paths.root)
         self.keeper.start()
-        self.service.start()
+        self.started = True
         threading.Thread(target=self._watch, name="dra-watch", daemon=True).start()
-        self.log("DRA driver %s: serving the kubelet at %s" % (dra_devices.DRIVER, self.service.socket))
+        self.log("DRA driver %s: registering with the kubelet once the first reconcile knows the node's devices"
+                 % dra_devices.DRIVER)
         return self
+
+    def _serve(self):
+        """At the first reconcile: the driver knows its devices; the sockets are served, the kubelet registers us."""
+        self.driver.inventory_known()
+        if not self.started or self.serving:
+            return
+        self.serving = True
+        try:
+            self.service.start()
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            self.log("DRA driver: cannot serve the kubelet: %s; trying again" % exc)     # the watch thread does
+            return
+        self.log("DRA driver %s: serving the kubelet at %s" % (dra_devices.DRIVER, self.service.socket))
 
     def _read_claim(self, namespace, name):
         return self.api.get_resource_claim(namespace, name, timeout=CLAIM_READ_TIMEOUT)
 
     def _watch(self):
         while not self._stop.wait(self.watch_interval):
-            if not self.service.alive():
+            if self.serving and not self.service.alive():
                 try:
                     self.service.restart()
                     self.log("DRA driver: a socket was gone; serving and registering again")
@@ -119,6 +142,7 @@ class VgpuDraPlugin:
             on_claim_time = None if recorded is None else on_claim_time | recorded
         current = [device for device in current if on_claim_time is not None and device.parent_gpu not in on_claim_time]
         self.service.update_health(current)
+        self._serve()       # before the publish: a slow API server must not keep prepared claims waiting
         if node_uid and not self.publisher.node_uid:
             self.publisher.node_uid = node_uid
         full = self.full_publish_due is None or self.clock() >= self.full_publish_due
@@ -138,6 +162,10 @@ class VgpuDraPlugin:
         if plan is not None and not plan.empty:
             self.log("DRA driver: published %d vGPU(s) in %d ResourceSlice(s)" % (
                 len(current), len(plan.updates) + len(plan.creates) or 1))
+        try:
+            self.driver.clean_stale(self.log)     # the API answered: ask it about claims a prepare left half-way
+        except (EngineError, OSError) as exc:     # the checkpoint: the next reconcile tries again
+            self.log("DRA driver: cleaning PrepareStarted records: %s" % exc)
 
     def _recorded_claim_time(self):
         """The GPUs the last apply recorded as claim-time (node/claim_time_layout.py's modes file); None when the

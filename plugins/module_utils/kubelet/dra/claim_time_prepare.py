@@ -17,7 +17,7 @@ The DRA driver (driver.py) calls this under the node lock (the one every layout 
    that); else the type is written to `nvidia/current_vgpu_type` and read back. A VF that has the type already
    (adopted) is not written and not asked;
 4. the driver writes the CDI spec and the KEP-5304 metadata (`resource.kubernetes.io/pciBusID`: the VF).
-`release(device)` at unprepare writes 0 when nothing but the claim holds the VF; a VF a process still holds
+`release(ref, record)` at unprepare writes 0 when nothing but the claim holds the VF; a VF a process still holds
 keeps its type (the reconcile clears a claim-time GPU's unheld, unrecorded types: claim_time_layout.plan).
 """
 
@@ -124,20 +124,21 @@ class ClaimTimePreparer:
                 ref, device.address, device.parent_gpu, device.type_id, device.profile, back))
 
     def release(self, ref, record):
-        """Clear the VF of a claim-time record (unprepare, or a prepare that failed) when nothing but the claim
-        holds it; True when cleared or already clear."""
+        """Clear the VF of a claim-time record (unprepare, a prepare that failed, a stale record) when nothing but the
+        claim holds it; None when cleared or already clear, else why it keeps its type."""
         vf = record.get("key")
         if not vf:
-            return True
+            return None
         try:
             current = vgpu_types.read_current(self.sysfs, vf) or 0
         except (SysfsError, ValueError):
-            return False
+            return "its type cannot be read"
         if not current:
-            return True
+            return None
         if current != record.get("typeID"):
-            return False    # someone else's type now: never ours to clear
-        if self._held(ref, vf):
-            return False
+            return "it has type %s now, not the claim's %s" % (current, record.get("typeID"))   # never ours to clear
+        held = self._held(ref, vf)
+        if held:
+            return "held by %s" % inuse.describe(held)
         self.sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", 0)
-        return True
+        return None

@@ -23,6 +23,18 @@ Prepare, per claim (an error is that claim's, the others go on; every claim gets
 Unprepare removes the files (also those of a claim never recorded: a crash before the record
 leaves nothing behind) and the record.
 
+Start (issue 40.1): a driver made with `ready=False` (the agent's) prepares no new claim before `inventory_known()`
+(the agent's first reconcile told it the fixed vGPUs and the claim-time offers; the agent registers with the
+kubelet only then). A completed claim is answered from the checkpoint before that; any other claim waits for it
+at most READY_WAIT s of its call's budget, else gets an error saying the driver is starting (the kubelet retries):
+without the offers a claim-time device, also one whose prepare a crash cut short, would read as removed.
+
+Cleanup (issue 40.8, after NVIDIA's cmd/gpu-kubelet-plugin/cleanup.go): `clean_stale(log)` drops a PrepareStarted
+record (a prepare cut short: crash, failed write) at least STALE_AGE s old whose claim the API server answers 404
+for, or has under another UID (deleted and re-created): its files are removed and its claim-time VF cleared when
+nothing else holds it (unsure = held: the type stays, one line names the claim and the VF). Any other API error
+leaves it for the next call. Completed claims are left to the kubelet's unprepare (docs/design.md "DRA driver").
+
 Waits are bounded well under the kubelet's 45 s per call (pkg/kubelet/cm/dra/plugin/dra_plugin.go,
 defaultClientCallTimeout): a claim whose node-lock wait (an apply runs) or API read would pass the
 call's CALL_BUDGET gets an error naming it, and the kubelet retries it. The driver's own lock guards
@@ -43,6 +55,7 @@ from collections import namedtuple
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, claims, metadata
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, STARTED, Checkpoint
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import HOLDER
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import NodeLockError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
@@ -51,17 +64,26 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices 
 
 Prepared = namedtuple("Prepared", "devices error")   # devices: [{"requests", "pool", "device", "cdiIDs"}]
 LOCK_WAIT = 10.0        # seconds a claim waits for the node lock (an apply holds it)
+READY_WAIT = 10.0       # seconds a new claim waits for the driver's first inventory (an agent that just started)
+STALE_AGE = 60.0        # seconds a PrepareStarted record lives before clean_stale asks the API about its claim
 CALL_BUDGET = 25.0      # seconds one NodePrepareResources may wait in all (+ one API read); the kubelet gives up after 45
 
 
 class DraDriver:
     def __init__(self, node_name, get_claim, node_view, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
-                 boot_id=None, lock_wait=LOCK_WAIT, call_budget=CALL_BUDGET, clock=time.monotonic):
-        """`node_lock(timeout)`: a context manager holding the node lock, NodeLockError after `timeout` s."""
+                 boot_id=None, lock_wait=LOCK_WAIT, call_budget=CALL_BUDGET, clock=time.monotonic, ready=True,
+                 ready_wait=READY_WAIT, wall=time.time):
+        """`node_lock(timeout)`: a context manager holding the node lock, NodeLockError after `timeout` s.
+        `ready=False`: new claims wait for `inventory_known()` (module docstring, "Start")."""
         self.node_name, self.get_claim, self.node_view = node_name, get_claim, node_view   # devices.NodeView
         self.plugin_dir, self.cdi_dir, self.driver = plugin_dir, cdi_dir, driver
         self.node_lock = node_lock or (lambda timeout: contextlib.nullcontext())
         self.lock_wait, self.call_budget, self.clock = lock_wait, call_budget, clock
+        self.ready_wait, self.wall = ready_wait, wall    # wall: time.time, PrepareStarted's age across restarts
+        self._ready = threading.Event()
+        if ready:
+            self._ready.set()
+        self._first_seen = {}             # UID -> wall time clean_stale first saw a record without startedAt
         self.checkpoint = Checkpoint(plugin_dir, boot_id)
         self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting
         self._preparing = set()           # UIDs a call is preparing now
@@ -82,6 +104,10 @@ class DraDriver:
         except NodeLockError as exc:
             return {ref.uid: "%s: not unprepared within %.0f s (its claim-time VF is cleared under the node lock): %s; "
                              "the kubelet retries" % (ref, self.lock_wait, exc) for ref in refs}
+
+    def inventory_known(self):
+        """The node's devices are known (the agent's first reconcile): new claims are prepared from now on."""
+        self._ready.set()
 
     def holders(self):
         with self._lock:
@@ -117,6 +143,7 @@ class DraDriver:
             entry = self.checkpoint.get(ref.uid)
             if self.checkpoint.completed_this_boot(ref.uid) and self._files_present(ref, entry):
                 return Prepared(_answer_devices(entry), "")
+        self._wait_ready(ref, deadline)
         self._left(ref, deadline)
         try:
             claim = self.get_claim(ref.namespace, ref.name)
@@ -145,6 +172,15 @@ class DraDriver:
             self.checkpoint.set(ref.uid, ref.namespace, ref.name, COMPLETED, devices)
             self.checkpoint.save()
             return Prepared(_answer_devices(self.checkpoint.get(ref.uid)), "")
+
+    def _wait_ready(self, ref, deadline):
+        """Until the first inventory is known, at most READY_WAIT s of this call; then a retriable ClaimError."""
+        if self._ready.is_set():
+            return
+        wait = min(self.ready_wait, self._left(ref, deadline))
+        if not self._ready.wait(wait):
+            raise ClaimError("%s: not prepared: the DRA driver on node %s is starting (it knows its devices after "
+                             "its first reconcile; waited %.0f s); the kubelet retries" % (ref, self.node_name, wait))
 
     def _reserve(self, ref, allocated, wait):
         """Check every allocated device against the node now and record the claim as started."""
@@ -182,7 +218,7 @@ class DraDriver:
                 if others:
                     raise ClaimError("%s: device %s is prepared for %s" % (ref, item.device, ", ".join(others)))
                 entries.append((item.request, item.pool, device))
-            self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries, typed))
+            self._record_started(ref, entries, typed)
             # durable: after a power loss this record is what keeps a layout change off the claim's vGPUs, and a
             # claim-time VF typed next is found recorded after a crash
             self.checkpoint.save()
@@ -210,21 +246,44 @@ class DraDriver:
                     replacement = self.claim_time.choose(ref, device.name, None, taken)
                     entries[:] = [(r, p, replacement if d is device else d) for r, p, d in entries]
                     typed[index] = device = replacement
-                    self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries, typed))
+                    self._record_started(ref, entries, typed)
                     self.checkpoint.save()
+
+    def _record_started(self, ref, entries, typed):
+        self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries, typed))
+        self.checkpoint.get(ref.uid)["startedAt"] = int(self.wall())     # clean_stale's age, across restarts
 
     def _chosen_now(self, item):
         return self.claim_time is not None and self.claim_time.owns(item.device)
 
-    def _release_claim_time(self, ref, entry):
+    def _release_claim_time(self, ref, entry, unsure_kept=False):
         """Clear the VFs a claim-time record typed, where nothing but the claim holds them; the caller holds the
-        node lock. (A prepare that fails after the type write keeps its PrepareStarted record, VF typed: the
-        kubelet's retry adopts the VF, its unprepare clears it.)"""
+        node lock. [(VF, why it keeps its type)]. `unsure_kept`: a VF whose holders cannot be read keeps its type
+        (else the error goes to the caller). (A prepare that fails after the type write keeps its PrepareStarted
+        record, VF typed: the kubelet's retry adopts the VF, its unprepare clears it.)"""
         records = [d for d in (entry or {}).get("devices") or () if d.get("claimTime")]
+        kept = []
         if records and self.claim_time is not None:
-            self.claim_time.begin()     # this lock hold's in-use engine
+            # the in-use engine knows claims by name: a claim re-created under this name (another UID) is told
+            # apart here, by the record
+            others = claim_holders.holders({uid: e for uid, e in self.checkpoint.claims.items() if uid != ref.uid})
+            begun = False
             for record in records:
-                self.claim_time.release(ref, record)
+                try:
+                    if record.get("key") in others:
+                        why = "%s holds it too" % ", ".join(others[record["key"]])
+                    else:
+                        if not begun:
+                            self.claim_time.begin()     # this lock hold's in-use engine
+                            begun = True
+                        why = self.claim_time.release(ref, record)
+                except (EngineError, OSError) as exc:
+                    if not unsure_kept:
+                        raise
+                    why = "who holds it cannot be read (%s)" % exc
+                if why:
+                    kept.append((record.get("key"), why))
+        return kept
 
     def _claim_time_lock(self, refs):
         """The node lock (at most lock_wait s) when an unprepare must clear claim-time VFs, else nothing."""
@@ -269,6 +328,64 @@ class DraDriver:
             self.checkpoint.drop(ref.uid)
             self.checkpoint.save()
         return ""
+
+    # --- stale PrepareStarted records ------------------------------------------------------------------
+    def clean_stale(self, log, min_age=STALE_AGE):
+        """Drop the PrepareStarted records whose claim is gone from the API server (module docstring,
+        "Cleanup"); the UIDs dropped. One API read per record old enough; none when there is no such record."""
+        now = self.wall()
+        with self._lock:
+            started = {uid: copy.deepcopy(entry) for uid, entry in self.checkpoint.claims.items()
+                       if entry.get("state") == STARTED and uid not in self._preparing}
+        self._first_seen = {uid: self._first_seen.get(uid, now) for uid in started}
+        dropped = []
+        for uid, entry in sorted(started.items()):
+            since = entry.get("startedAt")
+            if not isinstance(since, (int, float)) or isinstance(since, bool):
+                since = self._first_seen[uid]     # recorded by a driver before startedAt: from when we saw it
+            if now - since < min_age:
+                continue
+            ref = claims.ClaimRef(entry["namespace"], entry["name"], uid)
+            why = self._gone(ref, log)
+            if why and self._drop_stale(ref, why, log):
+                dropped.append(uid)
+        return dropped
+
+    def _gone(self, ref, log):
+        """Why the claim is gone from the API server (404, another UID), or None (there, or the API did not say)."""
+        try:
+            claim = self.get_claim(ref.namespace, ref.name)
+        except EngineError as exc:
+            if getattr(exc, "status", None) == 404:
+                return "not found in the API server"
+            log("DRA driver: %s (UID %s) was left PrepareStarted; cannot ask the API server about it (%s): its record "
+                "stays, asked again at the next reconcile" % (ref, ref.uid, exc))
+            return None
+        uid = (claim.get("metadata") or {}).get("uid")
+        if uid != ref.uid:
+            return "the API server has it under UID %s (deleted and re-created)" % (uid,)
+        return None
+
+    def _drop_stale(self, ref, why, log):
+        """Remove the stale record's files and record, clearing its claim-time VFs nothing else holds."""
+        try:
+            with self._claim_time_lock([ref]):
+                with self._lock:
+                    entry = self.checkpoint.get(ref.uid)
+                    if (entry or {}).get("state") != STARTED or ref.uid in self._preparing:
+                        return False    # the kubelet prepared, unprepared or is preparing it since the read
+                    self._remove_files(ref)
+                    kept = self._release_claim_time(ref, entry, unsure_kept=True)
+                    self.checkpoint.drop(ref.uid)
+                    self.checkpoint.save()
+        except NodeLockError as exc:
+            log("DRA driver: %s (UID %s) was left PrepareStarted and is %s; not cleaned now: %s" % (
+                ref, ref.uid, why, exc))
+            return False
+        log("DRA driver: %s (UID %s) was left PrepareStarted and is %s: its record and files removed%s" % (
+            ref, ref.uid, why, "".join("; VF %s keeps its type: %s (the reconcile clears it once nothing holds it)"
+                                       % item for item in kept)))
+        return True
 
     def _remove_files(self, ref):
         cdi.remove(cdi.spec_path(self.cdi_dir, self.driver, ref.uid))
