@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import time
 import urllib.request
 
+import pytest
 import yaml
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, claim_time
@@ -158,7 +160,12 @@ def test_a_restarted_agent_registers_once_it_knows_its_devices_and_finishes_a_pr
     record.save()
     cluster.api.control("fail", {"method": "GET", "plural": "nodes", "count": 1, "status": 429, "retry_after": 4})
     node.clear_log()
-    start_agent(node, cluster.api, **env)
+    agent = start_agent(node, cluster.api, **env)
+    # the DRA plugin started (its log line comes before the Node's first list, so well inside the 4 s): its old
+    # service socket is not served yet, so the kubelet cannot call it
+    wait_for("the DRA plugin started", lambda: "DRA driver %s: " % DRIVER in agent.output() or None, timeout=15)
+    with socket.socket(socket.AF_UNIX) as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(os.path.join(plugin_dir, "dra.sock"))
 
     def first_answer():
         try:

@@ -180,7 +180,8 @@ class DraDriver:
         wait = min(self.ready_wait, self._left(ref, deadline))
         if not self._ready.wait(wait):
             raise ClaimError("%s: not prepared: the DRA driver on node %s is starting (it knows its devices after "
-                             "its first reconcile; waited %.0f s); the kubelet retries" % (ref, self.node_name, wait))
+                             "its first reconcile; waited %g s); the kubelet retries" % (
+                                 ref, self.node_name, round(wait, 1)))
 
     def _reserve(self, ref, allocated, wait):
         """Check every allocated device against the node now and record the claim as started."""
@@ -358,7 +359,7 @@ class DraDriver:
         except EngineError as exc:
             if getattr(exc, "status", None) == 404:
                 return "not found in the API server"
-            log("DRA driver: %s (UID %s) was left PrepareStarted; cannot ask the API server about it (%s): its record "
+            log("DRA driver: %s (UID %s), left PrepareStarted: cannot ask the API server about it (%s); its record "
                 "stays, asked again at the next reconcile" % (ref, ref.uid, exc))
             return None
         uid = (claim.get("metadata") or {}).get("uid")
@@ -379,10 +380,9 @@ class DraDriver:
                     self.checkpoint.drop(ref.uid)
                     self.checkpoint.save()
         except NodeLockError as exc:
-            log("DRA driver: %s (UID %s) was left PrepareStarted and is %s; not cleaned now: %s" % (
-                ref, ref.uid, why, exc))
+            log("DRA driver: %s (UID %s), left PrepareStarted: %s; not cleaned now: %s" % (ref, ref.uid, why, exc))
             return False
-        log("DRA driver: %s (UID %s) was left PrepareStarted and is %s: its record and files removed%s" % (
+        log("DRA driver: %s (UID %s), left PrepareStarted: %s; its record and files removed%s" % (
             ref, ref.uid, why, "".join("; VF %s keeps its type: %s (the reconcile clears it once nothing holds it)"
                                        % item for item in kept)))
         return True

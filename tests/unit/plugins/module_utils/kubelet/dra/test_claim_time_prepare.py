@@ -7,6 +7,7 @@ import os
 import pytest
 from claim_data import ClaimStore, claim, ref
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, checkpoint, claim_time, devices, metadata
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
@@ -316,3 +317,71 @@ def test_a_checkpointed_type_the_vf_cannot_create_now_is_skipped_with_one_warnin
     assert [w for w in result["warnings"] if vfs[1] in w] == [
         "GPU %s: VF %s of DRA claim vms/vm-b: type %d is not creatable on it now (another GPU, or a mode the restart "
         "reset?); not written" % (GPU1, vfs[1], foreign)]
+
+
+def started_then_gone(e, monkeypatch, one):
+    """Claim `one` left PrepareStarted on its typed VF (the files failed), then deleted from the API; its VF."""
+    real_write = e.driver._write
+
+    def broken(*dummy):
+        raise OSError(28, "No space left on device", "/cdi/spec.json")
+    monkeypatch.setattr(e.driver, "_write", broken)
+    assert "No space" in e.driver.prepare([ref(one)])[UIDS[0]].error
+    monkeypatch.setattr(e.driver, "_write", real_write)
+    del e.store.objects["vms", one["metadata"]["name"]]
+    entry = checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0])
+    assert entry["state"] == checkpoint.STARTED and e.current(vf_of(entry)) == 1155
+    e.node.clear_log()
+    return vf_of(entry), entry["startedAt"]
+
+
+def test_a_started_record_whose_claim_is_gone_is_cleaned_once_old_enough_and_its_vf_cleared(env, monkeypatch):
+    """Issue 40.8 (NVIDIA's cmd/gpu-kubelet-plugin/cleanup.go): record, files and the claim-time type go."""
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+    vf, started = started_then_gone(e, monkeypatch, one)
+    lines, reads = [], e.store.reads
+    e.driver.wall = lambda: started + 30
+    assert e.driver.clean_stale(lines.append) == [] and e.store.reads == reads      # too young: not even asked
+    e.driver.wall = lambda: started + 61
+    assert e.driver.clean_stale(lines.append) == [UIDS[0]]
+    assert checkpoint.Checkpoint(e.plugin_dir).claims == {} and e.type_writes() == [(vf, "0")]
+    assert not os.path.exists(os.path.join(e.cdi_dir, "vgpu.accelops.io-claim_%s.json" % UIDS[0]))
+    assert lines == ["DRA driver: claim vms/vm-a (UID %s), left PrepareStarted: not found in the API server; its "
+                     "record and files removed" % UIDS[0]]
+
+
+def test_a_stale_record_on_a_vf_a_process_holds_is_dropped_and_the_type_kept_naming_claim_and_vf(env, monkeypatch):
+    one = claim("vm-a", UIDS[0], [D24], NODE)
+    e = env(one)
+    vf, started = started_then_gone(e, monkeypatch, one)
+    e.node.hold(vf)
+    lines = []
+    e.driver.wall = lambda: started + 61
+    assert e.driver.clean_stale(lines.append) == [UIDS[0]]
+    assert checkpoint.Checkpoint(e.plugin_dir).claims == {} and e.current(vf) == 1155 and e.type_writes() == []
+    [line] = lines
+    assert line.startswith("DRA driver: claim vms/vm-a (UID %s), left PrepareStarted: not found in the API server; "
+                           "its record and files removed; VF %s keeps its type: held by " % (UIDS[0], vf))
+
+
+def test_clean_stale_keeps_a_record_on_an_api_error_and_completed_claims_and_drops_a_re_created_claim(env, monkeypatch):
+    one, two = claim("vm-a", UIDS[0], [D24], NODE), claim("vm-b", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    assert e.driver.prepare([ref(two)])[UIDS[1]].error == ""
+    vf, started = started_then_gone(e, monkeypatch, one)
+    del e.store.objects["vms", "vm-b"]          # completed, then gone: the kubelet unprepares it, not the cleanup
+    e.driver.wall = lambda: started + 61
+    real_get = e.driver.get_claim
+
+    def failing(namespace, name):
+        raise KubeApiError("GET resourceclaims: the server is currently unable to handle the request", 503)
+    monkeypatch.setattr(e.driver, "get_claim", failing)
+    lines = []
+    assert e.driver.clean_stale(lines.append) == [] and sorted(checkpoint.Checkpoint(e.plugin_dir).claims) == UIDS[:2]
+    assert "cannot ask the API server about it" in lines[0] and e.type_writes() == []
+    e.store.objects["vms", "vm-a"] = dict(one, metadata=dict(one["metadata"], uid=UIDS[5]))   # deleted, re-created
+    monkeypatch.setattr(e.driver, "get_claim", real_get)
+    assert e.driver.clean_stale(lines.append) == [UIDS[0]] and e.type_writes() == [(vf, "0")]
+    assert "left PrepareStarted: the API server has it under UID %s (deleted and re-created)" % UIDS[5] in lines[-1]
+    assert list(checkpoint.Checkpoint(e.plugin_dir).claims) == [UIDS[1]]

@@ -113,6 +113,25 @@ def test_prepare_again_answers_the_same_without_asking_the_api(tmp_path):
     assert env.store.reads == 1 and env.files() == files
 
 
+def test_before_its_first_inventory_a_driver_answers_prepared_claims_and_new_ones_wait_or_hear_it_is_starting(
+        tmp_path):
+    """Issue 40.1: a restarted agent's driver (ready=False) answers a claim prepared this boot from the checkpoint at
+    once; a new claim waits for inventory_known() (bounded by READY_WAIT) or gets an error saying it is starting."""
+    done, new = claim("vm-a-gpu", UID1, [VF4], NODE), claim("vm-b-gpu", UID2, [VF5], NODE)
+    env = Env(tmp_path, done, new)
+    first = env.driver.prepare([ref(done)])
+    starting = env.start(ready=False, ready_wait=0.2)
+    began = time.monotonic()
+    result = starting.prepare([ref(done), ref(new)])
+    assert result[UID1] == first[UID1] and env.store.reads == 1      # no wait, no API read
+    assert result[UID2] == ([], "claim vms/vm-b-gpu: not prepared: the DRA driver on node gpu-node-1 is starting (it "
+                                "knows its devices after its first reconcile; waited 0.2 s); the kubelet retries")
+    assert 0.2 <= time.monotonic() - began < 2 and checkpoint.Checkpoint(env.plugin_dir).get(UID2) is None
+    waiting = env.start(ready=False, ready_wait=5.0)
+    threading.Timer(0.2, waiting.inventory_known).start()            # the first reconcile ends meanwhile
+    assert waiting.prepare([ref(new)])[UID2].error == ""
+
+
 def test_each_claim_gets_its_own_error_and_the_others_are_prepared(tmp_path):
     good = claim("good", UID1, [VF4], NODE)
     stale = claim("stale", UID2, ["l40s-48q-0000-41-00-5"], NODE)      # allocated before a retype
