@@ -137,7 +137,8 @@ def test_a_restarted_agent_registers_once_it_knows_its_devices_and_finishes_a_pr
     program(node, [], per_pf=0)
     device = claim_time.device_name("L40S-12Q", pf)    # 4 per GPU
     names = ["vm-a-gpu", "vm-b-gpu", "vm-c-gpu"]
-    state = dra_state([(CLAIMS, "vms", claim(name, uid, device, n + 1)) for n, (name, uid) in enumerate(zip(names, UIDS))])
+    state = dra_state([(CLAIMS, "vms", claim(name, uid, device, share))
+                       for share, (name, uid) in enumerate(zip(names, UIDS), 1)])
     state["resources"] = dict(copy.deepcopy(RESOURCES), **DRA_RESOURCES)
     cluster.api.reset(state)
     env = dict(DRA_DRIVER="true", KUBELET_DIR=kubelet_dir, CDI_DIR=cdi_dir, RESYNC_INTERVAL=600,
