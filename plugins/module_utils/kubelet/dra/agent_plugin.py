@@ -23,10 +23,10 @@ The agent calls, from its reconcile thread:
   PrepareStarted records whose claim is gone from the API server are cleaned (driver.clean_stale);
 - `close()` at SIGTERM: the sockets go (the kubelet stops calling); the slices stay for the next pod
   (a rolling update republishes them; the Node's deletion removes them through their owner reference).
-A thread serves the sockets again when one was deleted (or could not be served at the first reconcile). Slices someone else deleted (a kubelet that starts
-deletes every slice of its node, then registers the plugin again) are published again by the SliceKeeper
-(slice_keeper.py): at once when the kubelet registers the plugin, and about a second after a deletion its watch
-of this node's slices sees, with the devices last published (no read of the node).
+A thread serves the sockets again when one was deleted (or could not be served at the first reconcile). Slices
+someone else deleted (a kubelet that starts deletes every slice of its node, then registers the plugin again) are
+published again by the SliceKeeper (slice_keeper.py): at once when the kubelet registers the plugin, and about a
+second after a deletion its watch of this node's slices sees, with the devices last published (no read of the node).
 """
 
 from __future__ import annotations
