@@ -96,6 +96,8 @@ options:
       - GPUs that already have VFs keep their count; other VF counts, C(method=sysfs) and O(state=absent)
         for VFs are M(accelops.vgpu.sriov_vfs)'s.
       - Without it a selected GPU without VFs fails the task, naming it, before any write.
+      - Also enables the VFs of a claim-time GPU (recorded by the node agent under O(kubelet_dir)) that has none,
+        typing none of them (a reboot removes VFs; DRA claims type them); without it such a GPU only gets a warning.
     type: bool
     default: false
   wait_timeout:
