@@ -169,7 +169,10 @@ options:
           - "C(After=) and C(PartOf=) each vGPU manager unit and C(WantedBy=multi-user.target) and them (a restart of
             the manager re-applies the layout), C(Before=) the units that must not start before the layout is in place."
           - Its content is, byte for byte, what the C(accelops.vgpu.vgpu_profiles) role wrote when it templated the unit
-            on the controller, so the nodes it converged keep their unit file.
+            on the controller, so the nodes it converged keep their unit file - for values without characters
+            systemd reads specially. Those are escaped for systemd (C(%%), C($$), double quotes with backslash
+            escapes); a control character in any value, an O(selected) that is no vgpu-device-manager config name
+            (letters, digits, C(-), C(_), C(.), at most 63) and an invalid unit name fail the task before any write.
         type: dict
         suboptions:
           manager_units:
