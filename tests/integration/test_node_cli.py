@@ -90,7 +90,7 @@ def test_check_says_a_gpu_awaits_its_vfs_layout_and_claim_time_alike(gpusim_node
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [
         "0000:41:00.0 (L40S): awaits SR-IOV VFs: would enable them, then create 2 x L40S-24Q",
-        "0000:42:00.0 (L40S, claim-time): awaits SR-IOV VFs: offers no vGPU until they are enabled"]
+        "0000:42:00.0 (L40S, claim-time): awaits SR-IOV VFs: would enable them"]   # issue 40: apply enables them
     assert node.log() == []
 
 

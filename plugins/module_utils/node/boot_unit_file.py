@@ -149,9 +149,8 @@ def text(selected, layout, command, manager_units=MANAGER_UNITS, before_units=BE
         "RemainAfterExit=yes",
         "# apply retries for vgpu_profiles_boot_retry_for s and records its outcome (environment: ExecStart stays",
         "# the command `assert` can replace apply in); one more attempt may take its wait and lock timeouts",
-        "Environment=ACCELOPS_VGPU_RETRY_FOR=%d %s" % (
-            retry_for, _word("state_file", "ACCELOPS_VGPU_STATE_FILE=" + _checked("state_file", state_file),
-                            variables=False)),
+        "Environment=ACCELOPS_VGPU_RETRY_FOR=%d %s" % (retry_for, _word(
+            "state_file", "ACCELOPS_VGPU_STATE_FILE=" + _checked("state_file", state_file), variables=False)),
         "TimeoutStartSec=%d" % (retry_for + START_TIMEOUT_MARGIN),
         "ExecStart=%s" % command,
         "",

@@ -93,7 +93,6 @@ def test_no_manager_unit_gives_the_roles_unit_byte_for_byte():
     assert boot_unit_file.text("default", LAYOUT, command, [], ["kubelet.service"]) == expected
 
 
-
 # issue 40 item 7: values systemd reads specially ------------------------------------------------------------
 
 ODD_LAYOUT = '/etc/accelops vgpu/50%/layout.json'
