@@ -291,8 +291,10 @@ def test_the_unit_entry_is_built_from_the_modules_options_below_the_boot_files_r
     assert node.writes() == [] and not (tmp_path / "other").exists()
 
     # a value the unit cannot carry for systemd (issue 40): one line naming it, before the apply writes anything
-    bad = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": vdm(
-        "l40s-50%x", enable_vfs=True, boot_files=files, boot_files_root=str(tmp_path / "bad"))}], node)
+    odd = {"version": "v1", "vgpu-configs": {"l40s-50%x": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}]}}
+    bad = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": dict(
+        config=odd, selected="l40s-50%x", enable_vfs=True, boot_files=files, boot_files_root=str(tmp_path / "bad"))}],
+        node)
     assert bad.rc != 0 and bad.task("apply")["msg"].startswith(
         "boot unit: selected l40s-50%x is not a vgpu-device-manager config name")
     assert node.writes() == [] and not (tmp_path / "bad").exists()
