@@ -126,8 +126,8 @@ def _verbatim(option, path):
 
 def text(selected, layout, command, manager_units=MANAGER_UNITS, before_units=BEFORE_UNITS,
          retry_for=RETRY_FOR, state_file=STATE_FILE):
-    """The unit file's content (byte for byte what the role's template wrote before: no rewrite,
-    no daemon-reload on the nodes an upgrade of the collection reaches)."""
+    """The unit file's content (for values without characters systemd reads specially, byte for byte what the
+    role's template wrote before: no rewrite, no daemon-reload on the nodes an upgrade of the collection reaches)."""
     managers = _units("manager_units", manager_units)
     lines = [
         "# Managed by Ansible (accelops.vgpu.vgpu_profiles): re-applies the vGPU layout, which does not",
