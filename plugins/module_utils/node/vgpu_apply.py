@@ -15,7 +15,8 @@ written. The node is re-read afterwards and must match the plan.
 Framework per GPU: the PF is an mdev parent -> mdev (Turing); its VFs have `nvidia/current_vgpu_type`
 -> vendor-VFIO (Ada/Hopper/Blackwell); its VFs are mdev parents -> mdev (Ampere SR-IOV). A GPU with
 SR-IOV but no VFs fails (the module) or gets its VFs enabled through the sriov engine first
-(`enable_vfs=True`: the node CLI's `apply`, which runs at boot and after vGPU-manager restarts).
+(`enable_vfs=True`: the node CLI's `apply`, which runs at boot and after vGPU-manager restarts, and the agent).
+A claim-time GPU without VFs (node/claim_time_layout.py: after a reboot) gets them the same way, and no type.
 
 Type names of consumed IDs: `current_vgpu_type` shows only an ID and creatable lists drop consumed
 types, so IDs seen in creatable lists are remembered in a small per-node cache in the lock directory
@@ -325,7 +326,7 @@ class Node:
                                             boot_id=self.boot_id)
         selection = OrderedDict((a, e) for a, e in selection.items() if a not in self.modes.gpus)
         for address, allow in self.modes.offerable():     # a claim-time GPU passed through offers nothing
-            self._claim_time_offers(gpus[address], allow, vfs_of.get(address))
+            self._claim_time_offers(gpus[address], allow, vfs_of.get(address), enable_vfs and state == "present")
         self.skipped = self.modes.reserved + drop_reserved(selection, list(gpus.values()), self.sysfs, self.take_over)
         frameworks, no_vgpu = frameworks_of(self.sysfs, selection, gpus, vfs_of)
         self.skipped += no_vgpu
@@ -363,13 +364,17 @@ class Node:
             plans.append((gpu, framework, view, plan))
         return plans
 
-    def _claim_time_offers(self, gpu, allow, vfs):
+    def _claim_time_offers(self, gpu, allow, vfs, enable_vfs=False):
         """What a claim-time GPU offers (claim_time_layout.offers) into self.modes; a GPU without VFs offers
-        nothing yet (a warning), one that is no vendor-VFIO GPU is an error naming it."""
+        nothing yet: with `enable_vfs` apply enables them first (modes.needs_vfs: VFs do not survive a reboot, and
+        the layout never selects this GPU), else a warning. One that is no vendor-VFIO GPU is an error naming it."""
         framework = framework_of(self.sysfs, gpu, vfs)
         if framework == NEEDS_VFS:
-            self.modes.warnings.append("GPU %s: claim-time mode: SR-IOV VFs are not enabled; it offers no vGPU until "
-                                       "they are (accelops.vgpu.sriov_vfs)" % gpu.address)
+            if enable_vfs:
+                self.modes.needs_vfs.append(gpu.address)
+            else:
+                self.modes.warnings.append("GPU %s: claim-time mode: SR-IOV VFs are not enabled; it offers no vGPU "
+                                           "until they are (accelops.vgpu.sriov_vfs)" % gpu.address)
             self.modes.offers[gpu.address] = {"model": model_name(gpu.vendor, gpu.device), "vfs": 0, "profiles": []}
             return
         if framework != vgpu_vfio.FRAMEWORK:
@@ -557,7 +562,9 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
     with lock, node.sysfs.walk_cache():
         node.begin()
         plans = node.plan(entries, state, mixed_size, enable_vfs, check_mode)
-        if before_changes is not None and not check_mode and any(p.changed for dummy, dummy2, dummy3, p in plans):
+        claim_vfs = list(node.modes.needs_vfs)   # claim-time GPUs whose VFs are enabled before the writes
+        if before_changes is not None and not check_mode and (
+                claim_vfs or any(p.changed for dummy, dummy2, dummy3, p in plans)):
             before_changes()
             node.stop_if_newly_held(plans)   # the hook may have waited: a VM may have opened a VF meanwhile
         first = list(plans)
@@ -572,7 +579,10 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
     if node.modes.gpus:
         result["claim_time"] = node.modes.result()
         result["warnings"].extend(node.modes.warnings)
-    result["changed"] = result["changed"] or node.modes.changed
+    result["changed"] = result["changed"] or node.modes.changed or bool(claim_vfs)
+    for address in claim_vfs:    # as a layout GPU's pending VFs show (diff()), in check mode and not
+        result["diff"]["before"][address] = OrderedDict([("vfs", "disabled")])
+        result["diff"]["after"][address] = OrderedDict([("vfs", "enabled"), ("claim_time", True)])
     result["vfs_enabled"] = enabled
     add_skipped(result, node.skipped)
     if not plans:
@@ -599,6 +609,7 @@ def _prepare_vfs(node, plans, entries, state, mixed_size, wait_timeout):
     for round_ in range(4):
         leaving = [p.address for dummy, dummy2, dummy3, p in plans if leaves_mig(p)]
         pending = [gpu.address for gpu, framework, dummy, dummy2 in plans if framework == NEEDS_VFS]
+        pending += node.modes.needs_vfs    # claim-time GPUs: VFs only, their types are the DRA driver's
         if not leaving and not (pending and state == "present"):
             return enabled
         if round_ == 3:
@@ -704,6 +715,7 @@ def check(node, entries):
         if plan.mig is not None and plan.mig.changed:
             line += "; MIG %s, layout wants %s" % (_mig_text(plan.mig.state(False)), _mig_text(plan.mig.state(True)))
         problems.append(line)
+    problems += ["GPU %s: claim-time mode: SR-IOV VFs are not enabled" % a for a in node.modes.needs_vfs]
     return problems
 
 

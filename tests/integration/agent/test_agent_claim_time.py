@@ -222,3 +222,25 @@ def test_an_unreadable_config_never_serves_a_claim_time_gpus_vfs_through_the_dev
 
 def ids(kubelet):
     return sorted(i for resource in kubelet.devices() for i, dummy, dummy2 in kubelet.devices(resource))
+
+
+def test_after_a_reboot_the_agent_enables_a_claim_time_gpus_vfs_and_publishes_its_offers(
+        gpusim_node, cluster, start_agent, dra_env, tmp_path):
+    """Issue 40 item 3: VFs do not survive a reboot and the layout never selects a claim-time GPU; the agent's first
+    reconcile enables them (sriov-manage, verified) without typing any, and its offers reach the slices."""
+    kubelet, kubelet_dir, cdi_dir = dra_env
+    node = gpusim_node("l40s:1")
+    [pf] = node.pfs()
+    program(node, [], per_pf=0)
+    node.ctl("reboot")
+    assert node.vfs(pf) == []
+    state = dra_state()
+    state["resources"] = dict(copy.deepcopy(RESOURCES), **DRA_RESOURCES)
+    cluster.api.reset(state)
+    agent = start_agent(node, cluster.api, DRA_DRIVER="true", KUBELET_DIR=kubelet_dir, CDI_DIR=cdi_dir,
+                        CONFIG_FILE=config_file(tmp_path, {"devices": "all", "profiles": ["L40S-24Q"]}))
+    agent.wait("success", "default")
+    assert len(node.vfs(pf)) == 32 and [current(node, vf) for vf in node.vfs(pf)] == ["0"] * 32
+    device = claim_time.device_name("L40S-24Q", pf)
+    wait_for("the claim-time device published", lambda: device in published_devices(cluster.api) or None, timeout=10)
+    assert "SR-IOV VFs are not enabled" not in agent.output()

@@ -145,3 +145,39 @@ def test_a_claim_time_gpu_passed_through_is_reserved_offers_nothing_and_is_never
     assert [p["profile"] for p in by_address[GPU0]["profiles"]] == ["L40S-24Q"]
     assert not any(GPU1[:7] in w["path"] for w in node.log())
     assert claim_time.gpus_of(claim_time.offers(engine.sysfs, result["claim_time"])) == {GPU0}
+
+
+def test_after_a_reboot_apply_enables_a_claim_time_gpus_vfs_and_offers_it_check_mode_alike(l40s):
+    """Issue 40 item 3: the boot unit (no declaration: the modes file says which GPUs are claim-time) and the agent
+    (its declaration) enable the VFs of claim-time GPUs a reboot left without; no type is written to them."""
+    node, engine = l40s
+    apply(engine, dict(VDM, **{"claim-time": [{"devices": "all", "profiles": ["L40S-24Q"]}]}))
+    node.ctl("reboot")
+    node.clear_log()
+    engine.claim_time = None                    # as the node CLI / boot unit runs it
+    layout = vgpu_layout.from_document(VDM, "default")
+    assert vgpu_apply.check(engine, layout) == ["GPU %s: claim-time mode: SR-IOV VFs are not enabled" % gpu
+                                                for gpu in (GPU0, GPU1)]
+    checked = vgpu_apply.apply(engine, layout, enable_vfs=True, check_mode=True)
+    assert node.log() == [] and checked["changed"] and checked["claim_time"][0]["vfs"] == 0
+    result = vgpu_apply.apply(engine, layout, enable_vfs=True)
+    assert result["vfs_enabled"] == [GPU0, GPU1] and result["changed"] and result["gpus"] == []
+    assert result["diff"] == checked["diff"]
+    assert result["diff"]["after"][GPU1] == {"vfs": "enabled", "claim_time": True}
+    # the boot unit knows the GPU, not the allow-list (the agent's): every Q profile; the agent publishes offers
+    offered = result["claim_time"][1]
+    assert offered["vfs"] == 32 and ("L40S-24Q", 2) in [(p["profile"], p["max_instances"]) for p in offered["profiles"]]
+    assert type_writes(node) == []
+    assert not vgpu_apply.apply(engine, layout, enable_vfs=True)["changed"]
+    assert vgpu_apply.check(engine, layout) == []
+
+
+def test_without_enable_vfs_a_claim_time_gpu_without_vfs_is_a_warning_and_nothing_is_written(l40s):
+    node, engine = l40s
+    doc = dict(VDM, **{"claim-time": [{"devices": "all"}]})
+    apply(engine, doc)
+    node.ctl("reboot")
+    node.clear_log()
+    result = apply(engine, doc)     # the module without enable_vfs
+    assert not result["changed"] and node.log() == [] and result["vfs_enabled"] == []
+    assert "GPU %s: claim-time mode: SR-IOV VFs are not enabled" % GPU0 in result["warnings"][0]
