@@ -21,6 +21,7 @@ class SliceApi:
 
     def __init__(self):
         self.slices, self.calls, self.version, self.down = {}, [], 0, False
+        self.claims = []            # ResourceClaims (list_resource_claims; not counted in `calls`)
 
     def _call(self, name):
         self.calls.append(name)
@@ -48,6 +49,11 @@ class SliceApi:
     def delete_resource_slice(self, name, resource_version=None):
         self._call("delete")
         self.slices.pop(name, None)
+
+    def list_resource_claims(self):
+        if self.down:
+            raise KubeUnavailable("connection refused")
+        return copy.deepcopy(self.claims)
 
     def get_resource_claim(self, namespace, name, timeout=None):
         raise AssertionError("no claim is prepared in these tests")
