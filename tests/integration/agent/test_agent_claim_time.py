@@ -10,7 +10,7 @@ import urllib.request
 
 import yaml
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, slices
 from ansible_collections.accelops.vgpu.tests.fakes.registry import free_port
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
@@ -26,8 +26,8 @@ def claim(name, uid, device, share):
             "metadata": {"name": name, "namespace": "vms", "uid": uid},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
             "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device, "shareID": "%032x" % share,
-                 "consumedCapacity": {"instances": "1"}}]}}}}
+                {"request": "gpu", "driver": DRIVER, "pool": slices.pool_name(NODE), "device": device,
+                 "shareID": "%032x" % share, "consumedCapacity": {"instances": "1"}}]}}}}
 
 
 def config_file(tmp_path, claim_time_entry):
