@@ -87,6 +87,7 @@ class VgpuDraPlugin:
         self.withdrawing = {}          # profile device published withdrawn -> clock time it was first (_still_used)
         self.pool_settled = False      # publishing as `<node>/<driver>` and no claim uses the node's name (_choose_pool)
         self.taints_said = False
+        self.seeded = False            # the API's slices were asked what an earlier agent published (_published_before)
         self.keeper = SliceKeeper(api, settings.node_name, dra_devices.DRIVER, self._republish, log)
         self.service = DraService(self.driver, self.paths, on_registered=self.keeper.resync)
         self.watch_interval = watch_interval
@@ -126,6 +127,8 @@ class VgpuDraPlugin:
             self.driver.claim_time.update(self.claim_time)
         else:
             current = self.view.still_there()
+            # a restarted agent's failed first reconcile: the claim-time devices stay as the API has them
+            self.claim_time = self.claim_time or self._published_before()
         on_claim_time = claim_time.gpus_of(self.claim_time)   # their VFs are typed by Prepare: no fixed devices
         if result is None:      # no apply says which GPUs are claim-time now: the last one's record does too
             recorded = self._recorded_claim_time()
@@ -174,8 +177,8 @@ class VgpuDraPlugin:
         the counter sets of their GPUs while a claim may use them: a prepared one (the checkpoint) or an allocated one
         (the API, asked only for a device no prepared claim keeps); each stays at least WITHDRAW_GRACE s."""
         offered = {item.name for item in offers}
-        gone = [item for item in self.claim_time if isinstance(item, claim_time.ProfileDevice)
-                and item.name not in offered]
+        gone = [item for item in self.claim_time or self._published_before()
+                if isinstance(item, claim_time.ProfileDevice) and item.name not in offered]
         now = self.clock()
         prepared = {name for dummy, name in claims.prepared_devices(self.driver.prepared_claims(), self.driver.pools)}
         kept = []
@@ -200,6 +203,20 @@ class VgpuDraPlugin:
         gpus = sorted({item.gpu for item in kept if item.counter_set not in sets})
         return [claim_time.CounterSet(claim_time.counter_set_name(gpu), gpu) for gpu in gpus] + \
             [item.withdraw() for item in kept]
+
+    def _published_before(self):
+        """The claim-time devices the API's slices of this node hold (claim_time.from_slices), asked once per agent
+        life: a restarted agent (a rolled DaemonSet, a changed config) knows nothing of what it published before, and
+        a device no longer offered must stay while claims use it whoever published it. [] when the API cannot say
+        (then the publish fails too, and the next reconcile asks again)."""
+        if self.seeded:
+            return []
+        try:
+            found = self.api.list_resource_slices(self.settings.node_name, dra_devices.DRIVER)
+        except (KubeApiError, KubeUnavailable):
+            return []
+        self.seeded = True
+        return claim_time.from_slices(found)
 
     def _choose_pool(self, allocated):
         """Publish as `<node>/<driver>` (slices.pool_name) unless a claim may still use the pool named after the node

@@ -134,6 +134,31 @@ def offers(sysfs, claim_time_result):
     return sets + sorted(found, key=lambda device: device.name)
 
 
+def from_slices(items):
+    """[CounterSet, ..., ProfileDevice, ...] of the profile devices (attribute `claimTime`) that ResourceSlices
+    (`items`, API objects) publish, as to_api wrote them: what a restarted agent published before it."""
+    found = []
+    for item in items or ():
+        for entry in (item.get("spec") or {}).get("devices") or ():
+            attrs = entry.get("attributes") or {}
+
+            def value(name, kind, attrs=attrs):
+                return (attrs.get(name) or {}).get(kind)
+            if not value("claimTime", "bool"):
+                continue
+            try:
+                found.append(ProfileDevice(
+                    entry["name"], value("parentGPU", "string"), value("profile", "string"), value("typeName", "string"),
+                    value("typeID", "int"), value("framebuffer", "int"),
+                    int(((entry.get("capacity") or {}).get(INSTANCES) or {}).get("value")),
+                    value(dra_devices.PCIE_ROOT, "string"), value("numaNode", "int"), value("productName", "string"),
+                    bool(entry.get("taints"))))
+            except (KeyError, TypeError, ValueError):
+                continue    # not one of ours as we write them: nothing to keep
+    sets = sorted({(device.counter_set, device.gpu) for device in found})
+    return [CounterSet(name, gpu) for name, gpu in sets] + sorted(found, key=lambda device: device.name)
+
+
 def gpus_of(items):
     """The claim-time GPUs (PF addresses) that `items` (offers()) publish."""
     return {item.gpu for item in items if isinstance(item, (CounterSet, ProfileDevice))}

@@ -126,7 +126,9 @@ def test_a_failed_reconcile_keeps_what_was_published_and_is_still_there(plugin):
 def test_the_api_is_asked_only_when_something_changed_after_an_error_or_at_the_full_interval(plugin):
     result = apply_result(plugin.node)
     plugin.dra.reconciled("uid-1", plugin.sysfs, result)
-    assert plugin.api.calls == ["list", "create"]          # the first publish lists (stale slices go)
+    # the agent asks once what an earlier agent published (claim-time devices in use stay), then the first publish
+    # lists (stale slices go)
+    assert plugin.api.calls == ["list", "list", "create"]
     del plugin.api.calls[:]
     plugin.dra.reconciled("uid-1", plugin.sysfs, result)    # a resync that re-asserted the same layout
     assert plugin.api.calls == []
@@ -305,3 +307,33 @@ def test_the_pool_keeps_the_nodes_name_while_the_api_cannot_say_which_claims_are
     plugin.api.claims_down = False
     plugin.dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
     assert {s["spec"]["pool"]["name"] for s in plugin.api.slices.values()} == {POOL}
+
+
+def restarted(plugin):
+    """A new agent process on the same node, kubelet directory and API (it knows nothing it published before)."""
+    dra = agent_plugin.VgpuDraPlugin(plugin.dra.settings, plugin.api, plugin.dra.make_engine, None, lambda line: None,
+                                     clock=lambda: plugin.clock[0])
+    return dra
+
+
+def test_a_restarted_agent_keeps_a_used_profile_the_new_config_no_longer_offers(plugin):
+    """The config change that narrows the allow-list rolls the DaemonSet: the new agent must keep the device too."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    record(plugin.dra, D12)
+    plugin.dra.driver.checkpoint.save()
+    again = restarted(plugin)
+    again.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"]))
+    found = stored_devices(plugin.api)
+    assert found[D12]["taints"] and found[D12]["capacity"] == {"instances": {
+        "value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}}
+    assert again.driver.claim_time.owns(D12)
+
+
+def test_a_restarted_agents_failed_first_reconcile_keeps_the_claim_time_devices_the_api_has(plugin, tmp_path):
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    claim_time_layout.write_modes(claim_time_layout.modes_path(str(tmp_path / "kubelet")), [L40S])
+    restarted(plugin).reconciled("uid-1")
+    assert {D12, D24} <= set(stored_devices(plugin.api)) and not [n for n in stored_devices(plugin.api)
+                                                                 if n.startswith("l40s-24q-0000-41")]
+    assert [c["name"] for s in plugin.api.slices.values() for c in s["spec"].get("sharedCounters") or ()] == [
+        "gpu-0000-41-00-0"]
