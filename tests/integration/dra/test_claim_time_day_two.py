@@ -22,11 +22,12 @@ from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import 
 
 
 def claim_for(name, profile):
-    selector = 'device.attributes["vgpu.accelops.io"].claimTime && device.attributes["vgpu.accelops.io"].profile == ' \
-               '"%s"' % profile
+    selector = ('device.attributes["vgpu.accelops.io"].claimTime && '
+                'device.attributes["vgpu.accelops.io"].profile == "%s"' % profile)
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": "vms"},
             "spec": {"devices": {"requests": [{"name": "vgpu", "exactly": {
-                "deviceClassName": "vgpu.accelops.io", "count": 1, "selectors": [{"cel": {"expression": selector}}]}}]}}}
+                "deviceClassName": "vgpu.accelops.io", "count": 1,
+                "selectors": [{"cel": {"expression": selector}}]}}]}}}
 
 
 def schedule(api, name, profile):

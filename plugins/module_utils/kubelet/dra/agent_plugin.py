@@ -35,7 +35,8 @@ import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError, KubeUnavailable
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, claims, devices as dra_devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, claims
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, read_boot_id
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
@@ -85,7 +86,7 @@ class VgpuDraPlugin:
         self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
         self.claim_time_refused = None  # why the API server cannot take them (claim_time.FeatureMissing), for good
         self.withdrawing = {}          # profile device published withdrawn -> clock time it was first (_still_used)
-        self.pool_settled = False      # publishing as `<node>/<driver>` and no claim uses the node's name (_choose_pool)
+        self.pool_settled = False      # publishing `<node>/<driver>`, no claim uses the node's name (_choose_pool)
         self.taints_said = False
         self.seeded = False            # the API's slices were asked what an earlier agent published (_published_before)
         self.keeper = SliceKeeper(api, settings.node_name, dra_devices.DRIVER, self._republish, log)
@@ -227,16 +228,15 @@ class VgpuDraPlugin:
         if self.pool_settled:
             return
         new, legacy = self.driver.pools
-        used = any(pool == legacy for pool, dummy in claims.prepared_devices(self.driver.prepared_claims(),
-                                                                            (legacy,)))
+        used = bool(claims.prepared_devices(self.driver.prepared_claims(), (legacy,)))
         if not used:
             found = allocated()
             used = found is None or any(pool == legacy for pool, dummy in found)
         pool = legacy if used else new
         if pool != self.publisher.pool:
             self.publisher.published = None     # a publish under the new name even when the devices are the same
-            self.log("DRA driver: publishing node %s as pool %s%s" % (
-                self.settings.node_name, pool, " while claims allocated from it remain (then %s)" % new if used else ""))
+            then = " while claims allocated from it remain (then %s)" % new if used else ""
+            self.log("DRA driver: publishing node %s as pool %s%s" % (self.settings.node_name, pool, then))
         self.publisher.pool = self.driver.pool = pool
         self.pool_settled = not used
 

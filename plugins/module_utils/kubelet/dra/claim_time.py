@@ -141,22 +141,25 @@ def from_slices(items):
     for item in items or ():
         for entry in (item.get("spec") or {}).get("devices") or ():
             attrs = entry.get("attributes") or {}
-
-            def value(name, kind, attrs=attrs):
-                return (attrs.get(name) or {}).get(kind)
-            if not value("claimTime", "bool"):
+            if not (_attribute(attrs, "claimTime", "bool") and _attribute(attrs, "parentGPU")
+                    and _attribute(attrs, "profile")):
                 continue
             try:
                 found.append(ProfileDevice(
-                    entry["name"], value("parentGPU", "string"), value("profile", "string"), value("typeName", "string"),
-                    value("typeID", "int"), value("framebuffer", "int"),
+                    entry["name"], _attribute(attrs, "parentGPU"), _attribute(attrs, "profile"),
+                    _attribute(attrs, "typeName"), _attribute(attrs, "typeID", "int"),
+                    _attribute(attrs, "framebuffer", "int"),
                     int(((entry.get("capacity") or {}).get(INSTANCES) or {}).get("value")),
-                    value(dra_devices.PCIE_ROOT, "string"), value("numaNode", "int"), value("productName", "string"),
-                    bool(entry.get("taints"))))
+                    _attribute(attrs, dra_devices.PCIE_ROOT), _attribute(attrs, "numaNode", "int"),
+                    _attribute(attrs, "productName"), bool(entry.get("taints"))))
             except (KeyError, TypeError, ValueError):
                 continue    # not one of ours as we write them: nothing to keep
     sets = sorted({(device.counter_set, device.gpu) for device in found})
     return [CounterSet(name, gpu) for name, gpu in sets] + sorted(found, key=lambda device: device.name)
+
+
+def _attribute(attrs, name, kind="string"):
+    return (attrs.get(name) or {}).get(kind)
 
 
 def gpus_of(items):

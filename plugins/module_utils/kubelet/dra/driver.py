@@ -13,8 +13,8 @@ Prepare, per claim (an error is that claim's, the others go on; every claim gets
 2. the claim is read from the API server (`get_claim(namespace, name)`), its UID checked, the
    results of this driver taken (claims.results);
 3. under the node lock (the one every layout apply takes; waited for at most LOCK_WAIT seconds): each
-   device must be in this node's
-   pool (`<node>/<driver>`, or the node's name for a claim allocated before issue 40), exist now with the profile it was published with (the name carries the profile, so a
+   device must be in this node's pool (`<node>/<driver>`, or the node's name for a claim allocated before
+   issue 40), exist now with the profile it was published with (the name carries the profile, so a
    retyped VF no longer matches), and not be prepared for another claim; then the claim is
    recorded PrepareStarted, so from here on a layout change refuses to touch its vGPUs;
 4. the CDI spec and, per request, the KEP-5304 metadata file and its CDI spec are written, the
