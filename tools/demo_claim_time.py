@@ -134,7 +134,8 @@ class Scene:
             len(self.vfs()), len(typed)))
         slices = [s for s in self.api.items(DRA + "resourceslices") if s["spec"].get("nodeName") == self.node]
         print("ResourceSlices of %s (pool %s, generation %s, %d slices):" % (
-            self.node, self.node, slices[0]["spec"]["pool"]["generation"] if slices else "-", len(slices)))
+            self.node, slices[0]["spec"]["pool"]["name"] if slices else "-",
+            slices[0]["spec"]["pool"]["generation"] if slices else "-", len(slices)))
         for item in sorted(slices, key=lambda s: s["metadata"]["name"]):
             spec = item["spec"]
             for counter_set in spec.get("sharedCounters") or ():

@@ -47,8 +47,8 @@ def claim(index, device):
             "metadata": {"name": "vm-%03d" % index, "namespace": "vms", "uid": "00000000-0000-4000-8000-%012d" % index},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
             "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device, "shareID": "%032x" % index,
-                 "consumedCapacity": {"instances": "1"}}]}}}}
+                {"request": "gpu", "driver": DRIVER, "pool": slices.pool_name(NODE), "device": device,
+                 "shareID": "%032x" % index, "consumedCapacity": {"instances": "1"}}]}}}}
 
 
 def limits(bodies):

@@ -33,6 +33,7 @@ import time
 
 from gpusim.testing import GpuSimNode
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import NodeView, from_apply
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
@@ -64,7 +65,7 @@ def claim(index, device):
             "metadata": {"name": "vm-%03d" % index, "namespace": "vms", "uid": "00000000-0000-4000-8000-%012d" % index},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
             "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}}}
+                {"request": "gpu", "driver": DRIVER, "pool": slices.pool_name(NODE), "device": device}]}}}}
 
 
 def apply(gpu_node, work, layout):

@@ -21,6 +21,7 @@ import copy
 import fractions
 import json
 import re
+import time
 
 import jsonpatch
 
@@ -436,6 +437,11 @@ def canonicalize(resource, obj):
         except ValueError as exc:
             raise ApiError(422, "Invalid", "%s: Invalid value: %s: %s" % (key, json.dumps(container[key]), exc)) \
                 from None
+    if str(resource).endswith("resourceslices") and isinstance(obj, dict):
+        # a device taint written without timeAdded gets the time of the write (resource/v1 DeviceTaint.TimeAdded)
+        for device in (obj.get("spec") or {}).get("devices") or ():
+            for taint in device.get("taints") or ():
+                taint.setdefault("timeAdded", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     return obj
 
 
@@ -443,8 +449,9 @@ def canonicalize(resource, obj):
 # field is dropped from a written object, not refused: k8s.io/kubernetes pkg/registry/resource/resourceslice/
 # strategy.go dropDisabledFields (dropDisabledDRAPartitionableDevicesFields: spec.sharedCounters and
 # devices[].consumesCounters; dropDisabledDRAConsumableCapacityFields: devices[].allowMultipleAllocations and
-# capacity[].requestPolicy), which is what an API server older than the fields or with the gates off answers.
-DRA_GATED_FIELDS = ("DRAPartitionableDevices", "DRAConsumableCapacity")
+# capacity[].requestPolicy; dropDisabledDRADeviceTaintsFields: devices[].taints), which is what an API server older
+# than the fields or with the gates off answers.
+DRA_GATED_FIELDS = ("DRAPartitionableDevices", "DRAConsumableCapacity", "DRADeviceTaints")
 
 
 def drop_disabled_fields(plural, obj, disabled):
@@ -457,6 +464,8 @@ def drop_disabled_fields(plural, obj, disabled):
     for device in spec.get("devices") or ():
         if "DRAPartitionableDevices" in disabled:
             device.pop("consumesCounters", None)
+        if "DRADeviceTaints" in disabled:
+            device.pop("taints", None)
         if "DRAConsumableCapacity" in disabled:
             device.pop("allowMultipleAllocations", None)
             for capacity in (device.get("capacity") or {}).values():

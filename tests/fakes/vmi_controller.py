@@ -75,7 +75,11 @@ class DraAllocator:
     names `<request>/<subrequest>`. Partitionable devices (KEP-4815): the pool's `sharedCounters` (from its
     counter slices) are what its devices' `consumesCounters` draw on; a device draws while it is allocated at
     all, once, however many claims share it (IsDeviceAllocated over AllocatedDevices, AllocatedSharedDeviceIDs
-    and AggregatedCapacity: kubernetes #139040, in 1.36.2). Consumable capacity (KEP-5075): a device with
+    and AggregatedCapacity: kubernetes #139040, in 1.36.2), and only while the slices still publish it: an
+    allocated device withdrawn from the slices charges nothing (checkAvailableCounters looks the allocated devices
+    up in the slices; kubernetes#140806, open). Device taints (KEP-5055): a device with a NoSchedule or NoExecute
+    taint that no toleration of the request tolerates is not allocated to a new claim; claims allocated already
+    keep it (and it keeps charging its counters). Consumable capacity (KEP-5075): a device with
     `allowMultipleAllocations` serves several claims; each allocation consumes, per capacity, the request's
     amount (or the policy's default; rounded up to the next of `validValues`, none -> unfit; no policy: the
     request's amount, else the whole capacity), and the sum stays within the capacity; its result carries
@@ -217,6 +221,8 @@ class DraAllocator:
                 continue
             if not self._selected(spec.get("selectors"), driver, device, "%s, request %s" % (ref, name)):
                 continue
+            if untolerated(device, spec.get("tolerations")):
+                continue
             while count is None or len(results) < count:
                 result = {"request": name, "driver": driver, "pool": pool, "device": device["name"]}
                 if device.get("allowMultipleAllocations"):
@@ -276,6 +282,26 @@ class DraAllocator:
     def commit(self, allocation):
         for result in allocation["devices"]["results"]:
             self._add(result)
+
+
+def untolerated(device, tolerations):
+    """Whether `device` has a NoSchedule or NoExecute taint that none of `tolerations` (a request's
+    resource/v1 DeviceToleration list) tolerates: kube-scheduler allocates no new claim such a device."""
+    for taint in device.get("taints") or ():
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(
+                tolerates(toleration, taint) for toleration in tolerations or ()):
+            return True
+    return False
+
+
+def tolerates(toleration, taint):
+    """resource/v1 DeviceToleration.ToleratesTaint: the effect (empty: any), then Exists (the key, or any key when
+    empty) or Equal (key and value)."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("operator") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint.get("key")
+    return toleration.get("key") == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
 
 
 def unmodelled(ref, claim):

@@ -347,6 +347,11 @@ class KubeClient:
         return self.request("DELETE", RESOURCE_API + "/resourceslices/" + urllib.parse.quote(name, safe=""),
                             body=options)
 
+    def list_resource_claims(self):
+        """Every ResourceClaim (all namespaces; no field selector serves status.allocation): the DRA driver asks only
+        while a device it would withdraw, or its pool before issue 40, may still be allocated (agent_plugin.py)."""
+        return self.request("GET", RESOURCE_API + "/resourceclaims").get("items") or []
+
     def get_resource_claim(self, namespace, name, timeout=None):
         return self.request("GET", "%s/namespaces/%s/resourceclaims/%s" % (
             RESOURCE_API, urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")), timeout=timeout)

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 import yaml
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, claim_time
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, claim_time, slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import KubeletError
 from ansible_collections.accelops.vgpu.tests.fakes.registry import free_port
@@ -30,8 +30,8 @@ def claim(name, uid, device, share):
             "metadata": {"name": name, "namespace": "vms", "uid": uid},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
             "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device, "shareID": "%032x" % share,
-                 "consumedCapacity": {"instances": "1"}}]}}}}
+                {"request": "gpu", "driver": DRIVER, "pool": slices.pool_name(NODE), "device": device,
+                 "shareID": "%032x" % share, "consumedCapacity": {"instances": "1"}}]}}}}
 
 
 def config_file(tmp_path, claim_time_entry):
@@ -156,7 +156,7 @@ def test_a_restarted_agent_registers_once_it_knows_its_devices_and_finishes_a_pr
     vf_b = [vf for vf in node.vfs(pf) if vf != vf_a][0]
     node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf_b, L40S_12Q)     # B's type written, then the kill
     record.set(UIDS[1], "vms", names[1], checkpoint.STARTED, [{
-        "requests": ["gpu"], "pool": NODE, "device": device, "key": vf_b, "typeID": int(L40S_12Q), "cdiIDs": [],
+        "requests": ["gpu"], "pool": slices.pool_name(NODE), "device": device, "key": vf_b, "typeID": int(L40S_12Q), "cdiIDs": [],
         "claimTime": True}])
     record.save()
     cluster.api.control("fail", {"method": "GET", "plural": "nodes", "count": 1, "status": 429, "retry_after": 4})

@@ -30,7 +30,7 @@ def claim(device):
             "metadata": {"name": "vm-a-gpu", "namespace": "vms", "uid": UID},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
             "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}}}
+                {"request": "gpu", "driver": DRIVER, "pool": slices.pool_name(NODE), "device": device}]}}}}
 
 
 def test_slices_follow_the_node_claims_prepare_and_a_prepared_vgpu_is_held(gpusim_node, cluster, start_agent, dra_env):

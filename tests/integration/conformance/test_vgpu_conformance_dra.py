@@ -166,7 +166,8 @@ def test_claim_time_gpus_are_attested_through_claims_up_to_each_profiles_instanc
         ("sharing.dra", "L40S-12Q@gpu-a", "PASS"), ("over-allocation.dra", "L40S-12Q@gpu-a", "PASS")], dra_rows(result)
     sharing = row(result, "sharing.dra", "L40S-12Q@gpu-a")
     assert len(sharing["details"]["vmis"]) == 8 and "instance (shareID) of a claim-time device" in sharing["reason"]
-    assert sharing["details"]["claim_time"] == ["gpu-a/l40s-12q-gpu-0000-41-00-0", "gpu-a/l40s-12q-gpu-0000-42-00-0"]
+    assert sharing["details"]["claim_time"] == ["gpu-a/vgpu.accelops.io/l40s-12q-gpu-0000-41-00-0",    # pool/device
+                                                "gpu-a/vgpu.accelops.io/l40s-12q-gpu-0000-42-00-0"]
     assert sorted(set(sharing["details"]["parent_gpus"].values())) == ["0000:41:00.0", "0000:42:00.0"]
     over = row(result, "over-allocation.dra", "L40S-24Q@gpu-a")
     assert "number 5 for 4 L40S-24Q device(s) and claim-time instance(s)" in over["reason"]

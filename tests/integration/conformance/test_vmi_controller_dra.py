@@ -77,8 +77,9 @@ def test_claims_get_distinct_devices_the_selectors_pick_reserved_for_the_vmi_wit
     assert until(lambda: all(phase(cluster, n) == "Running" for n in ("v0", "v1", "vb"))), cluster.stored()
     assert phase(cluster, "vw") == "Pending" and results(cluster, "wrong") == []
     got = results(cluster, "c0") + results(cluster, "c1")
-    assert sorted(got) == [("gpu-a", "l40s-24q-0000-41-00-4"), ("gpu-a", "l40s-24q-0000-41-00-5")]
-    assert results(cluster, "b")[0][0] == "gpu-b" and results(cluster, "b")[0][1].startswith("a16-4q-")
+    assert sorted(got) == [("gpu-a/vgpu.accelops.io", "l40s-24q-0000-41-00-4"),     # slices.pool_name
+                           ("gpu-a/vgpu.accelops.io", "l40s-24q-0000-41-00-5")]
+    assert results(cluster, "b")[0][0] == "gpu-b/vgpu.accelops.io" and results(cluster, "b")[0][1].startswith("a16-4q-")
     stored_claim = stored(cluster, CLAIMS, "c0", NS)
     assert stored_claim["status"]["reservedFor"] == [{"resource": "pods", "name": "virt-launcher-v0", "uid": "uid-v0"}]
     assert stored_claim["status"]["allocation"]["nodeSelector"] == {"nodeSelectorTerms": [{"matchFields": [
@@ -189,7 +190,8 @@ def test_a_template_claim_is_made_for_the_launcher_pod_as_the_resourceclaim_cont
                      "blockOwnerDeletion": True}
     assert short["metadata"]["labels"] == {"team": "a"}
     assert short["metadata"]["annotations"] == {"note": "x", "resource.kubernetes.io/pod-claim-name": "vgpu"}
-    assert short["spec"] == spec and short["status"]["allocation"]["devices"]["results"][0]["pool"] == "gpu-a"
+    assert short["spec"] == spec and short["status"]["allocation"]["devices"]["results"][0]["pool"] == \
+        "gpu-a/vgpu.accelops.io"
     pod, pod_claim = "virt-launcher-" + long_name, "a-long-claim-name-too"
     base = len(pod) + len(pod_claim) + 2
     assert by_pod[pod]["metadata"]["name"][:-5] == pod[:len(pod) * 57 // base] + "-" + pod_claim[

@@ -88,8 +88,9 @@ def test_kubelet_and_cdi_directories_are_mounted_at_the_host_paths():
 
 
 def test_rbac_is_exactly_what_the_driver_does(gpusim_node, dra_api, tmp_path):
-    """Publish, change, withdraw slices and read a claim through the real client; the verbs the API double saw on
-    resource.k8s.io are the chart's rules, no more, no less."""
+    """Publish, change, withdraw slices, read a claim and list the claims (agent_plugin: a device or the old pool
+    name still in use) through the real client; the verbs the API double saw on resource.k8s.io are the chart's
+    rules, no more, no less."""
     gpu_node = gpusim_node("l40s:1")
     program(gpu_node, [1155], per_pf=2)
     api = client(dra_api, tmp_path)
@@ -103,6 +104,7 @@ def test_rbac_is_exactly_what_the_driver_does(gpusim_node, dra_api, tmp_path):
     driver = DraDriver(NODE, api.get_resource_claim, NodeView(None, read_facts(gpu_node, tmp_path)),
                        str(tmp_path / "plugin"), str(tmp_path / "cdi"))
     driver.prepare([ClaimRef("vms", "absent", "u-1")])
+    assert api.list_resource_claims() == []
     used = set()
     for entry in dra_api.log():
         parts = entry["path"].split("/")

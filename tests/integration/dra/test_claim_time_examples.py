@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DELETE_PROTECTION, VmiController
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.claim_time_cluster import (
@@ -113,4 +114,4 @@ def test_the_examples_vmis_get_claim_time_vgpus_typed_at_prepare_and_cleared_at_
         controller.stop()
     assert node.driver.unprepare([ref(c) for c in claims]) == {c["metadata"]["uid"]: "" for c in claims}
     assert [node.current(vf) for vf in vfs] == [0] * len(vfs)
-    assert NODE == claims[0]["status"]["allocation"]["devices"]["results"][0]["pool"]
+    assert slices.pool_name(NODE) == claims[0]["status"]["allocation"]["devices"]["results"][0]["pool"]

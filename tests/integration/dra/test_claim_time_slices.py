@@ -67,3 +67,45 @@ def test_a_server_that_drops_the_fields_refuses_claim_time_and_fixed_devices_sti
     found = stored_slices(dra_api)
     assert sorted(d["name"] for item in found for d in item["spec"].get("devices") or ()) == sorted(d.name for d in fixed)
     assert not [item for item in found if item["spec"].get("sharedCounters")]
+
+
+def withdrawn_12q(gpu_node, gpu):
+    """The GPU's offers with its L40S-12Q device withdrawn (tainted), as agent_plugin publishes it under a claim."""
+    return [item.withdraw() if getattr(item, "profile", None) == "L40S-12Q" else item
+            for item in offers(gpu_node, [gpu])]
+
+
+def test_a_withdrawn_profile_device_is_tainted_valid_for_136_and_137_and_republished_without_a_write(
+        gpusim_node, dra_api, tmp_path):
+    """The taint (claim_time.WITHDRAWN_TAINT) passes the strict 1.36/1.37 schemas; the API server adds timeAdded,
+    which a listing publish does not count as a change."""
+    gpu_node = gpusim_node("l40s:1")
+    [gpu] = gpu_node.pfs()
+    items = withdrawn_12q(gpu_node, gpu)
+    publisher = SlicePublisher(client(dra_api, tmp_path), NODE, NODE_UID)
+    publisher.publish(items)
+    found = stored_slices(dra_api)
+    for item in found:
+        for version in ("1.36.0", "1.37.0"):
+            kubernetes_validate.validate(item, version, strict=True)
+    tainted = [d for item in found for d in item["spec"].get("devices") or () if d.get("taints")]
+    assert [d["name"] for d in tainted] == [claim_time.device_name("L40S-12Q", gpu)]
+    assert tainted[0]["taints"][0]["timeAdded"] and not publisher.taints_dropped
+    writes = publisher.writes
+    assert publisher.publish(items).empty and publisher.writes == writes
+
+
+def test_a_server_without_device_taints_keeps_the_withdrawn_device_published_and_says_so(
+        gpusim_node, dra_api, tmp_path):
+    """DRADeviceTaints off (beta, on by default from 1.36; GA in 1.37): the taint is dropped, the device stays
+    published (its GPU's counter charged), the publisher says the taints were dropped; nothing else is refused."""
+    gpu_node = gpusim_node("l40s:1")
+    [gpu] = gpu_node.pfs()
+    state = dra_state()
+    state["disabledFeatures"] = ["DRADeviceTaints"]
+    dra_api.reset(state)
+    items = withdrawn_12q(gpu_node, gpu)
+    publisher = SlicePublisher(client(dra_api, tmp_path), NODE, NODE_UID)
+    publisher.publish(items)
+    devices = {d["name"]: d for item in stored_slices(dra_api) for d in item["spec"].get("devices") or ()}
+    assert publisher.taints_dropped and "taints" not in devices[claim_time.device_name("L40S-12Q", gpu)]

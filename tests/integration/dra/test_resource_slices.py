@@ -33,7 +33,7 @@ def test_five_gpus_of_32_vgpus_publish_as_sysfs_shows_them_split_within_limits(g
     assert_schema_valid(found)
     assert [len(item["spec"]["devices"]) for item in found] == [128, 32]
     assert {json.dumps(item["spec"]["pool"], sort_keys=True) for item in found} == {
-        json.dumps({"name": NODE, "generation": 1, "resourceSliceCount": 2}, sort_keys=True)}
+        json.dumps({"name": slices.pool_name(NODE), "generation": 1, "resourceSliceCount": 2}, sort_keys=True)}
     devices = published_devices(dra_api)
     assert sorted(devices) == sorted(device.name for device in truth)
     assert sorted(d["attributes"]["resource.kubernetes.io/pciBusID"]["string"] for d in devices.values()) == sorted(typed)

@@ -19,7 +19,12 @@ The agent calls, from its reconcile thread:
   (a few reads each; one full read of the node only when nothing was published yet).
   The API is only written when the devices differ from the last publish; a LIST that also removes stale or
   foreign-changed slices of this node runs on the first publish, after an API error and every
-  FULL_PUBLISH_INTERVAL. An API error is logged and the next reconcile tries again. After a publish, the
+  FULL_PUBLISH_INTERVAL. An API error is logged and the next reconcile tries again.
+  A claim-time profile device the apply no longer offers (an allow-list narrowed, a profile the driver dropped)
+  stays published, tainted NoSchedule (claim_time.WITHDRAWN_TAINT), while a claim may use it (`_still_used`), so
+  kube-scheduler keeps charging its GPU's counter; the pool is `<node>/<driver>` unless claims still use the pool
+  named after the node (`_choose_pool`). Both ask the API for ResourceClaims only when the checkpoint does not
+  already keep the device or the old pool: an answer that fails counts as "used". After a publish, the
   PrepareStarted records whose claim is gone from the API server are cleaned (driver.clean_stale);
 - `close()` at SIGTERM: the sockets go (the kubelet stops calling); the slices stay for the next pod
   (a rolling update republishes them; the Node's deletion removes them through their owner reference).
@@ -37,7 +42,8 @@ import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError, KubeUnavailable
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, devices as dra_devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, claims
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, read_boot_id
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
@@ -67,6 +73,9 @@ def claim_time_preparer(make_engine):
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed
 CLAIM_READ_TIMEOUT = 10.0       # seconds a prepare waits for the API server's answer (the kubelet waits 45 in all)
+# seconds a profile device no longer offered stays published (tainted) at least: an allocation kube-scheduler made
+# before it saw the taint is written to the claim within its binding cycle, and a later listing then finds it
+WITHDRAW_GRACE = 30.0
 
 
 class VgpuDraPlugin:
@@ -83,6 +92,10 @@ class VgpuDraPlugin:
         self.driver.claim_time = claim_time_preparer(make_engine)
         self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
         self.claim_time_refused = None  # why the API server cannot take them (claim_time.FeatureMissing), for good
+        self.withdrawing = {}          # profile device published withdrawn -> clock time it was first (_still_used)
+        self.pool_settled = False      # publishing `<node>/<driver>`, no claim uses the node's name (_choose_pool)
+        self.taints_said = False
+        self.seeded = False            # the API's slices were asked what an earlier agent published (_published_before)
         self.keeper = SliceKeeper(api, settings.node_name, dra_devices.DRIVER, self._republish, log)
         self.service = DraService(self.driver, self.paths, on_registered=self.keeper.resync)
         self.watch_interval = watch_interval
@@ -130,17 +143,23 @@ class VgpuDraPlugin:
                     self.log("DRA driver: cannot serve the kubelet: %s" % exc)
 
     def reconciled(self, node_uid=None, sysfs=None, result=None):
+        allocated = _once(self._allocated)
         if result is not None:
             current = self.view.remember(dra_devices.from_apply(sysfs, result))
-            self.claim_time = [] if self.claim_time_refused else claim_time.offers(sysfs, result.get("claim_time"))
+            offers = [] if self.claim_time_refused else claim_time.offers(sysfs, result.get("claim_time"))
+            self.claim_time = offers + self._still_used(offers, allocated)
             self.driver.claim_time.update(self.claim_time)
         else:
             current = self.view.still_there()
+            # a restarted agent's failed first reconcile: the claim-time devices stay as the API has them
+            self.claim_time = self.claim_time or self._published_before()
         on_claim_time = claim_time.gpus_of(self.claim_time)   # their VFs are typed by Prepare: no fixed devices
         if result is None:      # no apply says which GPUs are claim-time now: the last one's record does too
             recorded = self._recorded_claim_time()
             on_claim_time = None if recorded is None else on_claim_time | recorded
         current = [device for device in current if on_claim_time is not None and device.parent_gpu not in on_claim_time]
+        with self._publishing:
+            self._choose_pool(allocated)    # before the health list: it names the pool
         self.service.update_health(current)
         self._serve()       # before the publish: a slow API server must not keep prepared claims waiting
         if node_uid and not self.publisher.node_uid:
@@ -166,6 +185,88 @@ class VgpuDraPlugin:
             self.driver.clean_stale(self.log)     # the API answered: ask it about claims a prepare left half-way
         except (EngineError, OSError) as exc:     # the checkpoint: the next reconcile tries again
             self.log("DRA driver: cleaning PrepareStarted records: %s" % exc)
+        if self.publisher.taints_dropped and not self.taints_said:
+            self.taints_said = True
+            self.log("DRA driver: the API server dropped the device taints of node %s (DRADeviceTaints off): a "
+                     "claim-time profile no longer offered stays published untainted while claims use it, and new "
+                     "claims may still get it" % self.settings.node_name)
+
+    def _allocated(self):
+        """{(pool, device)} the API's ResourceClaims have allocated from this node's pools; None when the API cannot
+        say (then every device counts as used: unsure = held)."""
+        try:
+            return claims.allocated_devices(self.api.list_resource_claims(), dra_devices.DRIVER, self.driver.pools)
+        except (KubeApiError, KubeUnavailable) as exc:
+            self.log("DRA driver: cannot list the ResourceClaims: %s; a device or pool claims may use stays "
+                     "published" % exc)
+            return None
+
+    def _still_used(self, offers, allocated):
+        """The profile devices published before that `offers` no longer has, kept withdrawn (tainted NoSchedule) with
+        the counter sets of their GPUs while a claim may use them: a prepared one (the checkpoint) or an allocated one
+        (the API, asked only for a device no prepared claim keeps); each stays at least WITHDRAW_GRACE s."""
+        offered = {item.name for item in offers}
+        gone = [item for item in self.claim_time or self._published_before()
+                if isinstance(item, claim_time.ProfileDevice) and item.name not in offered]
+        now = self.clock()
+        prepared = {name for dummy, name in claims.prepared_devices(self.driver.prepared_claims(), self.driver.pools)}
+        kept = []
+        for item in gone:
+            since = self.withdrawing.get(item.name, now)
+            if item.name in prepared or now - since < WITHDRAW_GRACE:
+                kept.append(item)
+                continue
+            found = allocated()
+            if found is None or item.name in {name for dummy, name in found}:
+                kept.append(item)
+            else:
+                self.log("DRA driver: claim-time device %s is no longer offered and no claim uses it: withdrawn"
+                         % item.name)
+        for item in kept:
+            if item.name not in self.withdrawing:
+                self.log("DRA driver: claim-time device %s (GPU %s) is no longer offered; it stays published, tainted "
+                         "%s:%s, while claims may use it" % (item.name, item.gpu, claim_time.WITHDRAWN_TAINT["key"],
+                                                             claim_time.WITHDRAWN_TAINT["effect"]))
+        self.withdrawing = {item.name: self.withdrawing.get(item.name, now) for item in kept}
+        sets = {item.name for item in offers if isinstance(item, claim_time.CounterSet)}
+        gpus = sorted({item.gpu for item in kept if item.counter_set not in sets})
+        return [claim_time.CounterSet(claim_time.counter_set_name(gpu), gpu) for gpu in gpus] + \
+            [item.withdraw() for item in kept]
+
+    def _published_before(self):
+        """The claim-time devices the API's slices of this node hold (claim_time.from_slices), asked once per agent
+        life: a restarted agent (a rolled DaemonSet, a changed config) knows nothing of what it published before, and
+        a device no longer offered must stay while claims use it whoever published it. [] when the API cannot say
+        (then the publish fails too, and the next reconcile asks again)."""
+        if self.seeded:
+            return []
+        try:
+            found = self.api.list_resource_slices(self.settings.node_name, dra_devices.DRIVER)
+        except (KubeApiError, KubeUnavailable):
+            return []
+        self.seeded = True
+        return claim_time.from_slices(found)
+
+    def _choose_pool(self, allocated):
+        """Publish as `<node>/<driver>` (slices.pool_name) unless a claim may still use the pool named after the node
+        (before issue 40): a prepared one (the checkpoint) or an allocated one (the API; unknown counts as used).
+        Moving the pool under such a claim would hide its device from kube-scheduler, which would then hand the
+        device (or its GPU's counter) to another claim (kubernetes#140806): the old name stays until they are gone,
+        and the move deletes its slices (slices.plan). Once moved, it is not asked again."""
+        if self.pool_settled:
+            return
+        new, legacy = self.driver.pools
+        used = bool(claims.prepared_devices(self.driver.prepared_claims(), (legacy,)))
+        if not used:
+            found = allocated()
+            used = found is None or any(pool == legacy for pool, dummy in found)
+        pool = legacy if used else new
+        if pool != self.publisher.pool:
+            self.publisher.published = None     # a publish under the new name even when the devices are the same
+            then = " while claims allocated from it remain (then %s)" % new if used else ""
+            self.log("DRA driver: publishing node %s as pool %s%s" % (self.settings.node_name, pool, then))
+        self.publisher.pool = self.driver.pool = pool
+        self.pool_settled = not used
 
     def _recorded_claim_time(self):
         """The GPUs the last apply recorded as claim-time (node/claim_time_layout.py's modes file); None when the
@@ -214,3 +315,14 @@ class VgpuDraPlugin:
         self._stop.set()
         self.keeper.stop()
         self.service.stop()
+
+
+def _once(call):
+    """`call` made at most once: later calls return the first answer (one ResourceClaims listing per reconcile)."""
+    answers = []
+
+    def once():
+        if not answers:
+            answers.append(call())
+        return answers[0]
+    return once

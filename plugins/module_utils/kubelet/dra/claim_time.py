@@ -18,6 +18,11 @@ in short, per claim-time GPU (node/claim_time_layout.py says which, and what eac
   claim of a profile takes the GPU's whole `gpu` counter, so no other profile's device of that GPU fits until
   the last claim of that profile is released; further claims of the same profile cost no counter, only an
   instance, and `instances` stops them at the maximum. A whole-GPU profile (48Q) has one instance.
+- a profile device no longer offered (an allow-list narrowed, a profile the driver stopped listing) while claims
+  may still use it stays published, `withdrawn`, with the device taint WITHDRAWN_TAINT (effect NoSchedule, KEP-5055:
+  allocated claims keep it, no new claim gets it): kube-scheduler charges a counter only for allocated devices it
+  still finds in the slices (kubernetes#140806), so withdrawing it would let another profile of its GPU be
+  allocated next to it (agent_plugin.py decides how long it stays);
 - attributes for CEL: `profile`, `typeName`, `typeID`, `series`, `framebuffer` (MiB, int), `parentGPU`,
   `resource.kubernetes.io/pcieRoot`, `numaNode`, `productName`, `framework`, `claimTime: true`. No
   `resource.kubernetes.io/pciBusID`: no VF is chosen before NodePrepareResources (claim_time_prepare.py).
@@ -25,7 +30,7 @@ in short, per claim-time GPU (node/claim_time_layout.py says which, and what eac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
@@ -33,6 +38,9 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import d
 COUNTER = "gpu"                     # the one counter of a GPU's counter set
 INSTANCES = "instances"             # the consumable capacity of a profile device
 FRAMEWORK = "vendor-vfio"
+# the taint of a withdrawn profile device: NoSchedule keeps its allocated claims and stops new allocations (KEP-5055,
+# DRADeviceTaints: beta and on by default in 1.36, GA in 1.37; kubernetes pkg/features/kube_features.go)
+WITHDRAWN_TAINT = {"key": dra_devices.DRIVER + "/withdrawn", "effect": "NoSchedule"}
 
 
 def counter_set_name(address):
@@ -71,6 +79,7 @@ class ProfileDevice:
     pcie_root: str | None = None
     numa_node: int | None = None
     product: str | None = None
+    withdrawn: bool = False         # no longer offered, published while claims may use it: tainted NoSchedule
 
     consumes_counters = True        # slices.py: at most 64 such devices per slice
 
@@ -96,10 +105,16 @@ class ProfileDevice:
         return attrs
 
     def to_api(self):
-        return {"name": self.name, "attributes": self.attributes(), "allowMultipleAllocations": True,
-                "capacity": {INSTANCES: {"value": str(self.max_instances),
-                                         "requestPolicy": {"default": "1", "validValues": ["1"]}}},
-                "consumesCounters": [{"counterSet": self.counter_set, "counters": {COUNTER: {"value": "1"}}}]}
+        entry = {"name": self.name, "attributes": self.attributes(), "allowMultipleAllocations": True,
+                 "capacity": {INSTANCES: {"value": str(self.max_instances),
+                                          "requestPolicy": {"default": "1", "validValues": ["1"]}}},
+                 "consumesCounters": [{"counterSet": self.counter_set, "counters": {COUNTER: {"value": "1"}}}]}
+        if self.withdrawn:
+            entry["taints"] = [dict(WITHDRAWN_TAINT)]
+        return entry
+
+    def withdraw(self):
+        return replace(self, withdrawn=True)
 
 
 def offers(sysfs, claim_time_result):
@@ -117,6 +132,34 @@ def offers(sysfs, claim_time_result):
                                        offer["type_name"], offer["type_id"], offer["size_mib"],
                                        offer["max_instances"], root, numa, gpu.get("model")))
     return sets + sorted(found, key=lambda device: device.name)
+
+
+def from_slices(items):
+    """[CounterSet, ..., ProfileDevice, ...] of the profile devices (attribute `claimTime`) that ResourceSlices
+    (`items`, API objects) publish, as to_api wrote them: what a restarted agent published before it."""
+    found = []
+    for item in items or ():
+        for entry in (item.get("spec") or {}).get("devices") or ():
+            attrs = entry.get("attributes") or {}
+            if not (_attribute(attrs, "claimTime", "bool") and _attribute(attrs, "parentGPU")
+                    and _attribute(attrs, "profile")):
+                continue
+            try:
+                found.append(ProfileDevice(
+                    entry["name"], _attribute(attrs, "parentGPU"), _attribute(attrs, "profile"),
+                    _attribute(attrs, "typeName"), _attribute(attrs, "typeID", "int"),
+                    _attribute(attrs, "framebuffer", "int"),
+                    int(((entry.get("capacity") or {}).get(INSTANCES) or {}).get("value")),
+                    _attribute(attrs, dra_devices.PCIE_ROOT), _attribute(attrs, "numaNode", "int"),
+                    _attribute(attrs, "productName"), bool(entry.get("taints"))))
+            except (KeyError, TypeError, ValueError):
+                continue    # not one of ours as we write them: nothing to keep
+    sets = sorted({(device.counter_set, device.gpu) for device in found})
+    return [CounterSet(name, gpu) for name, gpu in sets] + sorted(found, key=lambda device: device.name)
+
+
+def _attribute(attrs, name, kind="string"):
+    return (attrs.get(name) or {}).get(kind)
 
 
 def gpus_of(items):
@@ -145,6 +188,16 @@ def dropped_field(sent, stored):
             if capacity.get("requestPolicy") and not ((kept.get("capacity") or {}).get(name) or {}).get("requestPolicy"):
                 return "spec.devices[%s].capacity.%s.requestPolicy" % (mine.get("name"), name)
     return None
+
+
+def dropped_taints(sent, stored):
+    """Whether the API server stored `sent` without the device taints it carries (DRADeviceTaints off: dropped like
+    the fields above)."""
+    if not isinstance(stored, dict):
+        return False
+    kept = {d.get("name"): d for d in (stored.get("spec") or {}).get("devices") or ()}
+    return any(d.get("taints") and not (kept.get(d.get("name")) or {}).get("taints")
+               for d in (sent.get("spec") or {}).get("devices") or ())
 
 
 def check_stored(sent, stored):

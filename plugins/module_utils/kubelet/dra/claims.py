@@ -60,3 +60,20 @@ def results(ref, claim, driver):
 def pod_claim_name(claim):
     """The pod's name for a claim generated from a ResourceClaimTemplate, else None."""
     return ((claim.get("metadata") or {}).get("annotations") or {}).get(POD_CLAIM_NAME) or None
+
+
+def allocated_devices(claims_, driver, pools):
+    """{(pool, device)} that ResourceClaims (API objects) have allocated from `driver`'s pools `pools`."""
+    found = set()
+    for claim in claims_ or ():
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or ():
+            if result.get("driver") == driver and result.get("pool") in pools:
+                found.add((result.get("pool"), result.get("device")))
+    return found
+
+
+def prepared_devices(entries, pools):
+    """{(pool, device)} the driver's checkpoint records ({uid: entry}, started or completed) in `pools`."""
+    return {(record.get("pool"), record.get("device")) for entry in (entries or {}).values()
+            for record in entry.get("devices") or () if record.get("pool") in pools}

@@ -13,8 +13,8 @@ Prepare, per claim (an error is that claim's, the others go on; every claim gets
 2. the claim is read from the API server (`get_claim(namespace, name)`), its UID checked, the
    results of this driver taken (claims.results);
 3. under the node lock (the one every layout apply takes; waited for at most LOCK_WAIT seconds): each
-   device must be in this node's
-   pool, exist now with the profile it was published with (the name carries the profile, so a
+   device must be in this node's pool (`<node>/<driver>`, or the node's name for a claim allocated before
+   issue 40), exist now with the profile it was published with (the name carries the profile, so a
    retyped VF no longer matches), and not be prepared for another claim; then the claim is
    recorded PrepareStarted, so from here on a layout change refuses to touch its vGPUs;
 4. the CDI spec and, per request, the KEP-5304 metadata file and its CDI spec are written, the
@@ -53,7 +53,7 @@ import time
 from collections import namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, claims, metadata
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, claims, metadata, slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, STARTED, Checkpoint
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import HOLDER
@@ -85,6 +85,9 @@ class DraDriver:
             self._ready.set()
         self._first_seen = {}             # UID -> wall time clean_stale first saw a record without startedAt
         self.checkpoint = Checkpoint(plugin_dir, boot_id)
+        # the pools a claim may name: `<node>/<driver>`, and the node's name (claims allocated before issue 40)
+        self.pools = slices.pools(node_name, driver)
+        self.pool = self.pools[0]         # the pool published now (the agent's plugin sets it: agent_plugin.py)
         self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting
         self._preparing = set()           # UIDs a call is preparing now
         self.claim_time = None      # claim_time_prepare.ClaimTimePreparer: devices whose VF Prepare chooses and types
@@ -200,9 +203,9 @@ class DraDriver:
             entries, typed = [], []
             others = {key for key, names in held.items() if set(names) - {mine}}
             for item in allocated:
-                if item.pool != self.node_name:
+                if item.pool not in self.pools:
                     raise ClaimError("%s: device %s/%s is not in this node's pool (%s)" % (
-                        ref, item.pool, item.device, self.node_name))
+                        ref, item.pool, item.device, self.pool))
                 if self._chosen_now(item):   # claim-time: a free VF of the allocated GPU (claim_time_prepare.py)
                     taken = others | {e[2].key for e in entries}
                     if item.device in [e[2].name for e in entries]:

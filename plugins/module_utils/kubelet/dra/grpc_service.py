@@ -171,7 +171,7 @@ class DraService:
 
     def update_health(self, current):
         """Recompute device health from the devices read now (the agent calls this after each read)."""
-        self.hub.update(device_health(current, self.driver.prepared_claims(), self.driver.node_name))
+        self.hub.update(device_health(current, self.driver.prepared_claims(), self.driver.pool, self.driver.pools))
 
     def stop(self, keep_hub=False):
         if not keep_hub:

@@ -19,17 +19,23 @@ DeviceHealth = namedtuple("DeviceHealth", "pool device healthy message")
 MAX_MESSAGE = 1024
 
 
-def device_health(current, prepared, pool):
-    """`current`: [VgpuDevice] read now; `prepared`: the checkpoint's claims ({uid: entry})."""
+def device_health(current, prepared, pool, pools=None):
+    """`current`: [VgpuDevice] read now, published in `pool`; `prepared`: the checkpoint's claims ({uid: entry});
+    `pools`: every pool name a claim of this node may name (slices.pools; default: `pool`). A claim allocated from
+    another of them (the node's name, before issue 40) gets its devices' health under that pool: the kubelet
+    looks a device up by the pool and name its claim was allocated from."""
     present = {device.name for device in current}
-    found = {device.name: DeviceHealth(pool, device.name, True, "") for device in current}
+    found = {(pool, device.name): DeviceHealth(pool, device.name, True, "") for device in current}
     for entry in prepared.values():
         for record in entry.get("devices") or ():
-            name = record["device"]
-            if name in present or record["pool"] != pool:
+            name, where = record["device"], record["pool"]
+            if where not in (pools or (pool,)) or (where, name) in found:
+                continue
+            if name in present:
+                found[where, name] = DeviceHealth(where, name, True, "")
                 continue
             message = ("vGPU %s (%s) of claim %s/%s is gone from the node: its VF lost its type or the device "
                        "disappeared (a vGPU-manager restart resets types until the layout is applied again)"
                        % (name, record["key"], entry["namespace"], entry["name"]))
-            found[name] = DeviceHealth(pool, name, False, message[:MAX_MESSAGE])
+            found[where, name] = DeviceHealth(where, name, False, message[:MAX_MESSAGE])
     return [found[name] for name in sorted(found)]

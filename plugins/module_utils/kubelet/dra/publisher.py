@@ -4,6 +4,7 @@
 """Publishes this node's vGPUs as ResourceSlices through the agent's API client (agent/kube.py).
 
     publisher = SlicePublisher(api, node_name, node_uid)
+    publisher.pool = slices.pool_name(node_name)  # the pool published (default); another pool of the node is deleted
     publisher.publish(devices)            # list, plan (slices.plan), delete / update / create
     publisher.publish(devices, force=False) -> None when the devices are the ones last published
 
@@ -12,7 +13,8 @@ listed resourceVersion as its precondition) starts over from a fresh list, a few
 `publish` and `withdraw` alike; a delete of a slice already gone (404) is done. Any other API
 error propagates (KubeApiError / KubeUnavailable): the caller retries on its own schedule.
 A slice the API server stored without the claim-time fields we sent (claim_time.check_stored) raises
-claim_time.FeatureMissing: the server lacks partitionable devices or consumable capacity.
+claim_time.FeatureMissing: the server lacks partitionable devices or consumable capacity. One stored without the
+device taints we sent (DRADeviceTaints off) sets `taints_dropped` (claim_time.dropped_taints): the caller says so.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ CONFLICT_RETRIES = 5
 class SlicePublisher:
     def __init__(self, api, node_name, node_uid=None, driver=DRIVER):
         self.api, self.node_name, self.node_uid, self.driver = api, node_name, node_uid, driver
+        self.pool = slice_plan.pool_name(node_name, driver)
+        self.taints_dropped = False  # the API server stored a slice without the device taints we sent
         self.published = None       # the devices of the last successful publish
         self.writes = 0             # API writes made (tests and the benchmark count them)
 
@@ -38,7 +42,7 @@ class SlicePublisher:
             return None
         for attempt in range(CONFLICT_RETRIES):
             existing = self.api.list_resource_slices(self.node_name, self.driver)
-            plan = slice_plan.plan(self.node_name, devices, existing, self.node_uid, self.driver)
+            plan = slice_plan.plan(self.node_name, devices, existing, self.node_uid, self.driver, self.pool)
             try:
                 self._execute(plan)
             except KubeApiError as exc:
@@ -53,11 +57,14 @@ class SlicePublisher:
         for name, version in plan.deletes:
             self._delete(name, version)
         for body in plan.updates:
-            claim_time.check_stored(body, self.api.replace_resource_slice(body))
-            self.writes += 1
+            self._stored(body, self.api.replace_resource_slice(body))
         for body in plan.creates:
-            claim_time.check_stored(body, self.api.create_resource_slice(body))
-            self.writes += 1
+            self._stored(body, self.api.create_resource_slice(body))
+
+    def _stored(self, body, stored):
+        self.writes += 1
+        claim_time.check_stored(body, stored)
+        self.taints_dropped = self.taints_dropped or claim_time.dropped_taints(body, stored)
 
     def _delete(self, name, version):
         """Delete a slice as listed (its resourceVersion the precondition: a change since -> 409);

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """This node's ResourceSlices (resource.k8s.io/v1) as plain data, and the writes that make the API match.
 
-One pool per node, named after the node; its devices are split into slices of at most
+One pool per node, `<node>/<driver>` (pool_name); its devices are split into slices of at most
 MAX_DEVICES_PER_SLICE (the API's limit for devices without taints or counters; 64 when a device consumes
 counters), and the counter sets of claim-time GPUs (kubelet/dra/claim_time.py) come first, in slices of
 their own (at most 8 counter sets each). Every slice of the
@@ -13,10 +13,19 @@ resourceSliceCount of them, so a change that needs more than one write bumps the
 rewrites every slice (the rule of k8s.io/dynamic-resource-allocation resourceslice.Controller.syncPool;
 one write alone keeps it). Slice names are fixed, `<node>-<driver>-<index>`, so a restarted agent
 finds its own slices again; the node's slices of this driver with another name, pool or a lower
-generation are stale and deleted first.
+generation are stale and deleted first: this is also how the pool named after the node alone (before issue 40)
+is replaced, slice by slice under the same names, when the agent moves to `<node>/<driver>`.
 
-    desired_slices(node, devices, generation, node_uid=None) -> [slice bodies without metadata.resourceVersion]
-    plan(node, devices, existing, node_uid=None) -> Plan(deletes, updates, creates)
+Why not the node's name alone: kube-scheduler 1.36 before kubernetes#140504 (the release-1.36 backport of #140435)
+keys its counter cache by pool name only, so another driver's pool named after the node (NVIDIA's GPU DRA driver
+names its pool so) can shadow our counters within one pod's scheduling cycle. A pool name is one or more DNS
+subdomains separated by `/`, at most 253 characters (resource/v1 ResourcePool.Name), so `<node>/<driver>` is
+valid for any node name that fits (a longer one keeps its start and a hash, as slice names do). The pool name
+before issue 40, the node's name, is still accepted on input (claims allocated before the upgrade: pools()).
+
+    pool_name(node) -> `<node>/vgpu.accelops.io`;  pools(node) -> (pool_name(node), node): what claims may name
+    desired_slices(node, devices, generation, node_uid=None, pool=None) -> [slice bodies, no metadata.resourceVersion]
+    plan(node, devices, existing, node_uid=None, pool=None) -> Plan(deletes, updates, creates)
 """
 
 from __future__ import annotations
@@ -35,12 +44,25 @@ MAX_NAME = 253
 
 def slice_name(node, index, driver=DRIVER):
     """`<node>-<driver>-<index>`; a node name too long for that keeps its start and a hash."""
-    name = "%s-%s-%d" % (node, driver, index)
-    if len(name) <= MAX_NAME:
-        return name
+    return _shortened(node, "-%s-%d" % (driver, index))
+
+
+def _shortened(node, tail):
+    """`node` + `tail` within MAX_NAME: a node name too long keeps its start and a hash of the whole name."""
+    if len(node) + len(tail) <= MAX_NAME:
+        return node + tail
     digest = hashlib.sha256(node.encode()).hexdigest()[:10]
-    tail = "-%s-%s-%d" % (digest, driver, index)
-    return node[:MAX_NAME - len(tail)].rstrip("-.") + tail
+    return node[:MAX_NAME - len(tail) - len(digest) - 1].rstrip("-.") + "-" + digest + tail
+
+
+def pool_name(node, driver=DRIVER):
+    """This node's pool: `<node>/<driver>` (module docstring: why not the node's name alone)."""
+    return _shortened(node, "/" + driver)
+
+
+def pools(node, driver=DRIVER):
+    """The pool names a claim of this node may name: ours, then the node's name (the pool before issue 40)."""
+    return (pool_name(node, driver), node)
 
 
 def chunks(devices, size=MAX_DEVICES_PER_SLICE):
@@ -59,8 +81,9 @@ def chunks(devices, size=MAX_DEVICES_PER_SLICE):
     return parts if entries else parts + [("devices", [])]
 
 
-def desired_slices(node, devices, generation, node_uid=None, driver=DRIVER):
-    """The full ResourceSlice objects for `devices` at `generation`."""
+def desired_slices(node, devices, generation, node_uid=None, driver=DRIVER, pool=None):
+    """The full ResourceSlice objects for `devices` at `generation`, in pool `pool` (default: pool_name)."""
+    pool = pool or pool_name(node, driver)
     parts = chunks(devices)
     slices = []
     for index, (kind, entries) in enumerate(parts):
@@ -71,7 +94,7 @@ def desired_slices(node, devices, generation, node_uid=None, driver=DRIVER):
                                             "controller": True}]
         slices.append({"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata,
                        "spec": {"driver": driver, "nodeName": node, kind: entries,
-                                "pool": {"name": node, "generation": generation, "resourceSliceCount": len(parts)}}})
+                                "pool": {"name": pool, "generation": generation, "resourceSliceCount": len(parts)}}})
     return slices
 
 
@@ -90,32 +113,42 @@ class Plan:
 
 def _spec_view(item):
     spec = item.get("spec") or {}
-    return (spec.get("pool"), spec.get("devices") or [], spec.get("sharedCounters") or [], spec.get("nodeName"),
-            spec.get("driver"))
+    return (spec.get("pool"), [_without_taint_times(d) for d in spec.get("devices") or []],
+            spec.get("sharedCounters") or [], spec.get("nodeName"), spec.get("driver"))
+
+
+def _without_taint_times(device):
+    """A device entry without its taints' `timeAdded`: the API server sets it on a write that leaves it out
+    (resource/v1 DeviceTaint.TimeAdded), so a listing publish compares what we send."""
+    if not device.get("taints"):
+        return device
+    return dict(device, taints=[{k: v for k, v in taint.items() if k != "timeAdded"} for taint in device["taints"]])
 
 
 def _owners_view(item):
     return (item.get("metadata") or {}).get("ownerReferences") or None
 
 
-def plan(node, devices, existing, node_uid=None, driver=DRIVER):
-    """What to write so that the API holds exactly this node's pool of `devices`.
+def plan(node, devices, existing, node_uid=None, driver=DRIVER, pool=None):
+    """What to write so that the API holds exactly this node's pool `pool` (default: pool_name) of `devices`; every
+    other slice of the node and driver (another pool, such as the node's name before issue 40) is deleted.
 
     `existing` are the ResourceSlices the API lists for spec.nodeName=node, spec.driver=driver."""
+    pool = pool or pool_name(node, driver)
     existing = [item for item in existing or () if (item.get("spec") or {}).get("driver") == driver
                 and (item.get("spec") or {}).get("nodeName") == node]
-    ours = [item for item in existing if ((item.get("spec") or {}).get("pool") or {}).get("name") == node]
+    ours = [item for item in existing if ((item.get("spec") or {}).get("pool") or {}).get("name") == pool]
     generation = max([int(((item["spec"].get("pool") or {}).get("generation")) or 0) for item in ours] or [0])
     by_name = {item["metadata"]["name"]: item for item in ours
                if int((item["spec"].get("pool") or {}).get("generation") or 0) == generation}
-    wanted = desired_slices(node, devices, generation, node_uid, driver)
+    wanted = desired_slices(node, devices, generation, node_uid, driver, pool)
     changed = [body for body in wanted if body["metadata"]["name"] not in by_name
                or _spec_view(by_name[body["metadata"]["name"]]) != _spec_view(body)
                or _owners_view(by_name[body["metadata"]["name"]]) != _owners_view(body)]
     new = [body for body in wanted if body["metadata"]["name"] not in by_name]
     if new or len(changed) > 1 or not ours:
         generation += 1
-        wanted = desired_slices(node, devices, generation, node_uid, driver)
+        wanted = desired_slices(node, devices, generation, node_uid, driver, pool)
         changed = wanted
     names = {body["metadata"]["name"] for body in wanted}
     result = Plan()

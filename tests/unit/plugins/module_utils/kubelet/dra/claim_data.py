@@ -5,18 +5,20 @@ import copy
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slices import pool_name
 
 DRIVER = "vgpu.accelops.io"
 
 
-def claim(name, uid, devices, node, namespace="vms", annotations=None, other_driver=None):
-    """A claim with one request per device (`gpu`, `gpu2`, ...), allocated on `node`'s pool."""
+def claim(name, uid, devices, node, namespace="vms", annotations=None, other_driver=None, pool=None):
+    """A claim with one request per device (`gpu`, `gpu2`, ...), allocated on `node`'s pool (`pool`: another name,
+    such as the node's own, the pool before issue 40)."""
     requests, results = [], []
     for index, device in enumerate(devices):
         request = "gpu" if index == 0 else "gpu%d" % (index + 1)
         exactly = {"deviceClassName": "vgpu.accelops.io", "count": 1, "allocationMode": "ExactCount"}
         requests.append({"name": request, "exactly": exactly})
-        results.append({"request": request, "driver": DRIVER, "pool": node, "device": device})
+        results.append({"request": request, "driver": DRIVER, "pool": pool or pool_name(node), "device": device})
     if other_driver:
         results.append({"request": "nic", "driver": other_driver, "pool": node, "device": "eth0"})
     meta = {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "7"}

@@ -8,7 +8,8 @@ import pytest
 from dra_node import L40S, build, node_facts
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeUnavailable
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices, slices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.fakes import kube_api_rules as rules
@@ -21,6 +22,8 @@ class SliceApi:
 
     def __init__(self):
         self.slices, self.calls, self.version, self.down = {}, [], 0, False
+        self.claims = []            # ResourceClaims (list_resource_claims; not counted in `calls`)
+        self.claims_down = False    # only the ResourceClaims listing fails (e.g. 403: RBAC without list)
 
     def _call(self, name):
         self.calls.append(name)
@@ -48,6 +51,11 @@ class SliceApi:
     def delete_resource_slice(self, name, resource_version=None):
         self._call("delete")
         self.slices.pop(name, None)
+
+    def list_resource_claims(self):
+        if self.down or self.claims_down:
+            raise KubeUnavailable("connection refused")
+        return copy.deepcopy(self.claims)
 
     def get_resource_claim(self, namespace, name, timeout=None):
         raise AssertionError("no claim is prepared in these tests")
@@ -118,7 +126,9 @@ def test_a_failed_reconcile_keeps_what_was_published_and_is_still_there(plugin):
 def test_the_api_is_asked_only_when_something_changed_after_an_error_or_at_the_full_interval(plugin):
     result = apply_result(plugin.node)
     plugin.dra.reconciled("uid-1", plugin.sysfs, result)
-    assert plugin.api.calls == ["list", "create"]          # the first publish lists (stale slices go)
+    # the agent asks once what an earlier agent published (claim-time devices in use stay), then the first publish
+    # lists (stale slices go)
+    assert plugin.api.calls == ["list", "list", "create"]
     del plugin.api.calls[:]
     plugin.dra.reconciled("uid-1", plugin.sysfs, result)    # a resync that re-asserted the same layout
     assert plugin.api.calls == []
@@ -192,3 +202,138 @@ def test_a_failed_first_reconcile_never_offers_the_vfs_of_a_gpu_the_last_apply_m
     every = sorted(d.name for d in devices.inventory(plugin.sysfs, node_facts(plugin.node)))
     assert plugin.api.published() == [name for name in every if "0000-41-00" not in name]
     assert any("0000-41-00" in name for name in every)
+
+
+# --- issue 40: a claim-time device no longer offered, the pool name ------------------------------------------------
+POOL = NODE + "/" + devices.DRIVER          # slices.pool_name
+D12, D24 = "l40s-12q-gpu-0000-41-00-0", "l40s-24q-gpu-0000-41-00-0"
+OFFERS = {"L40S-24Q": {"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q", "type_id": 1155, "size_mib": 24576,
+                       "max_instances": 2},
+          "L40S-12Q": {"profile": "L40S-12Q", "type_name": "NVIDIA L40S-12Q", "type_id": 1153, "size_mib": 12288,
+                       "max_instances": 4}}
+
+
+def claim_time_result(node, profiles):
+    result = apply_result(node)
+    result["gpus"] = []
+    result["claim_time"] = [{"address": L40S, "model": "L40S", "vfs": 2, "allow": list(profiles),
+                             "profiles": [OFFERS[p] for p in profiles]}]
+    return result
+
+
+def record(dra, device, pool=POOL, uid="uid-a"):
+    """A claim prepared on `device` in the driver's checkpoint (what NodePrepareResources records)."""
+    dra.driver.checkpoint.set(uid, "vms", "vm-a", COMPLETED, [
+        {"requests": ["gpu"], "pool": pool, "device": device, "key": "0000:41:00.4", "typeID": 1153, "cdiIDs": [],
+         "claimTime": True}])
+
+
+def allocated(device, pool=POOL):
+    return {"metadata": {"namespace": "vms", "name": "vm-b"}, "status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": devices.DRIVER, "pool": pool, "device": device}]}}}}
+
+
+def stored_devices(api):
+    return {d["name"]: d for s in api.slices.values() for d in s["spec"].get("devices") or ()}
+
+
+def test_a_profile_no_longer_offered_stays_published_tainted_while_a_claim_uses_it(plugin):
+    """Narrowing the allow-list (or the driver no longer listing a profile: the same apply result) must not withdraw a
+    device a claim uses: kube-scheduler charges the GPU's counter only for devices it still finds in the slices."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    record(plugin.dra, D12)
+    narrowed = claim_time_result(plugin.node, ["L40S-24Q"])
+    for step in range(3):       # prepared: kept however long it takes
+        plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
+        found = stored_devices(plugin.api)
+        assert found[D12]["taints"] == [{"key": "vgpu.accelops.io/withdrawn", "effect": "NoSchedule"}]
+        assert "taints" not in found[D24] and plugin.dra.driver.claim_time.owns(D12)
+        assert [c["name"] for s in plugin.api.slices.values() for c in s["spec"].get("sharedCounters") or ()] == [
+            "gpu-0000-41-00-0"]
+        plugin.clock[0] += agent_plugin.WITHDRAW_GRACE
+    plugin.dra.driver.checkpoint.drop("uid-a")
+    plugin.api.claims = [allocated(D12)]            # allocated, not prepared (yet): the API says so
+    plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
+    assert D12 in stored_devices(plugin.api)
+    plugin.api.claims, plugin.api.down = [], True     # the API cannot say: unsure = held
+    plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
+    plugin.api.down = False
+    assert D12 in stored_devices(plugin.api)
+    plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
+    assert sorted(stored_devices(plugin.api)) == [D24] and not plugin.dra.driver.claim_time.owns(D12)
+
+
+def test_a_profile_no_longer_offered_goes_after_the_grace_when_no_claim_uses_it(plugin):
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    narrowed = claim_time_result(plugin.node, ["L40S-24Q"])
+    plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)      # tainted first: the scheduler may be allocating it
+    assert stored_devices(plugin.api)[D12]["taints"]
+    plugin.clock[0] += agent_plugin.WITHDRAW_GRACE
+    plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
+    assert sorted(stored_devices(plugin.api)) == [D24]
+
+
+def legacy_slices(api):
+    """What the agent before issue 40 left: its pool named after the node, under the same slice names."""
+    for body in slices.desired_slices(NODE, [], 3, pool=NODE):
+        api._stored(body)
+
+
+def test_the_pool_moves_to_node_slash_driver_once_no_claim_uses_the_pool_named_after_the_node(plugin):
+    legacy_slices(plugin.api)
+    record(plugin.dra, "l40s-24q-0000-41-00-4", pool=NODE)     # prepared before the upgrade
+    plugin.dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
+    assert {s["spec"]["pool"]["name"] for s in plugin.api.slices.values()} == {NODE}
+    assert plugin.dra.driver.pool == NODE
+    plugin.dra.driver.checkpoint.drop("uid-a")
+    plugin.api.claims = [allocated("l40s-24q-0000-41-00-5", pool=NODE)]    # allocated before the upgrade
+    plugin.dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
+    assert {s["spec"]["pool"]["name"] for s in plugin.api.slices.values()} == {NODE}
+    plugin.api.claims = [allocated("l40s-24q-0000-41-00-5")]     # the new pool's claims do not hold the old name
+    plugin.dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
+    pools = [s["spec"]["pool"] for s in plugin.api.slices.values()]
+    assert pools == [{"name": POOL, "generation": 1, "resourceSliceCount": 1}]    # replaced, not a second pool
+    assert plugin.dra.driver.pool == POOL and sorted(stored_devices(plugin.api)) == [
+        "l40s-24q-0000-41-00-4", "l40s-24q-0000-41-00-5"]
+    plugin.api.claims = [allocated("l40s-24q-0000-41-00-5", pool=NODE)]   # never asked again once moved
+    plugin.dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
+    assert {s["spec"]["pool"]["name"] for s in plugin.api.slices.values()} == {POOL}
+
+
+def test_the_pool_keeps_the_nodes_name_while_the_api_cannot_say_which_claims_are_allocated(plugin):
+    plugin.api.claims_down = True
+    plugin.dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
+    assert {s["spec"]["pool"]["name"] for s in plugin.api.slices.values()} == {NODE}
+    plugin.api.claims_down = False
+    plugin.dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
+    assert {s["spec"]["pool"]["name"] for s in plugin.api.slices.values()} == {POOL}
+
+
+def restarted(plugin):
+    """A new agent process on the same node, kubelet directory and API (it knows nothing it published before)."""
+    dra = agent_plugin.VgpuDraPlugin(plugin.dra.settings, plugin.api, plugin.dra.make_engine, None, lambda line: None,
+                                     clock=lambda: plugin.clock[0])
+    return dra
+
+
+def test_a_restarted_agent_keeps_a_used_profile_the_new_config_no_longer_offers(plugin):
+    """The config change that narrows the allow-list rolls the DaemonSet: the new agent must keep the device too."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    record(plugin.dra, D12)
+    plugin.dra.driver.checkpoint.save()
+    again = restarted(plugin)
+    again.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"]))
+    found = stored_devices(plugin.api)
+    assert found[D12]["taints"] and found[D12]["capacity"] == {"instances": {
+        "value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}}
+    assert again.driver.claim_time.owns(D12)
+
+
+def test_a_restarted_agents_failed_first_reconcile_keeps_the_claim_time_devices_the_api_has(plugin, tmp_path):
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    claim_time_layout.write_modes(claim_time_layout.modes_path(str(tmp_path / "kubelet")), [L40S])
+    restarted(plugin).reconciled("uid-1")
+    assert {D12, D24} <= set(stored_devices(plugin.api)) and not [n for n in stored_devices(plugin.api)
+                                                                 if n.startswith("l40s-24q-0000-41")]
+    assert [c["name"] for s in plugin.api.slices.values() for c in s["spec"].get("sharedCounters") or ()] == [
+        "gpu-0000-41-00-0"]

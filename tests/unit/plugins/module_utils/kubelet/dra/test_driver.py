@@ -16,8 +16,10 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_ho
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import driver as driver_module
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.health import device_health
 
 NODE = "gpu-node-1"
+POOL = NODE + "/vgpu.accelops.io"     # slices.pool_name
 VF4, VF5 = "l40s-24q-0000-41-00-4", "l40s-24q-0000-41-00-5"
 A16_DEVICE = "a2-1b-" + A16_UUID
 UID1, UID2, UID3 = "11111111-aaaa-4bbb-8ccc-000000000001", "22222222-aaaa-4bbb-8ccc-000000000002", \
@@ -49,13 +51,16 @@ class Env:
             return json.load(handle)
 
 
-def test_prepare_writes_the_cdi_spec_and_kep5304_metadata_and_returns_their_ids(tmp_path):
-    one = claim("vm-a-gpu", UID1, [VF4], NODE)
+@pytest.mark.parametrize("pool", [POOL, NODE])
+def test_prepare_writes_the_cdi_spec_and_kep5304_metadata_and_returns_their_ids(tmp_path, pool):
+    """`<node>/vgpu.accelops.io`, and the node's name: a claim allocated before issue 40 renamed the pool is prepared
+    (and unprepared) the same way, its answer, metadata and health naming the pool it was allocated from."""
+    one = claim("vm-a-gpu", UID1, [VF4], NODE, pool=pool)
     assert_valid(one)
     env = Env(tmp_path, one)
     result = env.driver.prepare([ref(one)])
     assert result == {UID1: (
-        [{"requests": ["gpu"], "pool": NODE, "device": VF4,
+        [{"requests": ["gpu"], "pool": pool, "device": VF4,
           "cdiIDs": ["vgpu.accelops.io/claim=%s-%s" % (UID1, VF4), "vgpu.accelops.io/metadata=%s_gpu" % UID1]}], "")}
     node = env.node
     spec = env.json(env.cdi_dir, "vgpu.accelops.io-claim_%s.json" % UID1)
@@ -79,10 +84,15 @@ def test_prepare_writes_the_cdi_spec_and_kep5304_metadata_and_returns_their_ids(
     assert "podClaimName" not in doc
     [request] = doc["requests"]
     assert request["name"] == "gpu" and [(d["driver"], d["pool"], d["name"]) for d in request["devices"]] == [
-        ("vgpu.accelops.io", NODE, VF4)]
+        ("vgpu.accelops.io", pool, VF4)]
     attributes = request["devices"][0]["attributes"]
     assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:41:00.4"}   # what KubeVirt attaches
     assert "mdevUUID" not in attributes and attributes["profile"] == {"string": "L40S-24Q"}
+    current = [d for d in env.driver.node_view.devices() if d.name != VF4]    # the claim's vGPU lost its type
+    health = {(h.pool, h.device): h.healthy for h in device_health(current, env.driver.prepared_claims(), POOL,
+                                                                      env.driver.pools)}
+    assert health[pool, VF4] is False and health[POOL, VF5] is True
+    assert env.driver.unprepare([ref(one)]) == {UID1: ""} and env.files() == []
 
 
 def test_an_mdev_claim_gives_kubevirt_the_uuid_and_a_template_claim_the_pod_claim_path(tmp_path):
@@ -160,7 +170,8 @@ def test_a_device_of_another_pool_or_another_prepared_claim_is_refused(tmp_path)
     env.driver.prepare([ref(first)])
     result = env.driver.prepare([ref(second), ref(foreign)])
     assert result[UID2].error == "claim vms/second: device %s is prepared for DRA claim vms/first" % VF4
-    assert result[UID3].error == "claim vms/foreign: device other-node/%s is not in this node's pool (gpu-node-1)" % VF5
+    assert result[UID3].error == ("claim vms/foreign: device other-node/vgpu.accelops.io/%s is not in this "
+                                  "node's pool (gpu-node-1/vgpu.accelops.io)" % VF5)
 
 
 def test_results_of_other_drivers_are_left_to_them(tmp_path):

@@ -15,6 +15,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_ser
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import DraKubelet, KubeletError
 
 NODE, DRIVER = "gpu-node-1", "vgpu.accelops.io"
+POOL = NODE + "/" + DRIVER     # slices.pool_name
 VF4, VF5 = "l40s-24q-0000-41-00-4", "l40s-24q-0000-41-00-5"
 UID1, UID2 = "11111111-aaaa-4bbb-8ccc-000000000001", "22222222-aaaa-4bbb-8ccc-000000000002"
 
@@ -50,7 +51,7 @@ def test_prepare_and_unprepare_through_either_api_version(plugin, version):
     service, kubelet, dummy, store = plugin
     one = ref(store.objects["vms", "vm-a-gpu"])
     answer = kubelet.prepare(DRIVER, [one], version=version)
-    assert answer == {UID1: {"error": "", "devices": [{"requests": ["gpu"], "pool": NODE, "device": VF4, "cdi": [
+    assert answer == {UID1: {"error": "", "devices": [{"requests": ["gpu"], "pool": POOL, "device": VF4, "cdi": [
         "vgpu.accelops.io/claim=%s-%s" % (UID1, VF4), "vgpu.accelops.io/metadata=%s_gpu" % UID1]}]}}
     assert service.driver.holders() == {"0000:41:00.4": ["DRA claim vms/vm-a-gpu"]}
     assert kubelet.unprepare(DRIVER, [one], version=version) == {UID1: ""}
@@ -72,11 +73,11 @@ def test_health_streams_unhealthy_when_a_prepared_vgpu_loses_its_type(plugin):
     service.update_health(inventory(node))
     kubelet.watch_health(DRIVER)
     kubelet.wait("a health list", lambda k: k.health.get(DRIVER))
-    assert (NODE, VF4, "HEALTHY", "") in kubelet.health[DRIVER]
+    assert (POOL, VF4, "HEALTHY", "") in kubelet.health[DRIVER]
     node.set_type("0000:41:00.4", 0)                      # a vGPU-manager restart resets the type
     service.update_health(inventory(node))
     unhealthy = kubelet.wait("the vGPU unhealthy", lambda k: [h for h in k.health[DRIVER] if h[2] == "UNHEALTHY"])
-    assert unhealthy == [(NODE, VF4, "UNHEALTHY", "vGPU %s (0000:41:00.4) of claim vms/vm-a-gpu is gone from the "
+    assert unhealthy == [(POOL, VF4, "UNHEALTHY", "vGPU %s (0000:41:00.4) of claim vms/vm-a-gpu is gone from the "
                           "node: its VF lost its type or the device disappeared (a vGPU-manager restart resets "
                           "types until the layout is applied again)" % VF4)]
     assert VF5 in [h[1] for h in kubelet.health[DRIVER]]   # the complete list every time
@@ -93,10 +94,10 @@ def test_health_stays_known_past_the_kubelets_timeout_unhealthy_included(plugin,
     node.set_type("0000:41:00.4", 0)
     service.update_health(inventory(node))
     kubelet.watch_health(DRIVER)
-    kubelet.wait("the vGPU unhealthy", lambda k: k.device_health(DRIVER).get((NODE, VF4), ("",))[0] == "UNHEALTHY")
+    kubelet.wait("the vGPU unhealthy", lambda k: k.device_health(DRIVER).get((POOL, VF4), ("",))[0] == "UNHEALTHY")
     time.sleep(2.5)                                        # nothing changes for more than twice the timeout
     health = kubelet.device_health(DRIVER)
-    assert health[NODE, VF4][0] == "UNHEALTHY" and health[NODE, VF5] == ("HEALTHY", "")
+    assert health[POOL, VF4][0] == "UNHEALTHY" and health[POOL, VF5] == ("HEALTHY", "")
     assert kubelet.health_updates[DRIVER] >= 5
     # the real intervals: a resend every 10 s, a timeout that covers a late one, under the kubelet's 30 s
     monkeypatch.undo()

@@ -9,6 +9,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import s
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import VgpuDevice
 
 NODE, UID = "gpu-node-1", "7f0c1f7e-1111-4e2a-9d4b-000000000001"
+POOL = NODE + "/vgpu.accelops.io"
 
 
 def vgpus(gpus, per_gpu, profile="L40S-24Q", type_id=1155):
@@ -44,7 +45,7 @@ def test_a_node_publishes_one_pool_that_is_schema_valid(tmp_path):
     assert_valid(result[0])
     spec = result[0]["spec"]
     assert (spec["driver"], spec["nodeName"], spec["pool"]) == (
-        "vgpu.accelops.io", NODE, {"name": NODE, "generation": 1, "resourceSliceCount": 1})
+        "vgpu.accelops.io", NODE, {"name": POOL, "generation": 1, "resourceSliceCount": 1})
     assert [d["name"] for d in spec["devices"]] == [d.name for d in found]
     assert result[0]["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID, "controller": True}]
@@ -74,7 +75,7 @@ def test_first_publish_creates_at_generation_one():
     plan = slices.plan(NODE, vgpus(5, 32), [])
     assert (plan.deletes, plan.updates) == ([], [])
     assert [body["spec"]["pool"] for body in plan.creates] == [
-        {"name": NODE, "generation": 1, "resourceSliceCount": 2}] * 2
+        {"name": POOL, "generation": 1, "resourceSliceCount": 2}] * 2
 
 
 def test_nothing_to_do_when_the_api_matches():
