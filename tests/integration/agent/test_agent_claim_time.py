@@ -156,8 +156,8 @@ def test_a_restarted_agent_registers_once_it_knows_its_devices_and_finishes_a_pr
     vf_b = [vf for vf in node.vfs(pf) if vf != vf_a][0]
     node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf_b, L40S_12Q)     # B's type written, then the kill
     record.set(UIDS[1], "vms", names[1], checkpoint.STARTED, [{
-        "requests": ["gpu"], "pool": slices.pool_name(NODE), "device": device, "key": vf_b, "typeID": int(L40S_12Q), "cdiIDs": [],
-        "claimTime": True}])
+        "requests": ["gpu"], "pool": slices.pool_name(NODE), "device": device, "key": vf_b, "typeID": int(L40S_12Q),
+        "cdiIDs": [], "claimTime": True}])
     record.save()
     cluster.api.control("fail", {"method": "GET", "plural": "nodes", "count": 1, "status": 429, "retry_after": 4})
     node.clear_log()
