@@ -22,6 +22,9 @@ driver and current type), never a scan of the PCI bus.
   one applied (a vGPU-manager restart resets the types) is Unhealthy; an mdev that is gone or changed type too.
   Whether a VM holds the vGPU does not matter: the kubelet keeps its own allocation accounting, so capacity
   never shrinks under running VMs.
+- Allocate against a reconcile (issue 40): an Unhealthy vGPU, or one whose current type is no longer the one served,
+  is refused (still_served), under the allocation record's lock, which the engine holds around each VF's re-check
+  and write.
 """
 
 from __future__ import annotations
@@ -149,18 +152,51 @@ def allocate(resource, devices, ids):
     return Allocation({env_name(prefix, resource): ",".join(d.id for d in chosen)}, specs, [], {})
 
 
-class ResourceView:
-    """What the device plugin server serves for one resource: its devices and its Allocate. `record(resource, ids)`
-    (kubelet/pod_resources.AllocationRecord.add) records the allocation durably before Allocate answers; raising
-    AllocationError fails the Allocate."""
+def still_served(sysfs, resource, devices):
+    """AllocationError unless each of `devices` is Healthy and still carries the type it is served with: one read of
+    its current type (a VF's current_vgpu_type, an mdev's type link). A reconcile marks the vGPUs it will change
+    Unhealthy before its first write (VgpuDevicePlugin.withdraw) and retypes each under the allocation record's lock,
+    which the Allocate holds around this check and its journal line: a VF is either recorded before its re-check
+    (the reconcile stops) or refused here after its write."""
+    for device in devices:
+        if not device.healthy:
+            raise AllocationError("resource %s: vGPU %s is Unhealthy (a reconcile is changing it, or it is not what "
+                                  "was applied); not allocated" % (resource, device.id))
+        if sysfs is None:
+            continue
+        try:
+            if device.kind == MDEV:
+                now = sysfs.link_name("%s/%s/mdev_type" % (vgpu_types.MDEV_DEVICES, device.id))
+            else:
+                now = vgpu_types.read_current(sysfs, device.id)
+        except (EngineError, OSError, ValueError) as exc:
+            raise AllocationError("resource %s: vGPU %s: its current type cannot be read (%s); not allocated"
+                                  % (resource, device.id, exc)) from None
+        if now != device.type_id:
+            raise AllocationError("resource %s: vGPU %s now has type %s, not the %s this resource serves (retyped "
+                                  "by a reconcile); not allocated" % (resource, device.id, now, device.type_id))
 
-    def __init__(self, resource, devices, record=None):
-        self.resource, self.devices, self.record = resource, list(devices), record
+
+class ResourceView:
+    """What the device plugin server serves for one resource: its devices and its Allocate. `record(resource, ids,
+    check)` (kubelet/pod_resources.AllocationRecord.add) records the allocation durably before Allocate answers,
+    calling `check()` under the record's lock first; raising AllocationError fails the Allocate. `sysfs`: where
+    each allocated vGPU's current type is read again (still_served); None: not read."""
+
+    def __init__(self, resource, devices, record=None, sysfs=None):
+        self.resource, self.devices, self.record, self.sysfs = resource, list(devices), record, sysfs
 
     def allocate(self, ids):
         allocation = allocate(self.resource, self.devices, ids)
+        by_id = dict((d.id, d) for d in self.devices)
+        chosen = [by_id[i] for i in ids]
+
+        def check():
+            still_served(self.sysfs, self.resource, chosen)
         if self.record is not None:
-            self.record(self.resource, list(ids))
+            self.record(self.resource, list(ids), check)
+        else:
+            check()
         return allocation
 
     def __eq__(self, other):
@@ -170,9 +206,9 @@ class ResourceView:
         return "ResourceView(%r, %r)" % (self.resource, self.devices)
 
 
-def resource_views(devices, record=None):
-    """{resource name: ResourceView}, devices in ID order; `record`: see ResourceView."""
+def resource_views(devices, record=None, sysfs=None):
+    """{resource name: ResourceView}, devices in ID order; `record`, `sysfs`: see ResourceView."""
     grouped = {}
     for device in sorted(devices, key=lambda d: d.id):
         grouped.setdefault(device.resource, []).append(device)
-    return dict((name, ResourceView(name, devs, record)) for name, devs in grouped.items())
+    return dict((name, ResourceView(name, devs, record, sysfs)) for name, devs in grouped.items())
