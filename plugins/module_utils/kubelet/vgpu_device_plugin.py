@@ -46,7 +46,7 @@ class KubeletDirError(EngineError):
 
 
 class VgpuDevicePlugin:
-    def __init__(self, kubelet_dir, log, watch_interval=1.0, serves=None):
+    def __init__(self, kubelet_dir, log, watch_interval=1.0, serves=None, grace=pod_resources.GRACE):
         self.serves = serves
         self.paths = KubeletPaths(kubelet_dir)
         self.log = log
@@ -54,7 +54,7 @@ class VgpuDevicePlugin:
         self.devices = None      # None: nothing published yet (no reconcile finished)
         self.sysfs = None        # where Allocate reads a vGPU's current type (the reconcile's, set at each call)
         # every Allocate recorded before it answers, until the kubelet lists no live pod with the device
-        self.allocations = pod_resources.AllocationRecord(kubelet_dir, log)
+        self.allocations = pod_resources.AllocationRecord(kubelet_dir, log, grace=grace)
         self._stop = threading.Event()
 
     def start(self):
