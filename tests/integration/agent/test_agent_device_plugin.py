@@ -271,7 +271,8 @@ def test_with_the_device_plugin_off_a_record_left_behind_is_still_pruned(gpusim_
     wrote: the agent still prunes it against PodResources at every reconcile, so an allocation whose pod never
     came holds no VF forever, while a device a live pod holds stays held (and gets its pod's name)."""
     node = gpusim_node("l40s:1")
-    agent = start_agent(node, cluster.api, KUBELET_DIR=kubelet.root, RESYNC_INTERVAL="1")   # no DEVICE_PLUGIN
+    # no DEVICE_PLUGIN; the test kubelet started moments ago, a restart whose window would keep every entry
+    agent = start_agent(node, cluster.api, KUBELET_DIR=kubelet.root, RESYNC_INTERVAL="1", KUBELET_RESTART_GRACE="1")
     agent.wait("success", "default")
     stale, alive = sorted(typed_vfs(node))
     allocate_to_pod(kubelet.root, stale, pod=None)    # allocated long ago, never listed: its pod never ran
