@@ -52,7 +52,7 @@ class VgpuDevicePlugin:
         self.log = log
         self.host = DevicePluginHost(self.paths, ENDPOINT_PREFIX, log, watch_interval)
         self.devices = None      # None: nothing published yet (no reconcile finished)
-        self.sysfs = None        # where Allocate reads a vGPU's current type (the reconcile's, set at each call)
+        self.types = None        # device_plugin.CurrentTypes: where Allocate reads a vGPU's current type
         # every Allocate recorded before it answers, until the kubelet lists no live pod with the device
         self.allocations = pod_resources.AllocationRecord(kubelet_dir, log, grace=grace)
         self._stop = threading.Event()
@@ -72,11 +72,11 @@ class VgpuDevicePlugin:
         return self
 
     def applied(self, sysfs, result):
-        self.sysfs = sysfs
+        self._node(sysfs)
         self._publish(device_plugin.devices_from_apply(sysfs, result, self.serves))
 
     def not_applied(self, sysfs, gpus=None, type_names=None):
-        self.sysfs = sysfs
+        self._node(sysfs)
         if self.devices is None:
             found = dra_devices.inventory(sysfs, facts.gather(sysfs, {}, type_names))
             devices = device_plugin.devices_programmed(sysfs, found, gpus, self.serves)
@@ -86,7 +86,7 @@ class VgpuDevicePlugin:
             self.check(sysfs)
 
     def check(self, sysfs):
-        self.sysfs = sysfs
+        self._node(sysfs)
         self.allocations.sync()
         if self.devices:
             self._publish(device_plugin.check_health(sysfs, self.devices))
@@ -102,8 +102,14 @@ class VgpuDevicePlugin:
             self.devices = devices
             self.host.publish(self._views(devices))
 
+    def _node(self, sysfs):
+        if self.types is None or self.types.sysfs.root != sysfs.root:
+            self.types = device_plugin.CurrentTypes(sysfs)
+
     def _views(self, devices):
-        return device_plugin.resource_views(devices, self.allocations.add, self.sysfs)
+        if self.types is not None:
+            self.types.keep(set(d.id for d in devices))
+        return device_plugin.resource_views(devices, self.allocations.add, self.types)
 
     def _publish(self, devices):
         before = dict((d.id, d) for d in self.devices or ())

@@ -36,7 +36,7 @@ def served(gpusim_node, monkeypatch, tmp_path, kubelet_dir):
         pass
     devices = device_plugin.devices_from_apply(engine.sysfs, result)
     view = device_plugin.resource_views(devices, record.add)[R24]
-    view.sysfs = engine.sysfs
+    view.types = device_plugin.CurrentTypes(engine.sysfs)
     return engine, view, record, devices[0].id
 
 
