@@ -185,7 +185,10 @@ class Agent:
         self.next_holder_check = self.clock() + HOLDER_POLL
         try:
             engine = self.engine()
-            self._plugin_check(engine)
+            if self.device_plugin is not None:   # the record only: the served devices' health waits for the reconcile
+                self.device_plugin.allocations.sync()
+            else:
+                self._prune_allocations()
             still = engine.in_use.recheck(sorted(self.refused_by), name_holders=False)
         except (EngineError, OSError) as exc:
             log("config %s: cannot tell whether the vGPUs that refused it are free: %s" % (name, exc))

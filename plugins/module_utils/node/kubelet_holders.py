@@ -13,7 +13,8 @@ Standard library only: both are files under the kubelet directory.
 
 from __future__ import annotations
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, kubelet_checkpoint, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, kubelet_checkpoint
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import pod_allocations
 
 
 def holder_sources(kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR):

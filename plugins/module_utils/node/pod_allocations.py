@@ -14,9 +14,10 @@ agent) therefore records every device it hands out, durably, BEFORE it answers A
   without its newline is a write cut short: its Allocate never answered, so it is ignored; any other bad line is
   damage (an error naming the file and line);
 - `allocations.json`, the snapshot the reconcile writes (atomic, file and directory fsynced), after which the
-  journal is emptied (a crash between the two leaves lines the snapshot already has: same resource and allocatedAt,
-  they keep the snapshot's entry and its pod): {"version": 1, "checksum": "<sha256 of the canonical devices JSON>", "devices": {"<VF address
-  or mdev UUID>": {"resource", "allocatedAt", "pod": "<namespace>/<name>" once the kubelet lists it}}}.
+  journal is emptied (a crash between the two leaves lines the snapshot already has: same resource and
+  allocatedAt, they keep the snapshot's entry and its pod): {"version": 1, "checksum": "<sha256 of the canonical
+  devices JSON>", "devices": {"<VF address or mdev UUID>": {"resource", "allocatedAt", "pod": "<namespace>/<name>"
+  once the kubelet lists it}}}.
 
 The record is the snapshot with the journal's lines on top. Its writers are separate processes (an agent's device
 plugin appends, an agent's reconcile rewrites; two agents overlap during a rolled DaemonSet), so each holds an
@@ -24,13 +25,14 @@ exclusive flock on `allocations.lock` (same directory) while it writes: the appe
 the rewriter from its read of the record to its emptied journal, so an Allocate can never land between the two
 and be lost. Both wait a bounded time (APPEND_WAIT, REWRITE_WAIT) and fail naming the file when the lock stays
 held. The engine also takes it, read-only, around each VF's re-check and type write (`vf_write_lock`), and an
-Allocate checks the vGPU's current type under it before its line (`append(check=...)`): an Allocate lands before the
-re-check or sees the new type, never between (issue 40.6). Readers take no lock (the directory may be read-only to
-them): a read that a rewrite overlapped (the snapshot replaced while the journal was read) is read again. At every reconcile the agent drops the devices no live
-pod holds any more, as the kubelet's PodResources API v1 says (a device allocated moments ago and never listed is
-kept: the kubelet lists it only after Allocate returned; during a kubelet restart every device is kept). Fail closed: when PodResources cannot be read nothing is
-dropped, and a record that cannot be read or trusted is an error naming the file (never "nothing held"). The node
-engine, the CLI, the modules, the boot unit and the manager image read it through `holders_source`
+Allocate checks the vGPU's current type under it before its line (`append(check=...)`): an Allocate lands before
+the re-check or sees the new type, never between (issue 40.6). Readers take no lock (the directory may be read-only
+to them): a read that a rewrite overlapped (the snapshot replaced while the journal was read) is read again. At
+every reconcile the agent drops the devices no live pod holds any more, as the kubelet's PodResources API v1 says
+(a device allocated moments ago and never listed is kept: the kubelet lists it only after Allocate returned;
+during a kubelet restart every device is kept). Fail closed: when PodResources cannot be read nothing is dropped,
+and a record that cannot be read or trusted is an error naming the file (never "nothing held"). The node engine,
+the CLI, the modules, the boot unit and the manager image read it through `holders_source`
 (node/kubelet_holders.py gathers every kubelet source).
 """
 

@@ -294,8 +294,9 @@ class Node:
                 try:
                     stack.enter_context(pod_allocations.vf_write_lock(record))
                 except OSError as exc:
-                    raise LayoutError("GPU %s: %s not written: the device plugin's allocation record stays locked "
-                                      "(%s); changed: %s" % (gpu.address, name, exc, ", ".join(made) or "none")) from None
+                    raise LayoutError("GPU %s: %s not written: the device plugin's allocation record stays "
+                                      "locked (%s); changed: %s" % (gpu.address, name, exc,
+                                                                    ", ".join(made) or "none")) from None
                 now = self.in_use.recheck([name], sources=False)
                 allocated = pod_allocations.holders(pod_allocations.read(record)).get(name)
                 if allocated:
