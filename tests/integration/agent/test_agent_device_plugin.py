@@ -82,10 +82,13 @@ def test_after_a_relabel_the_resources_follow_and_the_old_one_goes(gpusim_node, 
     agent = start_plugin_agent(start_agent, node, cluster, kubelet, MIXED_SIZE="true")
     agent.wait("success", "default")
     kubelet.wait("24Q", lambda k: len(ids(k, R24)) == 4)
+    served, seen = ids(kubelet, R24), len(kubelet.updates)
     agent.forget_status()
     cluster.select("L40S-12Q")
     agent.wait("success", "L40S-12Q")
     kubelet.wait("8 x 12Q, 24Q gone", lambda k: len(ids(k, R12)) == 8 and R24 not in k.devices())
+    # issue 40.6: the 24Q vGPUs the relabel retypes were served Unhealthy before its first write
+    assert (R24, [(i, "Unhealthy") for i in served]) in kubelet.updates[seen:], kubelet.updates[seen:]
     wait_for("node status follows", lambda: node_status(cluster) == ({R12: "8"}, {R12: "8"}))
     agent.forget_status()
     cluster.select("first-gpu-mixed")
