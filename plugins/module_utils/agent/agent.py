@@ -20,6 +20,11 @@ One reconcile (VDM's flow, domain brief 12, through the engine `accelops-vgpu ap
 Between reconciles a cheap probe (agent/manager_probe.py: one sysfs read per GPU with vGPUs every
 MANAGER_PROBE_INTERVAL, 5 s) notices a vGPU-manager restart that took the vGPUs away: a Warning Event
 VGPUManagerRestarted, then the re-apply at once (retried with backoff while it fails).
+A layout refused because something holds a vGPU (a VM's open VFIO group, a pod the device plugin allocated it to,
+a prepared DRA claim) is tried again within seconds of its last holder going away, not at the resync: while the
+last reconcile was refused for holders, every HOLDER_POLL seconds the allocation record is synced with the kubelet's
+PodResources and the devices the refusal named are asked again, cheaply (inuse.Holders.recheck: their VFIO groups'
+EBUSY probes and the holder sources, no /proc walk); once one is free, the agent reconciles.
 Any error becomes state `failed` with its reason; API errors are retried with backoff. The agent
 exits only on SIGTERM/SIGINT (0).
 """
@@ -58,6 +63,7 @@ EVENT_FAILED, EVENT_APPLIED = "VGPUConfigFailed", "VGPUConfigApplied"
 EVENT_MANAGER_RESTART = "VGPUManagerRestarted"
 EVENT_SKIPPED = "VGPUPassthroughSkipped"    # GPUs passed through that the layout leaves alone (node/pf_driver.py)
 CONFLICT_RETRIES = 5
+HOLDER_POLL = 2.0   # seconds between checks of the holders a refused layout named
 DESCRIPTION = ("Reconcile this node's vGPU layout with its nvidia.com/vgpu.config label (vgpu-device-manager's "
                "protocol: nvidia.com/vgpu.config.state pending/success/failed, sandbox operands paused and "
                "restored). Settings come from the environment variables named below; a flag wins over its "
@@ -109,6 +115,8 @@ class Agent:
         self.allocations = None     # with the device plugin off: kubelet.pod_resources.AllocationRecord, once a
         # record an earlier device plugin left is found (pruned at every reconcile, see _plugin_check)
         self.warned = []            # the last apply's warnings, logged when they change
+        self.refused_by = set()     # the held devices the last reconcile was refused for (watched until one is free)
+        self.next_holder_check = 0.0
 
     # --- threads ---------------------------------------------------------------------------------
     def on_node(self, node):
@@ -132,7 +140,7 @@ class Agent:
                 self.reconciled, self.next_resync = None, self.clock() + self.api_backoff.next()
                 self.retry_at = self.next_resync
             timeout = min(self.settings.config_poll_interval, max(0.05, self.next_resync - self.clock()),
-                          *[t for t in (self.probe.seconds_left(),) if t is not None])
+                          *[t for t in (self.probe.seconds_left(), self._holder_check_in()) if t is not None])
             self.wake.wait(timeout)
             self.wake.clear()
         if self.device_plugin is not None:
@@ -159,9 +167,36 @@ class Agent:
         lost = self.probe.check()
         if lost and wanted == self.reconciled:
             self._manager_restarted(node, wanted[0], lost)
-        elif wanted == self.reconciled and self.clock() < self.next_resync and not self._labels_drifted(node):
+        elif wanted == self.reconciled and self.clock() < self.next_resync and not self._labels_drifted(node) \
+                and not self._holders_freed(wanted[0]):
             return
         self.reconcile(node, wanted)
+
+    def _holder_check_in(self):
+        """Seconds to the next check of the holders that refused the last reconcile; None when none did."""
+        return max(0.05, self.next_holder_check - self.clock()) if self.refused_by else None
+
+    def _holders_freed(self, name):
+        """Whether a device the last reconcile was refused for is free now (checked every HOLDER_POLL seconds): the
+        allocation record synced with PodResources (a deleted VM's pod frees its VF at once), then each device's
+        VFIO group probed and the holder sources (record, DRA claims) read. Unsure (an error) is still held."""
+        if not self.refused_by or self.clock() < self.next_holder_check:
+            return False
+        self.next_holder_check = self.clock() + HOLDER_POLL
+        try:
+            engine = self.engine()
+            if self.device_plugin is not None:   # the record only: the served devices' health waits for the reconcile
+                self.device_plugin.allocations.sync()
+            else:
+                self._prune_allocations()
+            still = engine.in_use.recheck(sorted(self.refused_by), name_holders=False)
+        except (EngineError, OSError) as exc:
+            log("config %s: cannot tell whether the vGPUs that refused it are free: %s" % (name, exc))
+            return False
+        freed = sorted(self.refused_by - set(still))
+        if freed:
+            log("config %s: %s no longer held; reconciling" % (name, ", ".join(freed)))
+        return bool(freed)
 
     def _labels_drifted(self, node):
         """The labels we own differ from what our last reconcile left, in a version we did not write
@@ -244,8 +279,11 @@ class Agent:
                 self._wait_for_operands(paused)
 
         engine = entries = None
+        self.refused_by = set()
         try:
             engine = self.reconcile_engine = self.engine()
+            if self.device_plugin is not None:     # what the writes will change is served Unhealthy before the first
+                engine.before_writes = self.device_plugin.withdraw
             self._plugin_check(engine)
             entries = self.config.entries(name)
             engine.claim_time = self.config.claim_time()   # GPUs whose profiles DRA claims choose: not the layout's
@@ -260,11 +298,13 @@ class Agent:
         except EngineError as exc:
             self.probe.disarm()
             reason = vdm.reason_text(exc)
+            self._watch_holders(name, engine, exc)
         except Exception as exc:  # a bug must not crash-loop the pod: report it like any failure
             log(traceback.format_exc().rstrip())
             self.probe.disarm()
             reason = vdm.reason_text("internal error: %s: %s" % (type(exc).__name__, exc))
         else:
+            self.refused_by = set()
             if self.device_plugin is not None:
                 self.device_plugin.applied(engine.sysfs, result)
             profiles = profiles_in_use(result["resources"])
@@ -281,6 +321,17 @@ class Agent:
         self._finish(changing[-1] if changing else node, vdm.FAILED, None, reason, applied=bool(changing),
                      config=name)
         return vdm.FAILED, None, reason, False, None
+
+    def _watch_holders(self, name, engine, exc):
+        """After a failed reconcile: the held devices its error names (the plan's holders, or the one that became
+        held since: HeldSincePlan.device) are watched (_holders_freed); none named: nothing is watched."""
+        held = set(getattr(engine, "planned_held", None) or ()) | {getattr(exc, "device", None)} - {None}
+        refused = set(device for device in held if device in str(exc))
+        if refused and refused != self.refused_by:
+            log("config %s: refused for held vGPU(s) %s; checking every %g s whether they are freed"
+                % (name, ", ".join(sorted(refused)), HOLDER_POLL))
+        self.refused_by = refused
+        self.next_holder_check = self.clock() + HOLDER_POLL
 
     def _report_skipped(self, node, name, skipped):
         """A Normal Event naming the GPUs passed through that the config leaves alone, when that set changes."""
@@ -311,7 +362,8 @@ class Agent:
                 log("allocation record %s not pruned (needs grpcio and protobuf: %s); its vGPUs stay held"
                     % (path, exc))
                 return
-            self.allocations = pod_resources.AllocationRecord(self.settings.kubelet_dir, log)
+            self.allocations = pod_resources.AllocationRecord(self.settings.kubelet_dir, log,
+                                                              grace=self.settings.kubelet_restart_grace)
         self.allocations.sync()
 
     def _serve_programmed(self, engine, entries):
@@ -507,7 +559,8 @@ def main(args):
             raise agent_settings.SettingsError("DEVICE_PLUGIN=true needs the Python packages grpcio and protobuf "
                                                "(the agent image has them): %s" % exc) from None
         device_plugin = vgpu_device_plugin.VgpuDevicePlugin(
-            settings.kubelet_dir, log, serves=agent_settings.served(settings.device_plugin_gpus, gpus)).start()
+            settings.kubelet_dir, log, serves=agent_settings.served(settings.device_plugin_gpus, gpus),
+            grace=settings.kubelet_restart_grace).start()
     telemetry = Telemetry(settings)
     api = telemetry.instrument(kube.KubeClient(credentials))  # API errors and the watch counted
     agent = Agent(settings, api, settings.namespace or credentials.namespace or "default",

@@ -67,6 +67,10 @@ OPTIONS = (
      "the kubelet's root directory as this container sees it (device-plugins/ holds kubelet.sock and the "
      "plugin's sockets); k0s: /var/lib/k0s/kubelet, MicroK8s: /var/snap/microk8s/common/var/lib/kubelet "
      "(default /var/lib/kubelet)"),
+    ("--kubelet-restart-grace", "KUBELET_RESTART_GRACE", "60", "seconds",
+     "seconds after a kubelet restart (its sockets made anew) during which every vGPU the device plugin allocated "
+     "stays held, while the kubelet lists its pods again; also how long an allocation the kubelet has not listed "
+     "yet stays held (default 60). Otherwise a vGPU no live pod holds is free at the next check"),
     ("--dra-driver", "DRA_DRIVER", "false", "bool",
      "true: also be the DRA driver vgpu.accelops.io: publish this node's vGPUs as ResourceSlices (resource.k8s.io/v1) "
      "and prepare ResourceClaims for the kubelet (registration in $KUBELET_DIR/plugins_registry/, service in "

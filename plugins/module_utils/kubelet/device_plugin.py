@@ -22,10 +22,15 @@ driver and current type), never a scan of the PCI bus.
   one applied (a vGPU-manager restart resets the types) is Unhealthy; an mdev that is gone or changed type too.
   Whether a VM holds the vGPU does not matter: the kubelet keeps its own allocation accounting, so capacity
   never shrinks under running VMs.
+- Allocate against a reconcile (issue 40): an Unhealthy vGPU, or one whose current type is no longer the one served,
+  is refused (still_served), under the allocation record's lock, which the engine holds around each VF's re-check
+  and write.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections import namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
@@ -149,18 +154,82 @@ def allocate(resource, devices, ids):
     return Allocation({env_name(prefix, resource): ",".join(d.id for d in chosen)}, specs, [], {})
 
 
-class ResourceView:
-    """What the device plugin server serves for one resource: its devices and its Allocate. `record(resource, ids)`
-    (kubelet/pod_resources.AllocationRecord.add) records the allocation durably before Allocate answers; raising
-    AllocationError fails the Allocate."""
+class CurrentTypes:
+    """The type a served vGPU carries now, as Allocate reads it (still_served): a VF's `current_vgpu_type` through a
+    descriptor kept open per VF and read again from offset 0 (a sysfs attribute shows its value at each read from
+    the start; a path walk costs a lookup per component, about 1 ms of P6's Allocate on gpusim's FUSE, a pread
+    0.05 ms); an mdev's type link. A descriptor that fails (the VF went) is opened once more, then the error stands."""
 
-    def __init__(self, resource, devices, record=None):
-        self.resource, self.devices, self.record = resource, list(devices), record
+    def __init__(self, sysfs):
+        self.sysfs = sysfs
+        self._fds, self._lock = {}, threading.Lock()
+
+    def of(self, device):
+        if device.kind == MDEV:
+            return self.sysfs.link_name("%s/%s/mdev_type" % (vgpu_types.MDEV_DEVICES, device.id))
+        with self._lock:
+            for attempt in (1, 2):
+                fd = self._fds.get(device.id)
+                if fd is None:
+                    path = os.path.join(self.sysfs.root, vgpu_types.vfio_dir(device.id), "current_vgpu_type")
+                    fd = self._fds[device.id] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    return int(os.pread(fd, 64, 0).strip() or 0)
+                except OSError:
+                    os.close(self._fds.pop(device.id))
+                    if attempt == 2:
+                        raise
+        return None
+
+    def keep(self, ids):
+        """Close the descriptors of the vGPUs not in `ids` (no longer served)."""
+        with self._lock:
+            for device_id in [i for i in self._fds if i not in ids]:
+                os.close(self._fds.pop(device_id))
+
+
+def still_served(types, resource, devices):
+    """AllocationError unless each of `devices` is Healthy and still carries the type it is served with (`types`:
+    CurrentTypes, one read each; None: not read). A reconcile marks the vGPUs it will change Unhealthy before its
+    first write (VgpuDevicePlugin.withdraw) and retypes each under the allocation record's lock, which the Allocate
+    holds around this check and its journal line: a VF is either recorded before its re-check (the reconcile
+    stops) or refused here after its write."""
+    for device in devices:
+        if not device.healthy:
+            raise AllocationError("resource %s: vGPU %s is Unhealthy (a reconcile is changing it, or it is not what "
+                                  "was applied); not allocated" % (resource, device.id))
+        if types is None:
+            continue
+        try:
+            now = types.of(device)
+        except (EngineError, OSError, ValueError) as exc:
+            raise AllocationError("resource %s: vGPU %s: its current type cannot be read (%s); not allocated"
+                                  % (resource, device.id, exc)) from None
+        if now != device.type_id:
+            raise AllocationError("resource %s: vGPU %s now has type %s, not the %s this resource serves (retyped "
+                                  "by a reconcile); not allocated" % (resource, device.id, now, device.type_id))
+
+
+class ResourceView:
+    """What the device plugin server serves for one resource: its devices and its Allocate. `record(resource, ids,
+    check)` (kubelet/pod_resources.AllocationRecord.add) records the allocation durably before Allocate answers,
+    calling `check()` under the record's lock first; raising AllocationError fails the Allocate. `types`
+    (CurrentTypes): each allocated vGPU's current type read again (still_served); None: not read."""
+
+    def __init__(self, resource, devices, record=None, types=None):
+        self.resource, self.devices, self.record, self.types = resource, list(devices), record, types
 
     def allocate(self, ids):
         allocation = allocate(self.resource, self.devices, ids)
+        by_id = dict((d.id, d) for d in self.devices)
+        chosen = [by_id[i] for i in ids]
+
+        def check():
+            still_served(self.types, self.resource, chosen)
         if self.record is not None:
-            self.record(self.resource, list(ids))
+            self.record(self.resource, list(ids), check)
+        else:
+            check()
         return allocation
 
     def __eq__(self, other):
@@ -170,9 +239,9 @@ class ResourceView:
         return "ResourceView(%r, %r)" % (self.resource, self.devices)
 
 
-def resource_views(devices, record=None):
-    """{resource name: ResourceView}, devices in ID order; `record`: see ResourceView."""
+def resource_views(devices, record=None, types=None):
+    """{resource name: ResourceView}, devices in ID order; `record`, `types`: see ResourceView."""
     grouped = {}
     for device in sorted(devices, key=lambda d: d.id):
         grouped.setdefault(device.resource, []).append(device)
-    return dict((name, ResourceView(name, devs, record)) for name, devs in grouped.items())
+    return dict((name, ResourceView(name, devs, record, types)) for name, devs in grouped.items())

@@ -12,11 +12,17 @@ allocateContainerResources: podDevices.insert after the plugin's answer).
 AllocationRecord keeps node/pod_allocations.py's record (the files the node engine, CLI, modules and boot unit read):
 - `add(resource, ids)` from Allocate: journal lines appended and flushed before Allocate answers (a write that
   fails fails the Allocate: a device is never handed out unrecorded);
-- `sync()` at every reconcile: List; a recorded device no live pod holds is dropped, unless the kubelet never listed
-  it and it was allocated less than `grace` seconds ago (the kubelet lists it only once Allocate returned), or it
-  was listed and has been unlisted for less than `grace` seconds (a restarted kubelet lists no pod until its pod
-  sources sync); a device
-  a live pod holds is recorded with the pod's name (also one allocated before this record existed). PodResources unreadable: nothing is dropped.
+- `sync()` at every reconcile: List; a recorded device no live pod holds is free again at once, with two
+  exceptions. A device the kubelet never listed that was allocated less than `grace` seconds ago is kept (the
+  kubelet lists it only once Allocate returned). And while the kubelet restarts every recorded device is kept: a
+  kubelet that just started lists no pod until its pod sources synced (server_v1.go List answers the pod manager's
+  pods), so its List says nothing about what is free. A restart is told by the kubelet's sockets, which it makes
+  anew at start (its PodResources socket and its device-plugin registration socket, `device-plugins/kubelet.sock`):
+  one younger than `grace` seconds, or one whose identity changed since this record's last sync less than `grace`
+  seconds ago, is a restart under way. A device a live pod holds is recorded with the pod's name (also one
+  allocated before this record existed). PodResources unreadable: nothing is dropped.
+  Why not a grace for every pod that goes away: a VF whose VM was deleted must be free at the next sync, so that
+  a layout refused for it converges within seconds (agent/agent.py's holder watch), not a grace later.
   The read and the rewrite happen under the record's flock (pod_allocations.rewrite), and so does `add`'s append:
   another process's Allocate (a second agent during a rolled DaemonSet) waits for the rewrite instead of being
   lost by it. The waits are bounded: an Allocate fails after pod_allocations.APPEND_WAIT, a sync is skipped
@@ -40,11 +46,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import trans
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import podresources_v1_pb2 as pb
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import podresources_v1_pb2_grpc as pb_grpc
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import pod_allocations
 
 LIST_TIMEOUT = 10.0
 RESOURCE_DOMAIN = "nvidia.com/"   # vgpu_types.resource_name: the resources whose live devices are recorded
-GRACE = 60.0    # seconds a fresh allocation stays without the kubelet listing it
+GRACE = 60.0    # seconds a fresh allocation stays without the kubelet listing it; also a kubelet restart's window
 
 
 class PodResourcesError(EngineError):
@@ -81,20 +88,36 @@ class AllocationRecord:
     def __init__(self, kubelet_dir, log=lambda message: None, grace=GRACE, clock=time.time):
         self.path = pod_allocations.record_path(kubelet_dir)
         self.socket = socket_path(kubelet_dir)
+        self.sockets = (self.socket, KubeletPaths(kubelet_dir).kubelet_socket)   # made anew by a starting kubelet
         self.log, self.grace, self.clock = log, grace, clock
         self._lock = threading.Lock()
         self._failing = None    # the last PodResources error logged (logged once until it changes)
-        self._unlisted = {}     # device -> when a sync first missed a device it had seen listed (this process)
+        self._seen = None       # the kubelet sockets' identities at the last sync
+        self._changed_at = None  # when a sync first saw them change (clock)
+        self._restarting = False
 
-    def add(self, resource, ids):
+    def add(self, resource, ids, check=None):
         """Record `ids` of `resource` as allocated, durably (a journal line each, flushed); AllocationError (the
-        Allocate fails) when it cannot."""
+        Allocate fails) when it cannot. `check()` runs under the record's lock first and may refuse (raise
+        AllocationError): a reconcile retypes a VF only under that lock (pod_allocations.vf_write_lock)."""
         with self._lock:
             try:
-                pod_allocations.append(self.path, resource, ids, self.clock())
+                pod_allocations.append(self.path, resource, ids, self.clock(), check=check)
             except OSError as exc:
                 raise AllocationError("resource %s: cannot record the allocation of %s in %s: %s" % (
                     resource, ", ".join(ids), pod_allocations.journal_path(self.path), exc)) from None
+
+    def kubelet_restarting(self):
+        """Whether the kubelet (re)started less than `grace` seconds ago, as its sockets say: one made less than
+        `grace` seconds ago (its change time; one in the future counts too: unsure), or one whose identity changed
+        since the last call less than `grace` seconds ago (whatever its time says)."""
+        now = self.clock()
+        identities = tuple(transport.socket_identity(path) for path in self.sockets)
+        if self._seen is not None and identities != self._seen:
+            self._changed_at = now
+        self._seen = identities
+        young = any(i is not None and now - i[2] / 1e9 < self.grace for i in identities)
+        return young or (self._changed_at is not None and now - self._changed_at < self.grace)
 
     def sync(self):
         """Drop what no live pod holds, name the pods of what they hold; False when PodResources could not be read
@@ -107,29 +130,30 @@ class AllocationRecord:
             self._failing = str(exc)
             return False
         self._failing = None
+        restarting = self.kubelet_restarting()
+        if restarting != self._restarting:
+            self.log("device plugin: the kubelet restarted (its sockets are new); every recorded vGPU stays held "
+                     "for %g s while it lists its pods again" % self.grace if restarting else
+                     "device plugin: the kubelet's restart window is over; its List says again what is free")
+            self._restarting = restarting
         with self._lock:
             try:   # under the record's flock from the read to the rewrite: another process's Allocate waits
-                pod_allocations.rewrite(self.path, lambda devices: self._prune(devices, live))
+                pod_allocations.rewrite(self.path, lambda devices: self._prune(devices, live, restarting))
             except OSError as exc:
                 self.log("device plugin: allocation record %s not pruned: %s; the vGPUs it lists stay held"
                          % (self.path, exc))
                 return False
         return True
 
-    def _prune(self, devices, live):
+    def _prune(self, devices, live, restarting):
         """The devices to keep of `devices` (the record) given `live` (PodResources); None: nothing to write."""
         now, kept = self.clock(), {}
         for device_id, entry in devices.items():
-            if device_id in live or not entry.get("pod"):
-                self._unlisted.pop(device_id, None)
-                pending = now - float(entry.get("allocatedAt") or 0) < self.grace
-            else:   # listed once: a kubelet just restarted lists no pod until its pod sources sync (server_v1.go
-                # List answers the pod manager's pods), so it is gone only once unlisted for `grace` seconds
-                pending = now - self._unlisted.setdefault(device_id, now) < self.grace
-            if device_id in live or pending:
+            # never listed and allocated moments ago: the kubelet lists a device only once Allocate returned
+            fresh = not entry.get("pod") and now - float(entry.get("allocatedAt") or 0) < self.grace
+            if device_id in live or restarting or fresh:
                 kept[device_id] = entry
             else:
-                self._unlisted.pop(device_id, None)
                 self.log("device plugin: %s %s is free again (no live pod holds it)"
                          % (entry["resource"], device_id))
         for device_id, (resource, pod) in live.items():

@@ -14,20 +14,25 @@ agent) therefore records every device it hands out, durably, BEFORE it answers A
   without its newline is a write cut short: its Allocate never answered, so it is ignored; any other bad line is
   damage (an error naming the file and line);
 - `allocations.json`, the snapshot the reconcile writes (atomic, file and directory fsynced), after which the
-  journal is emptied: {"version": 1, "checksum": "<sha256 of the canonical devices JSON>", "devices": {"<VF address
-  or mdev UUID>": {"resource", "allocatedAt", "pod": "<namespace>/<name>" once the kubelet lists it}}}.
+  journal is emptied (a crash between the two leaves lines the snapshot already has: same resource and
+  allocatedAt, they keep the snapshot's entry and its pod): {"version": 1, "checksum": "<sha256 of the canonical
+  devices JSON>", "devices": {"<VF address or mdev UUID>": {"resource", "allocatedAt", "pod": "<namespace>/<name>"
+  once the kubelet lists it}}}.
 
 The record is the snapshot with the journal's lines on top. Its writers are separate processes (an agent's device
 plugin appends, an agent's reconcile rewrites; two agents overlap during a rolled DaemonSet), so each holds an
 exclusive flock on `allocations.lock` (same directory) while it writes: the appender for its lines and their flush,
 the rewriter from its read of the record to its emptied journal, so an Allocate can never land between the two
 and be lost. Both wait a bounded time (APPEND_WAIT, REWRITE_WAIT) and fail naming the file when the lock stays
-held. Readers take no lock (the directory may be read-only to them): a read that a rewrite overlapped (the snapshot
-replaced while the journal was read) is read again. At every reconcile the agent drops the devices no live
-pod holds any more, as the kubelet's PodResources API v1 says (a device allocated moments ago and never listed is
-kept: the kubelet lists it only after Allocate returned). Fail closed: when PodResources cannot be read nothing is
-dropped, and a record that cannot be read or trusted is an error naming the file (never "nothing held"). The node
-engine, the CLI, the modules, the boot unit and the manager image read it through `holders_source`
+held. The engine also takes it, read-only, around each VF's re-check and type write (`vf_write_lock`), and an
+Allocate checks the vGPU's current type under it before its line (`append(check=...)`): an Allocate lands before
+the re-check or sees the new type, never between (issue 40.6). Readers take no lock (the directory may be read-only
+to them): a read that a rewrite overlapped (the snapshot replaced while the journal was read) is read again. At
+every reconcile the agent drops the devices no live pod holds any more, as the kubelet's PodResources API v1 says
+(a device allocated moments ago and never listed is kept: the kubelet lists it only after Allocate returned;
+during a kubelet restart every device is kept). Fail closed: when PodResources cannot be read nothing is dropped,
+and a record that cannot be read or trusted is an error naming the file (never "nothing held"). The node engine,
+the CLI, the modules, the boot unit and the manager image read it through `holders_source`
 (node/kubelet_holders.py gathers every kubelet source).
 """
 
@@ -116,27 +121,58 @@ def lock_path(path):
     return os.path.join(os.path.dirname(path), LOCK_NAME)
 
 
+def create_lock(path):
+    """Make the lock file beside the snapshot `path` (and its directory): the device plugin does so before it serves
+    anything, so that a VF writer (`vf_write_lock`) that finds no lock file knows no Allocate can be under way."""
+    lock = lock_path(path)
+    os.makedirs(os.path.dirname(lock), mode=0o755, exist_ok=True)
+    os.close(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    return lock
+
+
+def _flock(handle, lock, wait):
+    deadline, pause = time.monotonic() + wait, 0.0005
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EAGAIN, "held by another writer for %.1f s" % wait, lock) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
+
 @contextlib.contextmanager
 def locked(path, wait):
     """Hold the record's exclusive flock (`allocations.lock` beside the snapshot `path`), waiting at most `wait`
     seconds for another writer; OSError (EAGAIN, naming the lock file) when it stays held."""
-    lock = lock_path(path)
-    os.makedirs(os.path.dirname(lock), mode=0o755, exist_ok=True)
-    handle = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = create_lock(path)
+    handle = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
     try:
-        deadline, pause = time.monotonic() + wait, 0.0005
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise OSError(errno.EAGAIN, "held by another writer for %.1f s" % wait, lock) from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.01)
+        _flock(handle, lock, wait)
         yield
     finally:
         os.close(handle)    # the lock goes with the last descriptor of this open
+
+
+@contextlib.contextmanager
+def vf_write_lock(path, wait=None):
+    """The record's flock for a VF's re-check and type write (vgpu_apply), so that no Allocate lands between the two:
+    an Allocate takes the same lock around its type check and its journal line (`append`). Opened read-only (flock
+    needs no write access; the engine may see the kubelet directory read-only) and never created: no lock file means
+    no device plugin ever started here (it makes the file before serving, `create_lock`). OSError after `wait`."""
+    lock = lock_path(path)
+    try:
+        handle = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        _flock(handle, lock, REWRITE_WAIT if wait is None else wait)
+        yield
+    finally:
+        os.close(handle)
 
 
 def _identity(path):
@@ -184,14 +220,24 @@ def _read_once(path):
         raise AllocationRecordError("device plugin allocation record %s: checksum mismatch (edited or damaged); "
                                     "move it away only when no pod on this node uses a vGPU resource" % path)
     devices = doc["devices"]
-    devices.update(_read_journal(journal_path(path)))
+    for device_id, entry in _read_journal(journal_path(path)).items():
+        # a line the snapshot already holds (a crash between its rename and the journal's truncation: `write`) keeps
+        # the snapshot's entry, which names the pod; a newer Allocate of the device replaces it
+        if _replayed(devices.get(device_id), entry):
+            continue
+        devices[device_id] = entry
     return devices
 
 
-def append(path, resource, ids, allocated_at, wait=None):
+def _replayed(recorded, line):
+    return recorded is not None and all(recorded.get(k) == line[k] for k in ("resource", "allocatedAt"))
+
+
+def append(path, resource, ids, allocated_at, wait=None, check=None):
     """Add `ids` of `resource` to the record whose snapshot is `path`: journal lines, flushed (fdatasync) before
     returning, under the record's lock (at most `wait` seconds waited for a rewrite: OSError); the directory is
-    synced too when the journal is new."""
+    synced too when the journal is new. `check()`, called under the lock before anything is written, may raise to
+    refuse (the Allocate's type check: a reconcile retypes a VF only under the same lock, `vf_write_lock`)."""
     journal = journal_path(path)
     lines = []
     for device_id in ids:
@@ -199,6 +245,8 @@ def append(path, resource, ids, allocated_at, wait=None):
         entry["sum"] = _line_sum(entry)
         lines.append(json.dumps(entry, sort_keys=True) + "\n")
     with locked(path, APPEND_WAIT if wait is None else wait):
+        if check is not None:
+            check()
         new = not os.path.exists(journal)
         handle = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         try:

@@ -33,7 +33,7 @@ from collections import OrderedDict
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, claim_time_layout, inuse, kubelet_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import layout_fit, mig, pci, sriov
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import pf_driver
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import pf_driver, pod_allocations
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_mdev, vgpu_vfio
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
@@ -227,6 +227,9 @@ class Node:
         self.modes_file = claim_time_layout.modes_path(kubelet_dir)
         self.boot_id = claim_holders.read_boot_id(proc_root)   # claim-time types are restored for this boot's claims
         self.modes = claim_time_layout.Modes()
+        # before_writes(names): told which VFs and mdevs the writes will touch, before the first (the agent's device
+        # plugin stops serving them: VgpuDevicePlugin.withdraw)
+        self.before_writes = None
 
     @property
     def in_use(self):
@@ -275,16 +278,43 @@ class Node:
                                         [p.address for dummy, p in changing if p.address not in done])
 
     def guard(self, gpu, plans, done):
-        """guard(device): right before a write to one VF or mdev of `gpu`, its own group asked of the kernel
-        (O(1), no /proc walk); HeldSincePlan when a VM opened it since the plan."""
+        """guard(device): the context one write to a VF or mdev of `gpu` runs in. On entry the device plugin's
+        allocation record's lock is taken (pod_allocations.vf_write_lock), the device's own group asked of the
+        kernel (O(1), no /proc walk) and the record read: HeldSincePlan when a VM opened it or a pod was allocated
+        it since the plan. The lock is held until the write is made, so an Allocate (which takes it around its own
+        type check and journal line) lands before the re-check or sees the new type after the write, never between."""
         changing = [(g, p) for g, dummy, dummy2, p in plans if p.steps]
         before = self.sysfs.writes
+        record = pod_allocations.record_path(self.kubelet_dir)
 
+        @contextlib.contextmanager
         def check(name):
             # the GPU counts as changed once one of its writes was made
             made = [a for a in done if a != gpu.address or self.sysfs.writes != before]
-            self._stop_on(self.in_use.recheck([name], sources=False), changing, {gpu.address: {name}}, made)
+            with contextlib.ExitStack() as stack:
+                try:
+                    stack.enter_context(pod_allocations.vf_write_lock(record))
+                except OSError as exc:
+                    raise LayoutError("GPU %s: %s not written: the device plugin's allocation record stays "
+                                      "locked (%s); changed: %s" % (gpu.address, name, exc,
+                                                                    ", ".join(made) or "none")) from None
+                now = self.in_use.recheck([name], sources=False)
+                allocated = pod_allocations.holders(pod_allocations.read(record)).get(name)
+                if allocated:
+                    now[name] = list(now.get(name) or ()) + allocated
+                self._stop_on(now, changing, {gpu.address: {name}}, made)
+                yield
         return check
+
+    def announce_writes(self, plans):
+        """`before_writes(names)` (the agent's device plugin: served Unhealthy from now on) with every VF and mdev the
+        plans' writes touch, before the first of them."""
+        names = set()
+        for gpu, dummy, dummy2, plan in plans:
+            if plan.steps:
+                names |= _touched(self.sysfs, gpu.address, plan, self.in_use.parents())
+        if names and self.before_writes is not None:
+            self.before_writes(sorted(names))
 
     def claimed_types(self, held):
         """{device: type ID} of the prepared DRA claims, read only when a claim holds something."""
@@ -424,6 +454,7 @@ class Node:
         the vGPUs, destroy the GPU instances, disable the VFs, MIG mode off, enable as many VFs again.
         Returns the addresses of the GPUs whose VFs it enabled; their types are set by a new plan."""
         done = []
+        self.announce_writes([p for p in plans if leaves_mig(p[3])])
         for dummy, framework, view, plan in plans:
             if not leaves_mig(plan):
                 continue
@@ -457,6 +488,7 @@ class Node:
         touched device's group probed: stop_if_newly_held); right before each VF's or mdev's write its own
         group is asked of the kernel (guard)."""
         done = []
+        self.announce_writes(plans)
         for gpu, framework, view, plan in plans:
             if not plan.steps:
                 continue

@@ -16,6 +16,8 @@ re-creating after a reboot yields the same UUIDs and re-applying never churns th
 
 from __future__ import annotations
 
+import contextlib
+
 import uuid as uuid_mod
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
@@ -178,14 +180,13 @@ def rebuild(view, gpu_plan):
 
 def execute(sysfs, view, gpu_plan, steps=None, guard=None):
     """Run the plan: removals first, then creations with available_instances re-read before each.
-    `guard(uuid)`, right before each removal, raises when a VM opened the mdev since the plan (vgpu_apply)."""
+    `guard(uuid)`: the context each removal runs in (vgpu_apply: raises when a VM opened the mdev since the plan)."""
     del view  # the mdev plan carries everything it needs; the signature matches the VFIO backend
     for step in gpu_plan.steps if steps is None else steps:
         if step[0] == "remove":
             dummy, uuid, parent = step
-            if guard is not None:
-                guard(uuid)
-            sysfs.write("%s/%s/remove" % (vt.MDEV_DEVICES, uuid), 1)
+            with guard(uuid) if guard is not None else contextlib.nullcontext():
+                sysfs.write("%s/%s/remove" % (vt.MDEV_DEVICES, uuid), 1)
             if sysfs.exists("%s/%s" % (vt.MDEV_DEVICES, uuid)):
                 raise LayoutError("mdev %s on %s is still present after remove" % (uuid, parent))
             continue

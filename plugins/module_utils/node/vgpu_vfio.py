@@ -19,6 +19,8 @@ layout that needs it changed fails naming it, before any write.
 
 from __future__ import annotations
 
+import contextlib
+
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import describe
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.mig import mig_backed
@@ -236,7 +238,8 @@ def predictable(view, gpu_plan):
 
 def execute(sysfs, view, gpu_plan, steps=None, guard=None):
     """Run the plan's writes: clears, then fills; `view.current` follows each successful write.
-    `guard(vf)`, right before each write, raises when a VM opened the VF since the plan (vgpu_apply).
+    `guard(vf)`: a context manager the write runs in (vgpu_apply: it raises on entry when a VM opened the VF or a pod
+    was allocated it since the plan, and holds the allocation record's lock until the write is made).
 
     The driver checks every write against what is creatable on that VF now and refuses the rest
     (brief 1.4), so a successful write is the read-back, and a refused one leaves the VF as it was.
@@ -250,14 +253,13 @@ def execute(sysfs, view, gpu_plan, steps=None, guard=None):
             creatable = vt.read_creatable(sysfs, vf)
             if type_id not in [t.type_id for t in creatable]:
                 raise _not_creatable(view, gpu_plan, vf, type_id, creatable)
-        if guard is not None:
-            guard(vf)
-        try:
-            sysfs.write(vt.vfio_dir(vf) + "/current_vgpu_type", type_id)
-        except SysfsError as err:
-            if action != "set":
-                raise
-            raise _not_creatable(view, gpu_plan, vf, type_id, vt.read_creatable(sysfs, vf), err) from None
+        with guard(vf) if guard is not None else contextlib.nullcontext():
+            try:
+                sysfs.write(vt.vfio_dir(vf) + "/current_vgpu_type", type_id)
+            except SysfsError as err:
+                if action != "set":
+                    raise
+                raise _not_creatable(view, gpu_plan, vf, type_id, vt.read_creatable(sysfs, vf), err) from None
         view.current[vf] = type_id
 
 

@@ -10,7 +10,6 @@ import signal
 import grpc
 import pytest
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import pod_resources
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import pod_allocations
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
@@ -22,8 +21,8 @@ ENV24 = "PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-24Q"
 
 
 def start_plugin_agent(start_agent, gpu_node, cluster, kubelet, **env):
-    return start_agent(gpu_node, cluster.api, DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root, RESYNC_INTERVAL="1",
-                       **env)
+    return start_agent(gpu_node, cluster.api, **dict(dict(DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root,
+                                                          RESYNC_INTERVAL="1"), **env))
 
 
 def serving(agent, kubelet, count):
@@ -83,10 +82,13 @@ def test_after_a_relabel_the_resources_follow_and_the_old_one_goes(gpusim_node, 
     agent = start_plugin_agent(start_agent, node, cluster, kubelet, MIXED_SIZE="true")
     agent.wait("success", "default")
     kubelet.wait("24Q", lambda k: len(ids(k, R24)) == 4)
+    served, seen = ids(kubelet, R24), len(kubelet.updates)
     agent.forget_status()
     cluster.select("L40S-12Q")
     agent.wait("success", "L40S-12Q")
     kubelet.wait("8 x 12Q, 24Q gone", lambda k: len(ids(k, R12)) == 8 and R24 not in k.devices())
+    # issue 40.6: the 24Q vGPUs the relabel retypes were served Unhealthy before its first write
+    assert (R24, [(i, "Unhealthy") for i in served]) in kubelet.updates[seen:], kubelet.updates[seen:]
     wait_for("node status follows", lambda: node_status(cluster) == ({R12: "8"}, {R12: "8"}))
     agent.forget_status()
     cluster.select("first-gpu-mixed")
@@ -138,9 +140,12 @@ def test_a_vgpu_a_vm_holds_stays_listed_and_healthy(gpusim_node, cluster, start_
 
 
 def test_a_vgpu_allocated_to_a_pod_is_not_retyped_until_the_pod_is_gone(gpusim_node, cluster, start_agent, kubelet):
-    """Allocate answered, the VM not started (image pull): no process holds the VF, the record does."""
+    """Allocate answered, the VM not started (image pull): no process holds the VF, the record does. Once the pod is
+    gone, and once a VM holding a VF is deleted, the refused layout converges within seconds (issue 40.5b), not at
+    the resync (300 s here). KUBELET_RESTART_GRACE: the test kubelet started moments ago, which is a restart."""
     node = gpusim_node("l40s:1")
-    agent = start_plugin_agent(start_agent, node, cluster, kubelet)
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet, RESYNC_INTERVAL="300", KUBELET_RESTART_GRACE="1",
+                               MIXED_SIZE="true")
     agent.wait("success", "default")
     kubelet.wait("registered", lambda k: len(ids(k, R24)) == 2)
     allocated = ids(kubelet, R24)[0]
@@ -152,9 +157,17 @@ def test_a_vgpu_allocated_to_a_pod_is_not_retyped_until_the_pod_is_gone(gpusim_n
     assert allocated in status["reason"] and "pod vms/virt-launcher-vm-a" in status["reason"], status
     assert node.log() == [] and typed_vfs(node)[allocated] == "1155"
     agent.forget_status()
-    kubelet.delete_pod("vms", "virt-launcher-vm-a")    # the pod is gone: free once unlisted for the grace (60 s)
-    agent.wait("success", "L40S-12Q", timeout=pod_resources.GRACE + 60)
+    kubelet.delete_pod("vms", "virt-launcher-vm-a")    # the pod is gone: free at the next check
+    agent.wait("success", "L40S-12Q", timeout=15)
     kubelet.wait("12Q served", lambda k: len(ids(k, R12)) == 4)
+    held = ids(kubelet, R12)[0]
+    node.hold(held)                                    # a VM runs on a 12Q ...
+    agent.forget_status()
+    cluster.select("default")                          # ... so the relabel back is refused
+    agent.wait("failed", "default")
+    node.release(held)                                 # the VM deleted: its VFIO group closed
+    agent.wait("success", "default", timeout=15)
+    assert "no longer held; reconciling" in agent.output()
 
 
 def test_podresources_unreachable_keeps_an_allocated_vgpu_held(gpusim_node, cluster, start_agent, kubelet):
@@ -261,7 +274,8 @@ def test_with_the_device_plugin_off_a_record_left_behind_is_still_pruned(gpusim_
     wrote: the agent still prunes it against PodResources at every reconcile, so an allocation whose pod never
     came holds no VF forever, while a device a live pod holds stays held (and gets its pod's name)."""
     node = gpusim_node("l40s:1")
-    agent = start_agent(node, cluster.api, KUBELET_DIR=kubelet.root, RESYNC_INTERVAL="1")   # no DEVICE_PLUGIN
+    # no DEVICE_PLUGIN; the test kubelet started moments ago, a restart whose window would keep every entry
+    agent = start_agent(node, cluster.api, KUBELET_DIR=kubelet.root, RESYNC_INTERVAL="1", KUBELET_RESTART_GRACE="1")
     agent.wait("success", "default")
     stale, alive = sorted(typed_vfs(node))
     allocate_to_pod(kubelet.root, stale, pod=None)    # allocated long ago, never listed: its pod never ran

@@ -22,8 +22,10 @@ VF1, VF2 = "0000:41:00.4", "0000:41:00.5"
 
 
 class Clock:
-    def __init__(self):
-        self.now = 1000.0
+    """Wall-clock time as the record sees it: the test kubelet (its sockets) started `since` seconds ago."""
+
+    def __init__(self, since=120.0):
+        self.now = time.time() + since
 
     def __call__(self):
         return self.now
@@ -63,9 +65,8 @@ def test_an_allocated_vgpu_is_held_from_allocate_until_its_pod_is_gone(kubelet, 
     kubelet.pod_resources.add("vms", "virt-launcher-a", "compute", R24, [VF1])
     assert record.sync()
     assert held(kubelet_dir) == {VF1: ["pod vms/virt-launcher-a (device plugin, %s)" % R24]}
-    kubelet.delete_pod("vms", "virt-launcher-a")      # listed once, gone now: free once unlisted for the grace
-    assert record.sync() and VF1 in held(kubelet_dir)
-    clock.now += 61
+    kubelet.delete_pod("vms", "virt-launcher-a")      # listed once, gone now (the VM deleted): free at once
+    clock.now += 1
     assert record.sync() and held(kubelet_dir) == {}
     assert json.load(open(pod_allocations.record_path(kubelet_dir)))["devices"] == {}
 
@@ -81,19 +82,67 @@ def test_run_pod_is_recorded_with_its_pod_and_one_allocated_before_the_record_is
                                  VF2: ["pod vms/vm-old (device plugin, %s)" % R24]}
 
 
+def restart_listing_no_pod(kubelet):
+    """A kubelet restart (its sockets made anew) whose List shows no pod until its pod sources synced; returns a
+    function that makes them listed again."""
+    pods = dict(kubelet.pod_resources.pods)
+    kubelet.restart()
+    kubelet.pod_resources.pods.clear()
+    return lambda: kubelet.pod_resources.pods.update(pods)
+
+
 def test_a_restarted_kubelet_listing_no_pod_yet_frees_nothing_its_pods_hold(kubelet, served, kubelet_dir):
     record, clock = served
     kubelet.run_pod("vms", "vm-a", R24, [VF1])
     clock.now += 600
     assert record.sync() and VF1 in held(kubelet_dir)
-    kubelet.delete_pod("vms", "vm-a")         # the restarted kubelet's List before its pod sources synced: empty
+    synced = restart_listing_no_pod(kubelet)
     clock.now += 5
     assert record.sync()
     assert held(kubelet_dir) == {VF1: ["pod vms/vm-a (device plugin, %s)" % R24]}   # QEMU may not hold it yet
-    kubelet.pod_resources.add("vms", "vm-a", "compute", R24, [VF1])                 # the sources synced
+    synced()
     clock.now += 120
     assert record.sync()
     assert held(kubelet_dir) == {VF1: ["pod vms/vm-a (device plugin, %s)" % R24]}
+
+
+def test_an_allocation_never_listed_before_a_kubelet_restart_stays_held_through_it(kubelet, served, kubelet_dir):
+    """Issue 40.5a: allocated, the kubelet restarts before any sync saw it listed, the next sync comes more than the
+    grace after the Allocate (syncs run per reconcile): the restart keeps it, not the Allocate's age."""
+    record, clock = served
+    assert record.sync()
+    kubelet.allocate(R24, [VF2])
+    synced = restart_listing_no_pod(kubelet)
+    clock.now += 70
+    assert record.sync() and VF2 in held(kubelet_dir)
+    clock.now += 30                              # the window runs from the restart the sync saw
+    assert record.sync() and VF2 in held(kubelet_dir)
+    synced()
+    clock.now += 31
+    assert record.sync() and held(kubelet_dir) == {}    # restart over, still never listed: its pod never ran
+
+
+def test_a_kubelet_that_started_moments_ago_is_a_restart_for_a_record_new_to_it(kubelet, kubelet_dir):
+    """An agent started after the kubelet restarted (no earlier sync to compare with): the sockets' age says it."""
+    pod_allocations.append(pod_allocations.record_path(kubelet_dir), R24, [VF1], time.time() - 3600)
+    record = pod_resources.AllocationRecord(kubelet_dir, clock=Clock(since=10.0), grace=60)
+    assert record.kubelet_restarting()
+    assert record.sync() and VF1 in held(kubelet_dir)
+    record.clock.now += 60
+    assert record.sync() and held(kubelet_dir) == {}
+
+
+def test_a_journal_line_the_snapshot_already_has_keeps_its_pod(kubelet_dir, monkeypatch):
+    """A crash between the snapshot's rename and the journal's truncation replays the line on the next read: it must
+    not strip the pod the snapshot names (then the device reads as never listed, and its allocation as old)."""
+    path = pod_allocations.record_path(kubelet_dir)
+    pod_allocations.append(path, R24, [VF1, VF2], 5.0)
+    monkeypatch.setattr(pod_allocations, "journal_pending", lambda where: False)   # the truncation never ran
+    pod_allocations.write(path, {VF1: {"resource": R24, "allocatedAt": 5.0, "pod": "vms/vm-a"},
+                                 VF2: {"resource": R24, "allocatedAt": 4.0, "pod": "vms/vm-old"}})
+    devices = pod_allocations.read(path)
+    assert devices[VF1] == {"resource": R24, "allocatedAt": 5.0, "pod": "vms/vm-a"}
+    assert devices[VF2] == {"resource": R24, "allocatedAt": 5.0}        # a newer Allocate: the journal's line
 
 
 def test_podresources_unreachable_keeps_every_allocation_held(kubelet, served, kubelet_dir):
