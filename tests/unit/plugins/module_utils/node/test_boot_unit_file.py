@@ -2,7 +2,6 @@
 Jinja template wrote before for ordinary values (these texts are that template's output, rendered by ansible-core),
 escaped for systemd (not for a shell) where a value has characters systemd reads specially."""
 
-import os
 import re
 import shutil
 import subprocess

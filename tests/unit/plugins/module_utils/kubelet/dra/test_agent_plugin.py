@@ -333,7 +333,7 @@ def test_a_restarted_agents_failed_first_reconcile_keeps_the_claim_time_devices_
     plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
     claim_time_layout.write_modes(claim_time_layout.modes_path(str(tmp_path / "kubelet")), [L40S])
     restarted(plugin).reconciled("uid-1")
-    assert {D12, D24} <= set(stored_devices(plugin.api)) and not [n for n in stored_devices(plugin.api)
-                                                                 if n.startswith("l40s-24q-0000-41")]
+    stored = set(stored_devices(plugin.api))
+    assert {D12, D24} <= stored and not [n for n in stored if n.startswith("l40s-24q-0000-41")]
     assert [c["name"] for s in plugin.api.slices.values() for c in s["spec"].get("sharedCounters") or ()] == [
         "gpu-0000-41-00-0"]

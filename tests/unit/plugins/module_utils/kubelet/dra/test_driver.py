@@ -89,8 +89,8 @@ def test_prepare_writes_the_cdi_spec_and_kep5304_metadata_and_returns_their_ids(
     assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:41:00.4"}   # what KubeVirt attaches
     assert "mdevUUID" not in attributes and attributes["profile"] == {"string": "L40S-24Q"}
     current = [d for d in env.driver.node_view.devices() if d.name != VF4]    # the claim's vGPU lost its type
-    health = {(h.pool, h.device): h.healthy for h in device_health(current, env.driver.prepared_claims(), POOL,
-                                                                      env.driver.pools)}
+    health = {(h.pool, h.device): h.healthy
+              for h in device_health(current, env.driver.prepared_claims(), POOL, env.driver.pools)}
     assert health[pool, VF4] is False and health[POOL, VF5] is True
     assert env.driver.unprepare([ref(one)]) == {UID1: ""} and env.files() == []
 
