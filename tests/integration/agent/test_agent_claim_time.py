@@ -18,7 +18,7 @@ from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import Kub
 from ansible_collections.accelops.vgpu.tests.fakes.registry import free_port
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
-    CLAIMS, RESOURCES as DRA_RESOURCES, dra_state, program, published_devices)
+    CLAIMS, RESOURCES as DRA_RESOURCES, dra_state, program, published_devices, stored_slices)
 
 DRIVER = "vgpu.accelops.io"
 L40S_24Q, L40S_12Q = "1155", "1153"
@@ -244,3 +244,61 @@ def test_after_a_reboot_the_agent_enables_a_claim_time_gpus_vfs_and_publishes_it
     device = claim_time.device_name("L40S-24Q", pf)
     wait_for("the claim-time device published", lambda: device in published_devices(cluster.api) or None, timeout=10)
     assert "SR-IOV VFs are not enabled" not in agent.output()
+
+
+def test_a_restarted_agent_whose_first_apply_is_refused_still_prepares_claim_time_claims(
+        gpusim_node, cluster, start_agent, dra_env, tmp_path):
+    """Breaker (issue 40.1): the day-two state of an edited layout that a VM refuses (it holds a VF the new layout
+    would retype). The restarted agent's first apply fails on the layout GPU; the claim-time GPU is untouched by
+    that refusal, so its claims prepare: one completed (answered from the checkpoint), one a kill cut short
+    mid-prepare (its own VF), and a new one. Its offers stay published, untainted."""
+    kubelet, kubelet_dir, cdi_dir = dra_env
+    node = gpusim_node("l40s:2")
+    layout_pf, pf = node.pfs()
+    program(node, [], per_pf=0)
+    device = claim_time.device_name("L40S-12Q", pf)
+    names = ["vm-a-gpu", "vm-b-gpu", "vm-c-gpu"]
+    state = dra_state([(CLAIMS, "vms", claim(name, uid, device, share))
+                       for share, (name, uid) in enumerate(zip(names, UIDS), 1)])
+    state["resources"] = dict(copy.deepcopy(RESOURCES), **DRA_RESOURCES)
+    cluster.api.reset(state)
+    env = dict(DRA_DRIVER="true", KUBELET_DIR=kubelet_dir, CDI_DIR=cdi_dir, RESYNC_INTERVAL=600,
+               CONFIG_FILE=config_file(tmp_path, {"devices": [1], "profiles": ["L40S-12Q"]}))
+    first = start_agent(node, cluster.api, **env)
+    first.wait("success", "default")
+    kubelet.wait("the driver registered", lambda k: any(r["registered"] for r in k.registrations.values()))
+    assert kubelet.prepare(DRIVER, [("vms", names[0], UIDS[0])])[UIDS[0]]["error"] == ""
+    first.proc.kill()
+    first.proc.wait()
+    plugin_dir = claim_holders.plugin_dir(kubelet_dir)
+    record = checkpoint.Checkpoint(plugin_dir, checkpoint.read_boot_id("/proc"))
+    [vf_a] = [d["key"] for d in record.get(UIDS[0])["devices"]]
+    vf_b = [vf for vf in node.vfs(pf) if vf != vf_a][0]
+    node.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf_b, L40S_12Q)     # B's type written, then the kill
+    record.set(UIDS[1], "vms", names[1], checkpoint.STARTED, [{
+        "requests": ["gpu"], "pool": slices.pool_name(NODE), "device": device, "key": vf_b, "typeID": int(L40S_12Q),
+        "cdiIDs": [], "claimTime": True}])
+    record.save()
+    [held] = [vf for vf in node.vfs(layout_pf) if current(node, vf) == L40S_24Q][:1]
+    node.hold(held)                 # a VM runs on the layout GPU; the operator edits the layout it refuses
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump({"version": "v1", "vgpu-configs": {
+        "default": [{"devices": "all", "vgpu-devices": {"L40S-12Q": 4}}]},
+        "claim-time": [{"devices": [1], "profiles": ["L40S-12Q"]}]}))
+    node.clear_log()
+    agent = start_agent(node, cluster.api, **dict(env, CONFIG_FILE=str(edited)))
+    assert "held" in agent.wait("failed", "default")["reason"]
+
+    def answered():
+        try:
+            return kubelet.prepare(DRIVER, [("vms", name, uid) for name, uid in zip(names, UIDS)])
+        except KubeletError:
+            return None
+    answer = wait_for("an answer from the restarted driver", answered, timeout=30, interval=0.2)
+    assert [answer[uid]["error"] for uid in UIDS] == ["", "", ""]
+    entries = checkpoint.Checkpoint(plugin_dir).claims
+    assert [entries[uid]["state"] for uid in UIDS] == [checkpoint.COMPLETED] * 3
+    assert entries[UIDS[1]]["devices"][0]["key"] == vf_b
+    stored = [d for s in stored_slices(cluster.api) for d in s["spec"].get("devices") or () if d["name"] == device]
+    assert len(stored) == 1 and not stored[0].get("taints")
+    assert current(node, held) == L40S_24Q

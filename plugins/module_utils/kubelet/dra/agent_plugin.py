@@ -142,20 +142,25 @@ class VgpuDraPlugin:
                 except Exception as exc:  # pylint: disable=broad-exception-caught
                     self.log("DRA driver: cannot serve the kubelet: %s" % exc)
 
-    def reconciled(self, node_uid=None, sysfs=None, result=None):
+    def reconciled(self, node_uid=None, sysfs=None, result=None, planned=None):
+        """`planned`: (sysfs, Modes.result()) of a failed apply that planned the claim-time GPUs' offers before it
+        failed (a layout a VM refuses on another GPU): those GPUs are served as it found them."""
         allocated = _once(self._allocated)
+        recorded = None
         if result is not None:
             current = self.view.remember(dra_devices.from_apply(sysfs, result))
-            offers = [] if self.claim_time_refused else claim_time.offers(sysfs, result.get("claim_time"))
-            self.claim_time = offers + self._still_used(offers, allocated)
-            self.driver.claim_time.update(self.claim_time)
+            self._offer(sysfs, result.get("claim_time"), allocated)
         else:
             current = self.view.still_there()
-            # a restarted agent's failed first reconcile: the claim-time devices stay as the API has them
-            self.claim_time = self.claim_time or self._published_before()
+            recorded = self._recorded_claim_time()
+            if planned is not None and recorded is not None:
+                # a GPU the failed apply did not finish moving to claim-time (not recorded) offers nothing yet
+                self._offer(planned[0], [gpu for gpu in planned[1] if gpu["address"] in recorded], allocated)
+            else:   # the devices stay as last published (a restarted agent: as the API has them)
+                self.claim_time = self.claim_time or self._published_before()
+                self.driver.claim_time.update(self.claim_time)
         on_claim_time = claim_time.gpus_of(self.claim_time)   # their VFs are typed by Prepare: no fixed devices
         if result is None:      # no apply says which GPUs are claim-time now: the last one's record does too
-            recorded = self._recorded_claim_time()
             on_claim_time = None if recorded is None else on_claim_time | recorded
         current = [device for device in current if on_claim_time is not None and device.parent_gpu not in on_claim_time]
         with self._publishing:
@@ -190,6 +195,12 @@ class VgpuDraPlugin:
             self.log("DRA driver: the API server dropped the device taints of node %s (DRADeviceTaints off): a "
                      "claim-time profile no longer offered stays published untainted while claims use it, and new "
                      "claims may still get it" % self.settings.node_name)
+
+    def _offer(self, sysfs, claim_time_result, allocated):
+        """The claim-time devices published and prepared: the offers, and those still used (_still_used)."""
+        offers = [] if self.claim_time_refused else claim_time.offers(sysfs, claim_time_result)
+        self.claim_time = offers + self._still_used(offers, allocated)
+        self.driver.claim_time.update(self.claim_time)
 
     def _allocated(self):
         """{(pool, device)} the API's ResourceClaims have allocated from this node's pools; None when the API cannot

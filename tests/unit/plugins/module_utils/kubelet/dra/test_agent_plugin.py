@@ -332,8 +332,33 @@ def test_a_restarted_agent_keeps_a_used_profile_the_new_config_no_longer_offers(
 def test_a_restarted_agents_failed_first_reconcile_keeps_the_claim_time_devices_the_api_has(plugin, tmp_path):
     plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
     claim_time_layout.write_modes(claim_time_layout.modes_path(str(tmp_path / "kubelet")), [L40S])
-    restarted(plugin).reconciled("uid-1")
+    again = restarted(plugin)
+    again.reconciled("uid-1")
     assert {D12, D24} <= set(stored_devices(plugin.api)) and not [n for n in stored_devices(plugin.api)
                                                                  if n.startswith("l40s-24q-0000-41")]
     assert [c["name"] for s in plugin.api.slices.values() for c in s["spec"].get("sharedCounters") or ()] == [
         "gpu-0000-41-00-0"]
+    assert again.driver.claim_time.owns(D12) and again.driver.claim_time.owns(D24)   # its claims prepare too
+
+
+def test_a_failed_apply_that_planned_the_claim_time_offers_serves_them_on_recorded_gpus_only(plugin, tmp_path):
+    """A layout refused on another GPU (a VM holds a VF) fails the apply after the claim-time GPUs' offers were
+    planned: a restarted agent serves those (a narrowed allow-list tainting as after a success); a GPU the failed
+    apply did not finish moving to claim-time (not recorded) offers nothing."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    record(plugin.dra, D12)
+    plugin.dra.driver.checkpoint.save()
+    modes = claim_time_layout.modes_path(str(tmp_path / "kubelet"))
+    claim_time_layout.write_modes(modes, [L40S])
+    again = restarted(plugin)
+    again.reconciled("uid-1", planned=(plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"])["claim_time"]))
+    found = stored_devices(plugin.api)
+    assert "taints" not in found[D24] and found[D12]["taints"]
+    assert again.driver.claim_time.owns(D24) and again.driver.claim_time.owns(D12)
+    claim_time_layout.write_modes(modes, [])
+    plugin.dra.driver.checkpoint.drop("uid-a")
+    plugin.dra.driver.checkpoint.save()
+    plugin.clock[0] += agent_plugin.WITHDRAW_GRACE
+    third = restarted(plugin)
+    third.reconciled("uid-1", planned=(plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"])["claim_time"]))
+    assert stored_devices(plugin.api)[D24]["taints"]       # not offered: withdrawn (after its grace, gone)
