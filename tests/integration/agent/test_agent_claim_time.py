@@ -302,3 +302,44 @@ def test_a_restarted_agent_whose_first_apply_is_refused_still_prepares_claim_tim
     stored = [d for s in stored_slices(cluster.api) for d in s["spec"].get("devices") or () if d["name"] == device]
     assert len(stored) == 1 and not stored[0].get("taints")
     assert current(node, held) == L40S_24Q
+
+
+def test_a_reboot_with_a_narrowed_allow_list_keeps_the_used_profile_published_tainted_and_preparable(
+        gpusim_node, cluster, start_agent, dra_env, tmp_path):
+    """Breaker (issue 40.2 with a reboot): the allow-list narrowed, then the node reboots before a claim of the dropped
+    profile is released. The kubelet that starts deletes the node's slices before the agent starts, then prepares
+    the claim again (an earlier boot's): its device must still be published, tainted (kube-scheduler charges the
+    GPU's counter for it: no 24Q next to it), and its claim prepared."""
+    kubelet, kubelet_dir, cdi_dir = dra_env
+    node = gpusim_node("l40s:1")
+    [pf] = node.pfs()
+    program(node, [], per_pf=0)
+    device = claim_time.device_name("L40S-12Q", pf)
+    state = dra_state([(CLAIMS, "vms", claim("vm-a-gpu", UIDS[0], device, 1))])
+    state["resources"] = dict(copy.deepcopy(RESOURCES), **DRA_RESOURCES)
+    cluster.api.reset(state)
+    env = dict(DRA_DRIVER="true", KUBELET_DIR=kubelet_dir, CDI_DIR=cdi_dir, RESYNC_INTERVAL=600)
+    first = start_agent(node, cluster.api, **dict(env, CONFIG_FILE=config_file(
+        tmp_path, {"devices": "all", "profiles": ["L40S-24Q", "L40S-12Q"]})))
+    first.wait("success", "default")
+    kubelet.wait("the driver registered", lambda k: any(r["registered"] for r in k.registrations.values()))
+    assert kubelet.prepare(DRIVER, [("vms", "vm-a-gpu", UIDS[0])])[UIDS[0]]["error"] == ""
+    first.stop()
+    narrowed = config_file(tmp_path, {"devices": "all", "profiles": ["L40S-24Q"]})
+    node.ctl("reboot")
+    plugin_dir = claim_holders.plugin_dir(kubelet_dir)
+    record = checkpoint.Checkpoint(plugin_dir)
+    record.claims[UIDS[0]]["bootID"] = "an-earlier-boot"    # gpusim reboots the devices, not /proc's boot ID
+    record.save()
+    kubelet.api_url, kubelet.node = cluster.api.url, NODE
+    assert kubelet.wipe_resource_slices() and published_devices(cluster.api) == {}   # the kubelet's start
+    agent = start_agent(node, cluster.api, **dict(env, CONFIG_FILE=narrowed))
+    agent.wait("success", "default")
+    found = wait_for("the used 12Q device published again",
+                     lambda: published_devices(cluster.api).get(device), timeout=10)
+    assert [{k: t[k] for k in ("key", "effect")} for t in found["taints"]] == [claim_time.WITHDRAWN_TAINT]
+    kubelet.wait("the driver registered", lambda k: any(r["registered"] for r in k.registrations.values()))
+    answer = kubelet.prepare(DRIVER, [("vms", "vm-a-gpu", UIDS[0])])[UIDS[0]]
+    assert answer["error"] == ""
+    [vf] = [d["key"] for d in checkpoint.Checkpoint(plugin_dir).get(UIDS[0])["devices"]]
+    assert current(node, vf) == L40S_12Q

@@ -36,10 +36,12 @@ second after a deletion its watch of this node's slices sees, with the devices l
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError, KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, claims
@@ -76,6 +78,9 @@ CLAIM_READ_TIMEOUT = 10.0       # seconds a prepare waits for the API server's a
 # seconds a profile device no longer offered stays published (tainted) at least: an allocation kube-scheduler made
 # before it saw the taint is written to the claim within its binding cycle, and a later listing then finds it
 WITHDRAW_GRACE = 30.0
+# the claim-time devices last published, kept next to the checkpoint: a kubelet that starts (after a reboot) deletes
+# every slice of its node before the agent starts, and a device no longer offered must stay while claims use it
+PUBLISHED_FILE = "claim-time-published.json"
 
 
 class VgpuDraPlugin:
@@ -96,6 +101,7 @@ class VgpuDraPlugin:
         self.pool_settled = False      # publishing `<node>/<driver>`, no claim uses the node's name (_choose_pool)
         self.taints_said = False
         self.seeded = False            # the API's slices were asked what an earlier agent published (_published_before)
+        self.saved = None              # the claim-time devices last written to PUBLISHED_FILE (_save_published)
         self.keeper = SliceKeeper(api, settings.node_name, dra_devices.DRIVER, self._republish, log)
         self.service = DraService(self.driver, self.paths, on_registered=self.keeper.resync)
         self.watch_interval = watch_interval
@@ -201,6 +207,7 @@ class VgpuDraPlugin:
         offers = [] if self.claim_time_refused else claim_time.offers(sysfs, claim_time_result)
         self.claim_time = offers + self._still_used(offers, allocated)
         self.driver.claim_time.update(self.claim_time)
+        self._save_published()
 
     def _allocated(self):
         """{(pool, device)} the API's ResourceClaims have allocated from this node's pools; None when the API cannot
@@ -256,7 +263,42 @@ class VgpuDraPlugin:
         except (KubeApiError, KubeUnavailable):
             return []
         self.seeded = True
-        return claim_time.from_slices(found)
+        # the slices first (what kube-scheduler sees), then what this node recorded (PUBLISHED_FILE): the kubelet
+        # deleted the slices since (it started: a reboot), or the API server lost them
+        names = {entry.get("name") for item in found for entry in (item.get("spec") or {}).get("devices") or ()}
+        kept = [entry for entry in self._read_published() if entry.get("name") not in names]
+        return claim_time.from_slices(list(found) + [{"spec": {"devices": kept}}])
+
+    def _published_path(self):
+        return os.path.join(self.paths.plugin_dir(dra_devices.DRIVER), PUBLISHED_FILE)
+
+    def _read_published(self):
+        """The device entries PUBLISHED_FILE holds; [] when there is none or it cannot be read (one line)."""
+        try:
+            with open(self._published_path()) as handle:
+                entries = json.load(handle).get("devices")
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, AttributeError) as exc:
+            self.log("DRA driver: %s cannot be read (%s); only the API's slices say what was published"
+                     % (self._published_path(), exc))
+            return []
+        return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
+
+    def _save_published(self):
+        """PUBLISHED_FILE holds the claim-time profile devices, when they changed (rarely: an allow-list edit, a
+        claim-time GPU added, a device withdrawn for good)."""
+        devices = [item.to_api() for item in self.claim_time if isinstance(item, claim_time.ProfileDevice)]
+        if devices == self.saved:
+            return
+        try:
+            write_file(self._published_path(), json.dumps({"devices": devices}, sort_keys=True) + "\n", 0o644,
+                       sync=RENAME)
+        except (EngineError, OSError) as exc:
+            self.log("DRA driver: cannot record the claim-time devices published in %s: %s" % (
+                self._published_path(), exc))
+            return
+        self.saved = devices
 
     def _choose_pool(self, allocated):
         """Publish as `<node>/<driver>` (slices.pool_name) unless a claim may still use the pool named after the node

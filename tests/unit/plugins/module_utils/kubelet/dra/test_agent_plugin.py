@@ -362,3 +362,20 @@ def test_a_failed_apply_that_planned_the_claim_time_offers_serves_them_on_record
     third = restarted(plugin)
     third.reconciled("uid-1", planned=(plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"])["claim_time"]))
     assert stored_devices(plugin.api)[D24]["taints"]       # not offered: withdrawn (after its grace, gone)
+
+
+def test_a_used_profile_no_longer_offered_survives_a_reboot_that_wiped_the_slices(plugin):
+    """An allow-list narrowed, then a reboot: the kubelet that starts deletes every slice of its node before the agent
+    starts, so the API no longer says what was published. The claim prepared before the reboot is prepared again by
+    the kubelet: its device must still be published (tainted, charging its GPU's counter) and preparable."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    narrowed = claim_time_result(plugin.node, ["L40S-24Q"])
+    plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
+    record(plugin.dra, D12)
+    plugin.dra.driver.checkpoint.save()
+    plugin.api.slices.clear()           # the kubelet's start after the reboot
+    again = restarted(plugin)
+    again.reconciled("uid-1", plugin.sysfs, narrowed)
+    found = stored_devices(plugin.api)
+    assert found[D12]["taints"] and found[D12]["capacity"]["instances"]["value"] == "4"
+    assert again.driver.claim_time.owns(D12)
