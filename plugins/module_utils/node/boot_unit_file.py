@@ -134,8 +134,8 @@ def text(selected, layout, command, manager_units=MANAGER_UNITS, before_units=BE
         "# survive a reboot or a restart of the vGPU manager.",
         "[Unit]",
         "Description=accelops vGPU layout (%s)" % _selected(selected),
-        # a URL: percent-encoded (a blank would split the list), its % then doubled for the specifiers
-        "Documentation=file://%s" % _specifiers(quote(_checked("layout", layout), safe="/!$&'()*+,;=:@")),
+        # a URL: percent-encoded (a blank would split the list, a quote open one), its % then doubled for specifiers
+        "Documentation=file://%s" % _specifiers(quote(_checked("layout", layout), safe="/!$&()*+,;=:@")),
         "After=%s" % managers,
     ]
     if before_units:
