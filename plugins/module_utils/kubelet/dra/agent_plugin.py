@@ -16,7 +16,9 @@ The agent calls, from its reconcile thread:
   (changed or re-asserted) they are the apply result's (devices.from_apply: the reconcile's own inventory, no
   second scan, the GPUs the layout selects: the agent serves what it programs, as its device plugin does); after
   a failure, which may have changed part of the node, the devices last published that are still what they were
-  (a few reads each; one full read of the node only when nothing was published yet).
+  (a few reads each; one full read of the node only when nothing was published yet); the claim-time offers then
+  are those the failed apply planned before it failed, on the GPUs recorded as claim-time (`planned`), else the
+  devices last published (a restarted agent: the API's slices and PUBLISHED_FILE).
   The API is only written when the devices differ from the last publish; a LIST that also removes stale or
   foreign-changed slices of this node runs on the first publish, after an API error and every
   FULL_PUBLISH_INTERVAL. An API error is logged and the next reconcile tries again.
