@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_unit_file
 
 CLI, LAYOUT, HANDOVER = "/usr/local/bin/accelops-vgpu", "/etc/accelops-vgpu/layout.json", "/etc/accelops-vgpu/agent-applied.json"
@@ -217,3 +218,15 @@ def test_a_layout_path_with_a_quote_gives_a_documentation_url_systemd_reads(tmp_
     done = subprocess.run([SYSTEMD_ANALYZE, "verify", "--man=no", str(unit)], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0 and str(unit) not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("char", ["\\", "'", '"'])
+def test_a_node_cli_path_systemd_would_not_execute_is_refused_naming_it(char):
+    """systemd refuses an executable path with a quote or a backslash, quoted or not (src/core/load-fragment.c
+    config_parse_exec: string_is_safe; systemd-analyze verify: 'Executable name contains special characters', a
+    fatal error): one line, before anything is written, instead of a unit that never starts."""
+    cli = "/opt/it%ss/accelops-vgpu" % char
+    with pytest.raises(boot_unit_file.UnitValueError) as err:
+        boot_unit_file.exec_start(cli, LAYOUT, "default", HANDOVER, ("/sys", "/dev", "/proc", None), {})
+    assert str(err.value) == ("boot unit: node_cli %s has a quote or a backslash, which systemd does not take in the "
+                              "path of the command it runs" % shown(cli))
