@@ -106,6 +106,7 @@ class Agent:
         self.serial = time.time_ns()
         self.checks = 0             # reconciles run: each reads the node's sysfs once (a check-mode plan)
         self.reconcile_engine = None  # the engine of the reconcile under way (its in-use answers, read once)
+        self.planned = None     # (sysfs, claim-time offers) a failed apply planned before it failed
         # a vGPU-manager restart between reconciles (agent/manager_probe.py): noticed, re-applied, reported
         self.probe = ManagerProbe(Sysfs(settings.sysfs_root), settings.manager_probe_interval, clock)
         self.restart_backoff = Backoff(base=settings.manager_probe_interval, cap=settings.resync_interval)
@@ -229,7 +230,7 @@ class Agent:
         name = wanted[0]
         self.checks += 1
         self.written, self.own_versions = None, set()
-        self.reconcile_engine = None
+        self.reconcile_engine = self.planned = None
         self.telemetry.reconcile_started()
         try:
             state, profiles, reason, changed, applied = self._converge(node, name)
@@ -243,7 +244,7 @@ class Agent:
         self.api_backoff.reset()
         self.reconciled, self.next_resync = wanted, self.clock() + self.settings.resync_interval
         if self.dra_plugin is not None:     # the node as it is now, applied or not, reaches the slices
-            self.dra_plugin.reconciled(_meta_field(node, "uid"), *(applied or (None, None)))
+            self.dra_plugin.reconciled(_meta_field(node, "uid"), *(applied or (None, None)), planned=self.planned)
         if applied is not None:
             # armed once the DRA plugin knows this apply's claim-time offers: before, its claim_time_vfs (the probe's
             # `claimed`) names no VF on the first reconcile, so a claim's VF left untyped on purpose (a process holds
@@ -318,6 +319,8 @@ class Agent:
                          config=name)
             return vdm.SUCCESS, profiles, None, bool(changing), (engine.sysfs, result)
         self._serve_programmed(engine, entries)
+        if engine is not None and engine.offers_planned:   # a refused layout leaves the claim-time GPUs' offers good
+            self.planned = (engine.sysfs, engine.modes.result())
         self._finish(changing[-1] if changing else node, vdm.FAILED, None, reason, applied=bool(changing),
                      config=name)
         return vdm.FAILED, None, reason, False, None

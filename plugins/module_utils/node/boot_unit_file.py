@@ -22,8 +22,9 @@ with anything else systemd reads specially is put in double quotes with `\\` and
 "Command lines": C-style escapes inside quotes), an Environment= assignment likewise (systemd.exec(5));
 the layout's path becomes a file: URL (percent-encoded) in Documentation=. A control character (a newline
 would start a new setting) is refused, one line naming the option, before anything is written; so is a
-`selected` that is no vgpu-device-manager config name (a label value) and a unit name systemd would not
-take. Values without special characters come out byte for byte as the role's old template wrote them.
+`selected` that is no vgpu-device-manager config name (a label value), a unit name systemd would not
+take, and a command path with a quote or a backslash (systemd runs no such path). Values without special
+characters come out byte for byte as the role's old template wrote them.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def exec_start(cli, layout, selected, agent_applied, roots, options):
     module's; only what differs from the CLI's defaults is spelled out."""
     sysfs, dev, proc, kubelet_dir = roots
     # the executable's path is not searched for variables (systemd.service(5)): its $ stays as is
-    argv = [("node_cli", cli, False), "apply", "--config", ("layout", layout), "--selected", ("selected", _selected(selected)),
+    argv = [("node_cli", _executable(cli), False), "apply", "--config", ("layout", layout),
+            "--selected", ("selected", _selected(selected)),
             "--agent-applied", ("agent_applied", agent_applied), "--sysfs-root", ("sysfs_root", sysfs),
             "--dev-root", ("dev_root", dev), "--proc-root", ("proc_root", proc)]
     if kubelet_dir:
@@ -98,6 +100,16 @@ def exec_start(cli, layout, selected, agent_applied, roots, options):
     if options.get("mig_gi_cleanup", "destroy") != "destroy":
         argv += ["--mig-gi-cleanup", ("mig_gi_cleanup", options["mig_gi_cleanup"])]
     return " ".join(_word(*arg) if isinstance(arg, tuple) else arg for arg in argv)
+
+
+def _executable(path):
+    """The command's path: systemd will not run one with a quote or a backslash, quoted or not
+    (src/core/load-fragment.c config_parse_exec, string_is_safe: 'Executable name contains special characters',
+    a fatal unit)."""
+    if any(char in _checked("node_cli", path) for char in "\\'\""):
+        raise UnitValueError("boot unit: node_cli %s has a quote or a backslash, which systemd does not take in "
+                             "the path of the command it runs" % shown(path))
+    return path
 
 
 def _selected(name):
@@ -134,8 +146,8 @@ def text(selected, layout, command, manager_units=MANAGER_UNITS, before_units=BE
         "# survive a reboot or a restart of the vGPU manager.",
         "[Unit]",
         "Description=accelops vGPU layout (%s)" % _selected(selected),
-        # a URL: percent-encoded (a blank would split the list), its % then doubled for the specifiers
-        "Documentation=file://%s" % _specifiers(quote(_checked("layout", layout), safe="/!$&'()*+,;=:@")),
+        # a URL: percent-encoded (a blank would split the list, a quote open one), its % then doubled for specifiers
+        "Documentation=file://%s" % _specifiers(quote(_checked("layout", layout), safe="/!$&()*+,;=:@")),
         "After=%s" % managers,
     ]
     if before_units:

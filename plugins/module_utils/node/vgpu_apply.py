@@ -230,6 +230,9 @@ class Node:
         # before_writes(names): told which VFs and mdevs the writes will touch, before the first (the agent's device
         # plugin stops serving them: VgpuDevicePlugin.withdraw)
         self.before_writes = None
+        # plan() got as far as the claim-time GPUs' offers (modes.offers): true also when the layout's plan or writes
+        # fail after them (the agent still serves those GPUs: agent_plugin.reconciled `planned`)
+        self.offers_planned = False
 
     @property
     def in_use(self):
@@ -347,6 +350,7 @@ class Node:
         gpus = dict((g.address, g) for g in nvidia_gpus(self.sysfs, vfs_of))
         selection = resolve(entries, list(gpus.values()), self.sysfs)
         walked = []
+        self.offers_planned = False
 
         def held_for_modes(scope):
             walked.append(True)
@@ -357,6 +361,7 @@ class Node:
         selection = OrderedDict((a, e) for a, e in selection.items() if a not in self.modes.gpus)
         for address, allow in self.modes.offerable():     # a claim-time GPU passed through offers nothing
             self._claim_time_offers(gpus[address], allow, vfs_of.get(address), enable_vfs and state == "present")
+        self.offers_planned = True
         self.skipped = self.modes.reserved + drop_reserved(selection, list(gpus.values()), self.sysfs, self.take_over)
         frameworks, no_vgpu = frameworks_of(self.sysfs, selection, gpus, vfs_of)
         self.skipped += no_vgpu

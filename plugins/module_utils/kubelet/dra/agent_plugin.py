@@ -16,7 +16,9 @@ The agent calls, from its reconcile thread:
   (changed or re-asserted) they are the apply result's (devices.from_apply: the reconcile's own inventory, no
   second scan, the GPUs the layout selects: the agent serves what it programs, as its device plugin does); after
   a failure, which may have changed part of the node, the devices last published that are still what they were
-  (a few reads each; one full read of the node only when nothing was published yet).
+  (a few reads each; one full read of the node only when nothing was published yet); the claim-time offers then
+  are those the failed apply planned before it failed, on the GPUs recorded as claim-time (`planned`), else the
+  devices last published (a restarted agent: the API's slices and PUBLISHED_FILE).
   The API is only written when the devices differ from the last publish; a LIST that also removes stale or
   foreign-changed slices of this node runs on the first publish, after an API error and every
   FULL_PUBLISH_INTERVAL. An API error is logged and the next reconcile tries again.
@@ -36,10 +38,12 @@ second after a deletion its watch of this node's slices sees, with the devices l
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeApiError, KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, claims
@@ -76,6 +80,9 @@ CLAIM_READ_TIMEOUT = 10.0       # seconds a prepare waits for the API server's a
 # seconds a profile device no longer offered stays published (tainted) at least: an allocation kube-scheduler made
 # before it saw the taint is written to the claim within its binding cycle, and a later listing then finds it
 WITHDRAW_GRACE = 30.0
+# the claim-time devices last published, kept next to the checkpoint: a kubelet that starts (after a reboot) deletes
+# every slice of its node before the agent starts, and a device no longer offered must stay while claims use it
+PUBLISHED_FILE = "claim-time-published.json"
 
 
 class VgpuDraPlugin:
@@ -96,6 +103,7 @@ class VgpuDraPlugin:
         self.pool_settled = False      # publishing `<node>/<driver>`, no claim uses the node's name (_choose_pool)
         self.taints_said = False
         self.seeded = False            # the API's slices were asked what an earlier agent published (_published_before)
+        self.saved = None              # the claim-time devices last written to PUBLISHED_FILE (_save_published)
         self.keeper = SliceKeeper(api, settings.node_name, dra_devices.DRIVER, self._republish, log)
         self.service = DraService(self.driver, self.paths, on_registered=self.keeper.resync)
         self.watch_interval = watch_interval
@@ -142,20 +150,25 @@ class VgpuDraPlugin:
                 except Exception as exc:  # pylint: disable=broad-exception-caught
                     self.log("DRA driver: cannot serve the kubelet: %s" % exc)
 
-    def reconciled(self, node_uid=None, sysfs=None, result=None):
+    def reconciled(self, node_uid=None, sysfs=None, result=None, planned=None):
+        """`planned`: (sysfs, Modes.result()) of a failed apply that planned the claim-time GPUs' offers before it
+        failed (a layout a VM refuses on another GPU): those GPUs are served as it found them."""
         allocated = _once(self._allocated)
+        recorded = None
         if result is not None:
             current = self.view.remember(dra_devices.from_apply(sysfs, result))
-            offers = [] if self.claim_time_refused else claim_time.offers(sysfs, result.get("claim_time"))
-            self.claim_time = offers + self._still_used(offers, allocated)
-            self.driver.claim_time.update(self.claim_time)
+            self._offer(sysfs, result.get("claim_time"), allocated)
         else:
             current = self.view.still_there()
-            # a restarted agent's failed first reconcile: the claim-time devices stay as the API has them
-            self.claim_time = self.claim_time or self._published_before()
+            recorded = self._recorded_claim_time()
+            if planned is not None and recorded is not None:
+                # a GPU the failed apply did not finish moving to claim-time (not recorded) offers nothing yet
+                self._offer(planned[0], [gpu for gpu in planned[1] if gpu["address"] in recorded], allocated)
+            else:   # the devices stay as last published (a restarted agent: as the API has them)
+                self.claim_time = self.claim_time or self._published_before()
+                self.driver.claim_time.update(self.claim_time)
         on_claim_time = claim_time.gpus_of(self.claim_time)   # their VFs are typed by Prepare: no fixed devices
         if result is None:      # no apply says which GPUs are claim-time now: the last one's record does too
-            recorded = self._recorded_claim_time()
             on_claim_time = None if recorded is None else on_claim_time | recorded
         current = [device for device in current if on_claim_time is not None and device.parent_gpu not in on_claim_time]
         with self._publishing:
@@ -190,6 +203,13 @@ class VgpuDraPlugin:
             self.log("DRA driver: the API server dropped the device taints of node %s (DRADeviceTaints off): a "
                      "claim-time profile no longer offered stays published untainted while claims use it, and new "
                      "claims may still get it" % self.settings.node_name)
+
+    def _offer(self, sysfs, claim_time_result, allocated):
+        """The claim-time devices published and prepared: the offers, and those still used (_still_used)."""
+        offers = [] if self.claim_time_refused else claim_time.offers(sysfs, claim_time_result)
+        self.claim_time = offers + self._still_used(offers, allocated)
+        self.driver.claim_time.update(self.claim_time)
+        self._save_published()
 
     def _allocated(self):
         """{(pool, device)} the API's ResourceClaims have allocated from this node's pools; None when the API cannot
@@ -245,7 +265,42 @@ class VgpuDraPlugin:
         except (KubeApiError, KubeUnavailable):
             return []
         self.seeded = True
-        return claim_time.from_slices(found)
+        # the slices first (what kube-scheduler sees), then what this node recorded (PUBLISHED_FILE): the kubelet
+        # deleted the slices since (it started: a reboot), or the API server lost them
+        names = {entry.get("name") for item in found for entry in (item.get("spec") or {}).get("devices") or ()}
+        kept = [entry for entry in self._read_published() if entry.get("name") not in names]
+        return claim_time.from_slices(list(found) + [{"spec": {"devices": kept}}])
+
+    def _published_path(self):
+        return os.path.join(self.paths.plugin_dir(dra_devices.DRIVER), PUBLISHED_FILE)
+
+    def _read_published(self):
+        """The device entries PUBLISHED_FILE holds; [] when there is none or it cannot be read (one line)."""
+        try:
+            with open(self._published_path()) as handle:
+                entries = json.load(handle).get("devices")
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, AttributeError) as exc:
+            self.log("DRA driver: %s cannot be read (%s); only the API's slices say what was published"
+                     % (self._published_path(), exc))
+            return []
+        return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
+
+    def _save_published(self):
+        """PUBLISHED_FILE holds the claim-time profile devices, when they changed (rarely: an allow-list edit, a
+        claim-time GPU added, a device withdrawn for good)."""
+        devices = [item.to_api() for item in self.claim_time if isinstance(item, claim_time.ProfileDevice)]
+        if devices == self.saved:
+            return
+        try:
+            write_file(self._published_path(), json.dumps({"devices": devices}, sort_keys=True) + "\n", 0o644,
+                       sync=RENAME)
+        except (EngineError, OSError) as exc:
+            self.log("DRA driver: cannot record the claim-time devices published in %s: %s" % (
+                self._published_path(), exc))
+            return
+        self.saved = devices
 
     def _choose_pool(self, allocated):
         """Publish as `<node>/<driver>` (slices.pool_name) unless a claim may still use the pool named after the node

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import boot_unit_file
 
 CLI, LAYOUT, HANDOVER = "/usr/local/bin/accelops-vgpu", "/etc/accelops-vgpu/layout.json", "/etc/accelops-vgpu/agent-applied.json"
@@ -200,3 +201,31 @@ def test_what_a_setting_cannot_carry_is_refused(option, value, message):
     with pytest.raises(boot_unit_file.UnitValueError) as err:
         boot_unit_file.text("default", args["layout"], "x", args["manager_units"])
     assert str(err.value).startswith(message)
+
+
+@pytest.mark.skipif(not SYSTEMD_ANALYZE, reason="systemd-analyze (Debian: systemd) not installed")
+def test_a_layout_path_with_a_quote_gives_a_documentation_url_systemd_reads(tmp_path):
+    """Documentation= is a list of words systemd unquotes: a ' left in the URL was 'Invalid syntax, ignoring'."""
+    cli = tmp_path / "accelops-vgpu"
+    cli.write_text("#!/bin/sh\n")
+    cli.chmod(0o755)
+    layout = "/etc/it's/läyout.json"
+    command = boot_unit_file.exec_start(str(cli), layout, "default", HANDOVER, ("/sys", "/dev", "/proc", None), {})
+    unit = tmp_path / "accelops-vgpu.service"
+    unit.write_text(boot_unit_file.text("default", layout, command))
+    assert setting(unit.read_text(), "Documentation") == "file:///etc/it%%27s/l%%C3%%A4yout.json"
+    done = subprocess.run([SYSTEMD_ANALYZE, "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0 and str(unit) not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("char", ["\\", "'", '"'])
+def test_a_node_cli_path_systemd_would_not_execute_is_refused_naming_it(char):
+    """systemd refuses an executable path with a quote or a backslash, quoted or not (src/core/load-fragment.c
+    config_parse_exec: string_is_safe; systemd-analyze verify: 'Executable name contains special characters', a
+    fatal error): one line, before anything is written, instead of a unit that never starts."""
+    cli = "/opt/it%ss/accelops-vgpu" % char
+    with pytest.raises(boot_unit_file.UnitValueError) as err:
+        boot_unit_file.exec_start(cli, LAYOUT, "default", HANDOVER, ("/sys", "/dev", "/proc", None), {})
+    assert str(err.value) == ("boot unit: node_cli %s has a quote or a backslash, which systemd does not take in the "
+                              "path of the command it runs" % shown(cli))

@@ -332,8 +332,50 @@ def test_a_restarted_agent_keeps_a_used_profile_the_new_config_no_longer_offers(
 def test_a_restarted_agents_failed_first_reconcile_keeps_the_claim_time_devices_the_api_has(plugin, tmp_path):
     plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
     claim_time_layout.write_modes(claim_time_layout.modes_path(str(tmp_path / "kubelet")), [L40S])
-    restarted(plugin).reconciled("uid-1")
+    again = restarted(plugin)
+    again.reconciled("uid-1")
     stored = set(stored_devices(plugin.api))
     assert {D12, D24} <= stored and not [n for n in stored if n.startswith("l40s-24q-0000-41")]
     assert [c["name"] for s in plugin.api.slices.values() for c in s["spec"].get("sharedCounters") or ()] == [
         "gpu-0000-41-00-0"]
+    assert again.driver.claim_time.owns(D12) and again.driver.claim_time.owns(D24)   # its claims prepare too
+
+
+def test_a_failed_apply_that_planned_the_claim_time_offers_serves_them_on_recorded_gpus_only(plugin, tmp_path):
+    """A layout refused on another GPU (a VM holds a VF) fails the apply after the claim-time GPUs' offers were
+    planned: a restarted agent serves those (a narrowed allow-list tainting as after a success); a GPU the failed
+    apply did not finish moving to claim-time (not recorded) offers nothing."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    record(plugin.dra, D12)
+    plugin.dra.driver.checkpoint.save()
+    modes = claim_time_layout.modes_path(str(tmp_path / "kubelet"))
+    claim_time_layout.write_modes(modes, [L40S])
+    again = restarted(plugin)
+    again.reconciled("uid-1", planned=(plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"])["claim_time"]))
+    found = stored_devices(plugin.api)
+    assert "taints" not in found[D24] and found[D12]["taints"]
+    assert again.driver.claim_time.owns(D24) and again.driver.claim_time.owns(D12)
+    claim_time_layout.write_modes(modes, [])
+    plugin.dra.driver.checkpoint.drop("uid-a")
+    plugin.dra.driver.checkpoint.save()
+    plugin.clock[0] += agent_plugin.WITHDRAW_GRACE
+    third = restarted(plugin)
+    third.reconciled("uid-1", planned=(plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"])["claim_time"]))
+    assert stored_devices(plugin.api)[D24]["taints"]       # not offered: withdrawn (after its grace, gone)
+
+
+def test_a_used_profile_no_longer_offered_survives_a_reboot_that_wiped_the_slices(plugin):
+    """An allow-list narrowed, then a reboot: the kubelet that starts deletes every slice of its node before the agent
+    starts, so the API no longer says what was published. The claim prepared before the reboot is prepared again by
+    the kubelet: its device must still be published (tainted, charging its GPU's counter) and preparable."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
+    narrowed = claim_time_result(plugin.node, ["L40S-24Q"])
+    plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
+    record(plugin.dra, D12)
+    plugin.dra.driver.checkpoint.save()
+    plugin.api.slices.clear()           # the kubelet's start after the reboot
+    again = restarted(plugin)
+    again.reconciled("uid-1", plugin.sysfs, narrowed)
+    found = stored_devices(plugin.api)
+    assert found[D12]["taints"] and found[D12]["capacity"]["instances"]["value"] == "4"
+    assert again.driver.claim_time.owns(D12)
