@@ -30,7 +30,8 @@ The agent calls, from its reconcile thread:
   PrepareStarted records whose claim is gone from the API server are cleaned (driver.clean_stale);
 - `close()` at SIGTERM: the sockets go (the kubelet stops calling); the slices stay for the next pod
   (a rolling update republishes them; the Node's deletion removes them through their owner reference).
-A thread serves the sockets again when one was deleted (or could not be served at the first reconcile). Slices
+A thread serves the sockets again when one was deleted (or could not be served at the first reconcile), and serves
+them SERVE_WITHOUT_INVENTORY s after the start when no reconcile has finished by then. Slices
 someone else deleted (a kubelet that starts deletes every slice of its node, then registers the plugin again) are
 published again by the SliceKeeper (slice_keeper.py): at once when the kubelet registers the plugin, and about a
 second after a deletion its watch of this node's slices sees, with the devices last published (no read of the node).
@@ -83,11 +84,16 @@ WITHDRAW_GRACE = 30.0
 # the claim-time devices last published, kept next to the checkpoint: a kubelet that starts (after a reboot) deletes
 # every slice of its node before the agent starts, and a device no longer offered must stay while claims use it
 PUBLISHED_FILE = "claim-time-published.json"
+# seconds after start the sockets are served even though no reconcile has finished (the API server is down, the
+# Node cannot be read): prepared claims are then answered from the checkpoint and unprepared (a pod that goes must
+# not wait for the API server), new claims hear the driver is starting (driver.READY_WAIT) until a reconcile knows
+# the devices. Well below the kubelet's 45 s per call, above a normal first reconcile.
+SERVE_WITHOUT_INVENTORY = 20.0
 
 
 class VgpuDraPlugin:
     def __init__(self, settings, api, make_engine, node_lock, log, watch_interval=1.0, clock=time.monotonic,
-                 serves=None):
+                 serves=None, serve_without_inventory=SERVE_WITHOUT_INVENTORY):
         """`node_lock(timeout)`: the node's apply lock (node/node_lock.py), waited for at most `timeout` s."""
         self.settings, self.api, self.make_engine, self.log = settings, api, make_engine, log
         self.paths = KubeletPaths(settings.kubelet_dir)
@@ -112,14 +118,17 @@ class VgpuDraPlugin:
         self._publishing = threading.Lock()     # the reconcile thread and the keeper's share the publisher
         self._stop = threading.Event()
         self.started = False            # start() was called: the first reconcile serves the sockets
+        self.started_at = None          # clock time of start(): the watch serves after serve_without_inventory
+        self.serve_without_inventory = serve_without_inventory
         self.serving = False            # the sockets were served once (the watch thread keeps them)
+        self._opening = threading.Lock()    # the reconcile thread and the watch thread may both serve first
 
     def start(self):
         if not os.path.isdir(self.paths.plugins_registry):
             raise KubeletDirError("kubelet directory %s: no plugins_registry/ directory (KUBELET_DIR or --kubelet-dir "
                                   "names the kubelet's root directory)" % self.paths.root)
         self.keeper.start()
-        self.started = True
+        self.started, self.started_at = True, self.clock()
         threading.Thread(target=self._watch, name="dra-watch", daemon=True).start()
         self.log("DRA driver %s: registering with the kubelet once the first reconcile knows the node's devices"
                  % dra_devices.DRIVER)
@@ -128,9 +137,13 @@ class VgpuDraPlugin:
     def _serve(self):
         """At the first reconcile: the driver knows its devices; the sockets are served, the kubelet registers us."""
         self.driver.inventory_known()
-        if not self.started or self.serving:
-            return
-        self.serving = True
+        self._open()
+
+    def _open(self):
+        with self._opening:
+            if not self.started or self.serving:
+                return
+            self.serving = True
         try:
             self.service.start()
         except Exception as exc:  # pylint: disable=broad-exception-caught
@@ -138,12 +151,21 @@ class VgpuDraPlugin:
             return
         self.log("DRA driver %s: serving the kubelet at %s" % (dra_devices.DRIVER, self.service.socket))
 
+    def _serve_without_inventory_due(self):
+        return (not self.serving and self.started_at is not None
+                and self.clock() - self.started_at >= self.serve_without_inventory)
+
     def _read_claim(self, namespace, name):
         return self.api.get_resource_claim(namespace, name, timeout=CLAIM_READ_TIMEOUT)
 
     def _watch(self):
         while not self._stop.wait(self.watch_interval):
-            if self.serving and not self.service.alive():
+            if self._serve_without_inventory_due():
+                self.log("DRA driver: no reconcile finished within %.0f s of the start (is the API server "
+                         "reachable?); serving the kubelet: prepared claims are answered from the checkpoint and "
+                         "unprepared, new ones hear the driver is starting" % self.serve_without_inventory)
+                self._open()
+            elif self.serving and not self.service.alive():
                 try:
                     self.service.restart()
                     self.log("DRA driver: a socket was gone; serving and registering again")

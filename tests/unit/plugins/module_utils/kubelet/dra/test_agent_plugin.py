@@ -2,6 +2,8 @@
 the sockets are never started)."""
 
 import copy
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -379,3 +381,26 @@ def test_a_used_profile_no_longer_offered_survives_a_reboot_that_wiped_the_slice
     found = stored_devices(plugin.api)
     assert found[D12]["taints"] and found[D12]["capacity"]["instances"]["value"] == "4"
     assert again.driver.claim_time.owns(D12)
+
+
+def test_with_no_reconcile_finished_the_sockets_are_served_after_a_while_and_new_claims_still_wait(plugin):
+    """The API server down at an agent restart: no reconcile finishes, but a pod that goes must be unprepared and a
+    prepared claim answered (from the checkpoint); the sockets are served SERVE_WITHOUT_INVENTORY s after the start,
+    new claims still wait for the first inventory; that reconcile serves nothing twice."""
+    dra, started = plugin.dra, []
+    dra.service = SimpleNamespace(start=lambda: started.append(1), alive=lambda: True, socket="dra.sock",
+                                  update_health=lambda devices: None)
+    dra.started, dra.started_at, dra.watch_interval = True, plugin.clock[0], 0.01
+    watch = threading.Thread(target=dra._watch, daemon=True)
+    watch.start()
+    time.sleep(0.2)
+    assert started == []
+    plugin.clock[0] += agent_plugin.SERVE_WITHOUT_INVENTORY
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dra._stop.set()
+    watch.join()
+    assert started == [1] and not dra.driver._ready.is_set()
+    dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
+    assert started == [1] and dra.driver._ready.is_set()
