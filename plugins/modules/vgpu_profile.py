@@ -156,8 +156,9 @@ options:
       node_cli:
         description:
           - The file is the node CLI C(accelops-vgpu), a zipapp built on the node from the engine this
-            module runs (the same bytes C(tools/build-node-cli.py) builds from the same collection), so
-            no file is transferred.
+            module runs (the same bytes C(tools/build-node-cli.py --without-agent) builds from the same
+            collection), so no file is transferred. It carries the node engine alone (C(apply), C(assert),
+            C(export), C(idle)); the node agent runs from its image (M(accelops.vgpu.agent_image)).
         type: bool
         default: false
       unit:
