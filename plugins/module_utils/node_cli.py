@@ -61,7 +61,7 @@ PROG = "accelops-vgpu"
 # Imported by name when the verb is `agent`: Ansible's module packer follows every import statement
 # (ansible-core lib/ansible/executor/module_common.py, ModuleDepFinder), so an import here would ship and
 # parse the agent and the kubelet plugins with every module that installs this CLI (cli_zipapp.py).
-AGENT_PACKAGE = __name__.rpartition(".")[0] + ".agent"
+AGENT_PACKAGE = "ansible_collections.accelops.vgpu.plugins.module_utils.agent"
 EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
 
