@@ -2,11 +2,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Build the node CLI `accelops-vgpu` as one zipapp file (stdlib only, any python3 >= 3.7).
 
-    python3 tools/build-node-cli.py [OUT]        # default OUT: .build/accelops-vgpu.pyz
+    python3 tools/build-node-cli.py [--without-agent] [OUT]    # default OUT: .build/accelops-vgpu.pyz
     python3 OUT apply --config vgpu.yaml --selected default
 
-The layout and the bytes come from plugins/module_utils/cli_zipapp.py, which the
-`vgpu_profile` module also uses to install the same CLI on a node: the same sources give the same
+By default the agent CLI (every verb, `agent` included: what the node agent image runs); with
+--without-agent the node CLI (the node engine alone: what `vgpu_profile` installs for the boot unit
+and the vGPU manager image carries). The layout and the bytes come from
+plugins/module_utils/cli_zipapp.py, which the modules also use: the same sources give the same
 bytes. Next to OUT goes OUT.sha1, the SHA-1 of OUT, so a role need not read the archive to know
 its checksum. Ansible itself is not needed on the node.
 """
@@ -27,10 +29,10 @@ def _load_builder():
     return module
 
 
-def build(out):
+def build(out, agent=True):
     """Write the zipapp (and OUT.sha1) atomically; returns OUT."""
     builder = _load_builder()
-    data = builder.build(*builder.from_directory(SOURCE))
+    data = builder.build(*builder.from_directory(SOURCE), agent=agent)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out + ".tmp", "wb") as handle:
         handle.write(data)
@@ -44,5 +46,9 @@ def build(out):
 
 
 if __name__ == "__main__":
-    target = sys.argv[1] if len(sys.argv) > 1 else os.path.join(TOP, ".build", "accelops-vgpu.pyz")
-    print(build(target))
+    args = sys.argv[1:]
+    with_agent = "--without-agent" not in args
+    args = [a for a in args if a != "--without-agent"]
+    if len(args) > 1 or any(a.startswith("-") for a in args):
+        sys.exit("usage: build-node-cli.py [--without-agent] [OUT]")
+    print(build(args[0] if args else os.path.join(TOP, ".build", "accelops-vgpu.pyz"), with_agent))

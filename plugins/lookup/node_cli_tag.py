@@ -9,8 +9,8 @@ name: node_cli_tag
 short_description: The default tag of the node agent image
 version_added: 0.1.0
 description:
-  - The first 16 hex digits of the sha256 of the node CLI zipapp this collection builds (cli_zipapp.py,
-    reproducible bytes), the tag M(accelops.vgpu.agent_image) gives the image by default. The
+  - The first 16 hex digits of the sha256 of the agent CLI zipapp this collection builds (the node CLI with the
+    node agent, cli_zipapp.py, reproducible bytes), the tag M(accelops.vgpu.agent_image) gives the image by default. The
     C(vgpu_node_agent) role deploys that tag unless C(vgpu_node_agent_image_tag) is set, so the image it
     builds and the DaemonSet it deploys agree without building anything on the controller.
   - Takes no terms.

@@ -4,16 +4,29 @@
 """The node CLI `accelops-vgpu` as one zipapp, built from this collection's own sources (stdlib only).
 
 Two builders, one layout: tools/build-node-cli.py on the controller (sources read from the
-checkout: the agent image, the tests) and the `vgpu_profile` module on the node, from the sources
-Ansible shipped with it (`loaded_source`), so installing the boot persistence transfers no file
-and needs no controller-side build. The bytes are reproducible: the same sources give the same
-archive (fixed timestamps, sorted names, stored uncompressed so no zlib version can change them).
+checkout: the agent image, the tests) and the modules, from the sources Ansible shipped with them
+(`loaded_source`): `vgpu_profile` on the node, so installing the boot persistence transfers no file
+and needs no controller-side build, and the image modules on the build host. The bytes are
+reproducible: the same sources give the same archive (fixed timestamps, sorted names, stored
+uncompressed so no zlib version can change them).
 
-The archive holds `node_cli.py` (the entry point, above the node engine and the agent it dispatches to)
-and the module_utils it imports (followed transitively through the
+Two flavours of one entry point, `node_cli.py`:
+- the node CLI (`agent=False`): `node_cli.py` and the node engine it imports: `apply`, `assert`,
+  `export`, `idle`: what the boot unit and the vGPU manager image run. Its `agent` fails in one line:
+  the agent runs from its image.
+- the agent CLI (`agent=True`): that, the node agent and the kubelet plugins it loads by setting
+  (`AGENT`): the node agent image's.
+The archive holds the entry point and the module_utils it needs (followed transitively through the
 top-level `from ansible_collections.accelops.vgpu.plugins.module_utils... import` lines), under their
 `ansible_collections/accelops/vgpu/plugins/module_utils/` paths with empty `__init__.py` files, and
 a `__main__.py` calling `cli.main()`. Ansible itself is not needed on the node.
+
+Ansible's module packer ships the module_utils a module imports, following every import statement
+it can see (ansible-core lib/ansible/executor/module_common.py, recursive_finder), also in blocks
+that never run, and parses each one on every playbook run. So each module ships the sources of the
+flavour it builds and no more: the `TYPE_CHECKING` import below ships the node CLI's closure with
+every module that imports this file, and only image/agent_image.py names the agent's (`AGENT`).
+node_cli.py imports the agent by name, out of the packer's sight.
 """
 
 from __future__ import annotations
@@ -29,19 +42,15 @@ import typing
 import zipfile
 import zipimport
 
-# Ansible's module packer ships the module_utils a module imports, following every import statement
-# it can see, also in blocks that never run. This one ships the node CLI's whole closure with every
-# module that can install the CLI, without importing it (and the agent's HTTP client) at run time.
-if typing.TYPE_CHECKING:
+if typing.TYPE_CHECKING:   # ships the node CLI's sources with the module (see above); never imported at run time
     from ansible_collections.accelops.vgpu.plugins.module_utils import node_cli  # noqa: F401  pylint: disable=unused-import
-    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import vgpu_device_plugin  # noqa: F401  pylint: disable=unused-import
-    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin  # noqa: F401  pylint: disable=unused-import
 
 PACKAGE = "ansible_collections.accelops.vgpu.plugins.module_utils"
 ENTRY = "node_cli"
-# Modules the CLI imports only when a setting asks for them (inside a function, so the closure cannot see
-# them): the agent's kubelet device plugin, which needs grpcio/protobuf (the agent image has them, nodes need not).
-LAZY = ("kubelet.vgpu_device_plugin", "kubelet.dra.agent_plugin")
+# The agent CLI's further roots: the node agent (node_cli.py imports it by name) and the kubelet plugins it
+# imports only when a setting asks for them (the device plugin and the DRA driver: grpcio/protobuf, which the
+# agent image has and nodes need not).
+AGENT = ("agent.agent", "kubelet.vgpu_device_plugin", "kubelet.dra.agent_plugin")
 IMPORT = re.compile(r"^from ansible_collections\.accelops\.vgpu\.plugins\.module_utils((?:\.\w+)*) import "
                     r"(\([^)]*\)|[\w, ]+)", re.MULTILINE)
 MAIN = """import sys
@@ -54,14 +63,15 @@ SHEBANG = b"#!/usr/bin/env python3\n"
 DATE_TIME = (1980, 1, 1, 0, 0, 0)
 
 
-def closure(read_source, exists, start=ENTRY, lazy=LAZY):
-    """Sorted dotted names below module_utils (e.g. `node.sysfs`) that `start` and `lazy` need, themselves included.
+def closure(read_source, exists, agent=False):
+    """Sorted dotted names below module_utils (e.g. `node.sysfs`) the node CLI needs (`agent`: the agent CLI),
+    the roots included.
 
     `read_source(name)` returns a module's text; `exists(name)` says whether `name` is a module (not a
     package): `from ...module_utils.node import sysfs, pci` imports modules, `from ...node.sysfs import
     Sysfs` a name from one.
     """
-    todo, seen = [start] + list(lazy), set()
+    todo, seen = [ENTRY] + list(AGENT if agent else ()), set()
     while todo:
         name = todo.pop()
         if name in seen:
@@ -77,13 +87,13 @@ def closure(read_source, exists, start=ENTRY, lazy=LAZY):
     return sorted(seen)
 
 
-def archive_files(read_source, exists, start=ENTRY):
+def archive_files(read_source, exists, agent=False):
     """{archive path: text} of the zipapp: `__main__.py`, the closure and every package's `__init__.py`."""
     root = PACKAGE.replace(".", "/")
     files = {"__main__.py": MAIN}
     for depth in range(1, len(PACKAGE.split(".")) + 1):
         files["/".join(PACKAGE.split(".")[:depth]) + "/__init__.py"] = ""
-    for name in closure(read_source, exists, start):
+    for name in closure(read_source, exists, agent):
         parts = name.split(".")
         for depth in range(1, len(parts)):
             files["%s/%s/__init__.py" % (root, "/".join(parts[:depth]))] = ""
@@ -91,12 +101,12 @@ def archive_files(read_source, exists, start=ENTRY):
     return files
 
 
-def build(read_source, exists, start=ENTRY):
+def build(read_source, exists, agent=False):
     """The zipapp's bytes (shebang + zip); the same sources always give the same bytes."""
     buffer = io.BytesIO()
     buffer.write(SHEBANG)
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-        for arcname, text in sorted(archive_files(read_source, exists, start).items()):
+        for arcname, text in sorted(archive_files(read_source, exists, agent).items()):
             info = zipfile.ZipInfo(arcname, date_time=DATE_TIME)
             info.compress_type = zipfile.ZIP_STORED
             info.external_attr = 0o644 << 16
@@ -150,7 +160,12 @@ def from_zip(archive, prefix):
     def member(name):
         return prefix + name.replace(".", "/") + ".py"
 
-    return (lambda name: members.read(member(name)).decode("utf-8")), (lambda name: member(name) in names)
+    def read_source(name):
+        if member(name) not in names:   # a module the packer did not ship: that module's imports lack it
+            raise ImportError("no source for %s.%s in %s" % (PACKAGE, name, archive))
+        return members.read(member(name)).decode("utf-8")
+
+    return read_source, (lambda name: member(name) in names)
 
 
 def _shipped_zip():
@@ -166,13 +181,14 @@ def _shipped_zip():
     return archive, paths[0][len(archive) + 1:].replace(os.sep, "/") + "/"
 
 
-def shipped():
-    """The zipapp built from the running collection's sources (read, not imported): from the zip Ansible
-    shipped the module in, else through the import system (a checkout, an installed collection). Each
-    module's source and kind is looked up once: the closure and the archive ask for the same names."""
+def shipped(agent=False):
+    """The node CLI (`agent`: the agent CLI) built from the running collection's sources (read, not imported):
+    from the zip Ansible shipped the module in, else through the import system (a checkout, an installed
+    collection). Each module's source and kind is looked up once: the closure and the archive ask for the
+    same names."""
     in_zip = _shipped_zip()
     read_source, exists = from_zip(*in_zip) if in_zip else (loaded_source, loaded_exists)
-    return build(functools.lru_cache(maxsize=None)(read_source), functools.lru_cache(maxsize=None)(exists))
+    return build(functools.lru_cache(maxsize=None)(read_source), functools.lru_cache(maxsize=None)(exists), agent)
 
 
 def sha1(data):

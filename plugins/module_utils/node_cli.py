@@ -11,6 +11,9 @@
     accelops-vgpu idle [--then COMMAND...]      (exit 0: nothing uses the vGPU stack; 1: something does)
     accelops-vgpu agent  [--node-name ... ]     (in-cluster node agent; `agent --help` lists its settings)
 
+The node agent is in the agent CLI only (the node agent image's, cli_zipapp.py): the node CLI that
+vgpu_profile installs for the boot unit carries the node engine alone, and its `agent` exits 2 in one line.
+
 FILE (`-` = stdin) is a vgpu-device-manager config (`version: v1`, `vgpu-configs`) or a layout
 list (`[{devices, device_filter, profiles}]`, optionally under a `layout:` key), JSON or YAML when
 PyYAML is importable. `apply` first enables the maximum number of VFs on selected SR-IOV GPUs that
@@ -40,12 +43,12 @@ ACCELOPS_VGPU_RETRY_FOR, ACCELOPS_VGPU_STATE_FILE (the boot unit sets the last t
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
 import sys
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent, settings as agent_settings
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
     boot_retry, handover, kubelet_holders, mig, pci, vgpu_apply, vgpu_busy, vgpu_layout)
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
@@ -55,6 +58,10 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.runner import Comman
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 
 PROG = "accelops-vgpu"
+# Imported by name when the verb is `agent`: Ansible's module packer follows every import statement
+# (ansible-core lib/ansible/executor/module_common.py, ModuleDepFinder), so an import here would ship and
+# parse the agent and the kubelet plugins with every module that installs this CLI (cli_zipapp.py).
+AGENT_PACKAGE = "ansible_collections.accelops.vgpu.plugins.module_utils.agent"
 EXIT_OK, EXIT_DIFFERS, EXIT_ERROR = 0, 1, 2
 
 
@@ -132,10 +139,28 @@ def _parser():
                              "it failed (the manager image's stop: the check and the VF disable as one step)")
     idle_p.add_argument("--lock-timeout", type=float, default=120.0,
                         help="with --then, seconds to wait for the node lock (default 120)")
-    agent_p = verbs.add_parser("agent", help="in-cluster node agent (vgpu-device-manager's label protocol)",
-                               description=agent.DESCRIPTION)
-    agent_settings.add_arguments(agent_p)
+    # listed only: main() hands everything after `agent` to the agent's own parser (cmd_agent)
+    verbs.add_parser("agent", help="in-cluster node agent (vgpu-device-manager's label protocol; "
+                                   "`agent --help` lists its settings)")
     return parser
+
+
+def _agent_modules():
+    """(agent.agent, agent.settings); EngineError when this CLI has no agent package (the node CLI)."""
+    try:
+        return tuple(importlib.import_module(AGENT_PACKAGE + name) for name in (".agent", ".settings"))
+    except ModuleNotFoundError as err:
+        if err.name not in (AGENT_PACKAGE, AGENT_PACKAGE + ".agent", AGENT_PACKAGE + ".settings"):
+            raise    # a module the agent imports is missing: not this CLI's flavour, a real error
+        raise EngineError("this node CLI has no node agent: the agent runs from its image "
+                          "(accelops.vgpu.agent_image; the vgpu_node_agent role deploys it)") from None
+
+
+def cmd_agent(argv):
+    agent, agent_settings = _agent_modules()
+    parser = argparse.ArgumentParser(prog=PROG + " agent", description=agent.DESCRIPTION)
+    agent_settings.add_arguments(parser)
+    return agent.main(parser.parse_args(argv))
 
 
 def _mig_options(parser):
@@ -304,13 +329,18 @@ def _idle_report(args, found):
     return EXIT_DIFFERS if found else EXIT_OK
 
 
-VERBS = {"apply": cmd_apply, "assert": cmd_assert, "export": cmd_export, "idle": cmd_idle, "agent": agent.main}
+VERBS = {"apply": cmd_apply, "assert": cmd_assert, "export": cmd_export, "idle": cmd_idle}
 
 
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["agent"]:
+        verb, run = "agent", lambda: cmd_agent(argv[1:])
+    else:
+        args = _parser().parse_args(argv)
+        verb, run = args.verb, lambda: VERBS[args.verb](args)
     try:
-        return VERBS[args.verb](args)
+        return run()
     except EngineError as err:
-        _say("%s %s: %s" % (PROG, args.verb, one_line(err)), sys.stderr)
+        _say("%s %s: %s" % (PROG, verb, one_line(err)), sys.stderr)
         return EXIT_ERROR

@@ -11,8 +11,9 @@ short_description: Build the accelops-vgpu node agent image with podman and push
 version_added: 0.1.0
 description:
   - Builds C(<name>:<tag>) from O(base_image) (Debian family, with C(python3) or with O(packages) that bring it)
-    and the node CLI zipapp, which the module builds itself from the collection sources Ansible shipped it with
-    (the same bytes M(accelops.vgpu.vgpu_profile) installs on the nodes), or O(node_cli); the entrypoint is
+    and the node CLI zipapp with the node agent, which the module builds itself from the collection sources Ansible
+    shipped it with (the node engine M(accelops.vgpu.vgpu_profile) installs on the nodes, and the agent), or
+    O(node_cli); the entrypoint is
     C(accelops-vgpu agent), the in-cluster node agent the C(vgpu_node_agent) role deploys as a DaemonSet.
   - The build runs the zipapp once (C(--help)), so an image whose python3 cannot run it fails to build.
   - Same engine as M(accelops.vgpu.vgpu_manager_image) - idempotent through the image label
@@ -37,7 +38,9 @@ options:
   node_cli:
     description:
       - Path of a node CLI zipapp on the build host (for example one C(tools/build-node-cli.py) made from a checkout).
-        Default - the module builds it from its own sources into a private file it removes again.
+        It must carry the node agent (C(tools/build-node-cli.py) without C(--without-agent)); the image runs its
+        C(agent) verb.
+        Default - the module builds it, agent included, from its own sources into a private file it removes again.
     type: path
   base_image:
     description:

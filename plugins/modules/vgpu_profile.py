@@ -156,8 +156,9 @@ options:
       node_cli:
         description:
           - The file is the node CLI C(accelops-vgpu), a zipapp built on the node from the engine this
-            module runs (the same bytes C(tools/build-node-cli.py) builds from the same collection), so
-            no file is transferred.
+            module runs (the same bytes C(tools/build-node-cli.py --without-agent) builds from the same
+            collection), so no file is transferred. It carries the node engine alone (C(apply), C(assert),
+            C(export), C(idle)); the node agent runs from its image (M(accelops.vgpu.agent_image)).
         type: bool
         default: false
       unit:
@@ -445,13 +446,12 @@ vfs_enabled:
   sample: ["0000:41:00.0"]
 """
 
-import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
-    boot_files, boot_unit, boot_unit_file, handover, mig, vgpu_apply, vgpu_layout)
+    boot_entries, boot_files, boot_unit, boot_unit_file, handover, mig, vgpu_apply, vgpu_layout)
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, addresses, engine_errors, exit_with_diff, node_argspec)
 
@@ -467,71 +467,6 @@ BOOT_FILE = dict(path=dict(type="path", required=True), mode=dict(type="str", re
                  node_cli=dict(type="bool", default=False), unit=dict(type="dict", options=UNIT),
                  checksum=dict(type="str"),
                  own_directory=dict(type="bool", default=False), remove=dict(type="bool", default=False))
-SOURCES = ("content", "layout", "node_cli", "unit", "checksum")
-
-
-def _files_root(root):
-    """boot_files_root, refused in one line (before the apply: bad input writes nothing) unless it is absolute
-    and, where it exists, a directory; a relative one would only show up as relative boot file paths."""
-    if not os.path.isabs(root):
-        raise boot_files.BootFileError("boot_files_root: %r is not an absolute path" % (root,))
-    if os.path.lexists(root) and not os.path.isdir(root):
-        raise boot_files.BootFileError("boot_files_root: %s is not a directory" % root)
-    return root
-
-
-def _below(root, path):
-    """Where a node-absolute path lands below `root` (a relative one is left for boot_files to refuse)."""
-    return os.path.join(root, os.path.relpath(path, "/")) if os.path.isabs(path) else path
-
-
-def _unit_text(item, items, params):
-    """The boot unit for this run's layout: the layout and node CLI entries' node paths, the module's options."""
-    named = dict((key, [other["path"] for other in items if other[key] and not other["remove"]])
-                 for key in ("layout", "node_cli"))
-    missing = [key for key in ("layout", "node_cli") if len(named[key]) != 1] + ([] if params["selected"] else ["selected"])
-    if missing:
-        raise boot_files.BootFileError("boot_files: %s: the unit needs one layout entry, one node_cli entry and the "
-                                       "selected option (missing or more than one: %s)" % (item["path"], ", ".join(missing)))
-    unit = item["unit"]
-    command = boot_unit_file.exec_start(
-        named["node_cli"][0], named["layout"][0], params["selected"], unit["agent_applied"],
-        (params["sysfs_root"], params["dev_root"], params["proc_root"], params["kubelet_dir"]), params)
-    return boot_unit_file.text(params["selected"], named["layout"][0], command, unit["manager_units"],
-                               unit["before_units"], unit["retry_for"], unit["state_file"])
-
-
-def boot_file_entries(items, params, present=True):
-    """The boot_files entries for the engine, below `boot_files_root`: `layout`, `node_cli` and `unit`
-    become their content (absent: only the paths matter, nothing is built)."""
-    entries = []
-    root = _files_root(params["boot_files_root"]) if items else None
-    for item in items:
-        given = [key for key in SOURCES if item[key] not in (None, False)]
-        if item["remove"] and given:
-            raise boot_files.BootFileError("boot_files: %s is to be removed, it takes none of %s (has %s)"
-                                           % (item["path"], ", ".join(SOURCES), ", ".join(given)))
-        if len(given) != 1 and not item["remove"]:
-            raise boot_files.BootFileError("boot_files: %s needs exactly one of %s (has %s)"
-                                           % (item["path"], ", ".join(SOURCES), ", ".join(given) or "none"))
-        entry = dict(path=_below(root, item["path"]), mode=item["mode"],
-                     own_directory=item["own_directory"], remove=item["remove"])
-        entries.append(entry)
-        if not present or item["remove"]:  # removed whatever they hold
-            continue
-        if item["layout"]:
-            if params["config"] is None:
-                raise boot_files.BootFileError("boot_files: %s: layout needs the config option" % item["path"])
-            entry["content"] = json.dumps(params["config"], indent=4, sort_keys=True) + "\n"
-        elif item["node_cli"]:
-            entry["content"] = cli_zipapp.shipped()
-        elif item["unit"]:
-            entry["content"] = _unit_text(item, items, params)
-        else:
-            entry[given[0]] = item[given[0]]
-    return entries
-
-
 def main():
     module = AnsibleModule(
         argument_spec=node_argspec(
@@ -554,7 +489,7 @@ def main():
     node = NodeContext(module)
     present = params["state"] == "present"
     with engine_errors(module):
-        files = boot_file_entries(params["boot_files"], params, present)
+        files = boot_entries.entries(params["boot_files"], params, cli_zipapp.shipped, present)
         if present:
             boot_files.validate(files)  # bad input writes nothing
         else:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/docker-registry"), 
 
 def node_cli_bytes():
     from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
-    return cli_zipapp.build(*cli_zipapp.from_directory(str(ROOT / "plugins" / "module_utils")))
+    return cli_zipapp.build(*cli_zipapp.from_directory(str(ROOT / "plugins" / "module_utils")), agent=True)
 
 
 @pytest.fixture

@@ -39,10 +39,11 @@ TYPE_IDS = {vgpu_type.short_name: vgpu_type.type_id for vgpu_type in MODELS["l40
 
 @pytest.fixture(scope="module")
 def node_cli(tmp_path_factory):
-    """The node CLI as tools/build-node-cli.py builds it, to compare with the one the module installs."""
+    """The node CLI as tools/build-node-cli.py builds it, to compare with the one the module installs (the
+    node engine alone: the agent runs from its image)."""
     path = tmp_path_factory.mktemp("cli") / "accelops-vgpu"
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "build-node-cli.py"), str(path)], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "build-node-cli.py"), "--without-agent", str(path)],
+                   check=True, stdout=subprocess.DEVNULL)
     return str(path)
 
 

@@ -225,7 +225,7 @@ def test_boot_files_are_installed_by_the_module_and_the_cli_is_the_tools_build(g
     root = tmp_path / "root"
     built = tmp_path / "built.pyz"
     subprocess.run([sys.executable, os.path.join(os.path.dirname(DATA), "..", "..", "tools", "build-node-cli.py"),
-                    str(built)], check=True, stdout=subprocess.DEVNULL)
+                    "--without-agent", str(built)], check=True, stdout=subprocess.DEVNULL)
     files = [{"path": str(root / "etc/layout.json"), "mode": "0644", "content": "{}\n"},
              {"path": str(root / "bin/accelops-vgpu"), "mode": "0755", "node_cli": True},
              {"path": str(root / "etc/other"), "mode": "0644", "checksum": "0" * 40},

@@ -8,19 +8,27 @@ Same engine as the vGPU manager image (image_build.ContainerImage: input hash la
 private authfile); only the Containerfile is fixed here, because the image has one job. The zipapp is
 run once during the build, so an image whose python3 cannot run it never reaches the registry.
 
-The zipapp (node_cli_file.py, as for the manager image): a given file (`node_cli`), or by default built by
-the module itself from the sources Ansible shipped it with (cli_zipapp.py, as `vgpu_profile` builds it
-on the node: the same bytes from the same sources); the default tag is the start of its sha256, so a
-changed engine gets a new tag.
+The zipapp (node_cli_file.py, as for the manager image): a given file (`node_cli`), or by default the agent
+CLI built by the module itself from the sources Ansible shipped it with (cli_zipapp.py, `agent=True`: the
+same bytes tools/build-node-cli.py makes from the same sources); the default tag is the start of its
+sha256, so a changed engine gets a new tag.
 """
 
 from __future__ import annotations
 
 import re
+import typing
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import ContainerImage, ImageError
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.node_cli_file import CONTEXT_NAME, NodeCliFile
 from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
+
+# Ships the agent CLI's further sources (cli_zipapp.AGENT) with the module that builds the agent image, and
+# with no other: Ansible's module packer follows these imports (cli_zipapp.py says why); never imported here.
+if typing.TYPE_CHECKING:
+    from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent  # noqa: F401  pylint: disable=unused-import
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import vgpu_device_plugin  # noqa: F401  pylint: disable=unused-import
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin  # noqa: F401  pylint: disable=unused-import
 
 CLI_PATH = "/usr/local/bin/accelops-vgpu"
 TAG_DIGITS = 16   # default tag: this many hex digits of the zipapp's sha256
@@ -51,10 +59,15 @@ def agent_containerfile(packages):
     return CONTAINERFILE.format(packages=step, cli_name=CONTEXT_NAME, cli_path=CLI_PATH)
 
 
+def agent_cli():
+    """The agent CLI built from the running collection's sources (what the image runs: `agent`)."""
+    return cli_zipapp.shipped(agent=True)
+
+
 class AgentImage(ContainerImage):
     """`params`: the agent_image module's options (name, tag, node_cli, base_image, packages, ...)."""
 
-    def __init__(self, runner, params, registry_client=None, build_cli=None):
+    def __init__(self, runner, params, registry_client=None, build_cli=agent_cli):
         for package in params["packages"]:
             if not PACKAGE_PATTERN.match(package):
                 raise ImageError("image %s: %r is not a Debian package name" % (params["name"], package))
@@ -72,6 +85,6 @@ class AgentImage(ContainerImage):
         return dict(super().result_fields(), containerfile=self.params["containerfile"])
 
 
-def shipped_tag(build_cli=cli_zipapp.shipped):
+def shipped_tag(build_cli=agent_cli):
     """The default tag of the zipapp the running collection builds (the role's default image tag)."""
     return NodeCliFile(build=build_cli).sha256[:TAG_DIGITS]

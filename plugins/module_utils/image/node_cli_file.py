@@ -6,9 +6,10 @@
 Both image modules use it through image_build.ContainerImage: the node agent image always, the vGPU
 manager image with `include_node_cli` (its entrypoint re-applies the node's layout with it). The zipapp
 is a file the user gives (`node_cli`), or by default the one the module builds from the collection
-sources Ansible shipped it with (cli_zipapp.py: the same bytes `vgpu_profile` installs on the
-nodes). Either way the bytes are held in memory and written only into the private build context,
-which the engine removes after the run: no other file to clean up, none left by a failed run.
+sources Ansible shipped it with (cli_zipapp.py): the node CLI, the same bytes `vgpu_profile` installs on
+the nodes, unless the image module passes another builder (the agent image: the agent CLI). Either way
+the bytes are held in memory and written only into the private build context, which the engine removes
+after the run: no other file to clean up, none left by a failed run.
 So an installed collection (ansible-galaxy, AWX, an execution environment) needs no checkout and no
 controller-side build step.
 """

@@ -92,8 +92,10 @@ def test_without_node_cli_the_module_builds_it_names_the_tag_after_it_and_leaves
 
 def test_the_shipped_zipapp_is_the_checkouts_and_a_bad_input_leaves_no_file(params, tmp_path):
     from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
-    assert agent_image.shipped_tag()[:16] == hashlib.sha256(cli_zipapp.shipped()).hexdigest()[:16]
+    agent_cli = cli_zipapp.shipped(agent=True)     # the image runs `agent`: the agent CLI, not the node CLI
+    assert agent_image.shipped_tag() == hashlib.sha256(agent_cli).hexdigest()[:16]
     del params["node_cli"]
+    assert AgentImage(FakePodman(FakeRegistry()), params, FakeRegistry()).node_cli.data == agent_cli
     params["tag"] = "0.1 beta"
     (tmp_path / "accelops-vgpu.pyz").unlink()
     with pytest.raises(ImageError, match="is not a valid image tag"):
