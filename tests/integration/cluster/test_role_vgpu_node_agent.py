@@ -223,7 +223,7 @@ def test_the_dra_driver_switch_creates_the_device_classes_rbac_and_mounts(api_se
                for name in ("vgpu.accelops.io", "vendor-vfio.vgpu.accelops.io", "mdev.vgpu.accelops.io")]
     assert classes[0] == 'device.driver == "vgpu.accelops.io"' and 'framework == "mdev"' in classes[2]
     rules = api_server.get("rbac.authorization.k8s.io/v1/clusterroles", NAME)["rules"]
-    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]} in rules
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list"]} in rules
     pod = api_server.get("apps/v1/daemonsets", NAME, NAMESPACE)["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert (env["DRA_DRIVER"], env["CDI_DIR"], env["KUBELET_DIR"]) == ("true", "/etc/cdi", "/var/lib/k0s/kubelet")
