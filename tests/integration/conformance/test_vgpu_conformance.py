@@ -82,8 +82,8 @@ def test_a_healthy_cluster_passes_every_check_and_the_files_say_so(
     shared = row(result, "sharing.dra", "L40S-24Q@gpu-a")
     allocation = shared["details"]["allocation"]
     assert sorted(d for devices in allocation.values() for d in devices) == [
-        "gpu-a/l40s-24q-0000-41-00-4", "gpu-a/l40s-24q-0000-41-00-5", "gpu-a/l40s-24q-0000-42-00-4",
-        "gpu-a/l40s-24q-0000-42-00-5"]
+        "gpu-a/vgpu.accelops.io/l40s-24q-0000-41-00-4", "gpu-a/vgpu.accelops.io/l40s-24q-0000-41-00-5", "gpu-a/vgpu.accelops.io/l40s-24q-0000-42-00-4",
+        "gpu-a/vgpu.accelops.io/l40s-24q-0000-42-00-5"]
     assert sorted(shared["details"]["parent_gpus"].values()) == ["0000:41:00.0"] * 2 + ["0000:42:00.0"] * 2
     assert "share physical GPU 0000:41:00.0" in shared["reason"]
     assert row(result, "sharing.dra", "A16-4Q@gpu-b")["details"]["gpus"] == ["0000:45:00.0"]
@@ -139,7 +139,7 @@ def test_over_allocation_that_is_not_blocked_fails(cluster, controller, kubeconf
     over_dra = row(result, "over-allocation.dra", "L40S-24Q@gpu-a")
     assert over_dra["status"] == "FAIL"
     assert over_dra["reason"].startswith("ResourceClaim %s (number 5 for 4 L40S-24Q device(s) on gpu-a) was allocated "
-                                         "gpu-a/l40s-24q-0000-41-00-4 (also allocated to vgpu-conformance-dra-l40s-24q-"
+                                         "gpu-a/vgpu.accelops.io/l40s-24q-0000-41-00-4 (also allocated to vgpu-conformance-dra-l40s-24q-"
                                          % DRA_L40S[-1])
     assert over_dra["reason"].endswith("): over-allocation not blocked")
     assert row(result, "sharing.dra", "L40S-24Q@gpu-a")["status"] == "PASS"
