@@ -101,3 +101,26 @@ def test_an_allocate_of_an_unhealthy_vgpu_is_refused(served):
     with pytest.raises(AllocationError, match="resource %s: vGPU %s is Unhealthy" % (R24, vf)):
         view.allocate([vf])
     assert pod_allocations.read(record.path) == {}
+
+
+def test_vgpus_withdrawn_for_a_write_that_failed_are_healthy_again_even_with_a_damaged_record(
+        served, kubelet, kubelet_dir):
+    # the agent after a failed apply (_serve_programmed -> not_applied): the record found damaged meanwhile made
+    # not_applied raise out of the reconcile (a traceback, no `failed` label) and the withdrawn vGPUs stayed Unhealthy
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import VgpuDevicePlugin
+    engine, dummy, record, vf = served
+    lines = []
+    plugin = VgpuDevicePlugin(kubelet_dir, lines.append).start()
+    try:
+        plugin.applied(engine.sysfs, vgpu_apply.apply(engine, from_layout(L40S_24Q)))
+        plugin.withdraw([vf])                                  # the reconcile's writes announced, then they fail
+        assert [d.id for d in plugin.devices if not d.healthy] == [vf]
+        with open(pod_allocations.journal_path(record.path), "w") as handle:
+            handle.write("not a journal line\n")
+        plugin.not_applied(engine.sysfs)
+        assert all(d.healthy for d in plugin.devices), plugin.devices
+        with pytest.raises(pod_allocations.AllocationRecordError, match="line 1 is damaged"):
+            plugin.check(engine.sysfs)                         # the next reconcile still fails on it, naming it
+        assert all(d.healthy for d in plugin.devices)
+    finally:
+        plugin.close()
