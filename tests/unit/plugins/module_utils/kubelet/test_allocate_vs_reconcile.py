@@ -6,6 +6,7 @@ naming the resource and the VF). Driven through the engine's write path on gpusi
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 
 import pytest
@@ -124,3 +125,19 @@ def test_vgpus_withdrawn_for_a_write_that_failed_are_healthy_again_even_with_a_d
         assert all(d.healthy for d in plugin.devices)
     finally:
         plugin.close()
+
+
+def test_a_vf_removed_and_made_again_with_another_type_is_read_anew_not_through_the_old_descriptor(served):
+    # CurrentTypes keeps a descriptor per VF: a sysfs attribute of a device gone answers ENODEV, never the new VF's
+    engine, view, record, vf = served
+    view.record = None                  # not recorded: its pod is gone by the time the VF is made again
+    view.allocate([vf])
+    assert vf in view.types._fds        # the descriptor kept open
+    subprocess.run(["gpusim", "ctl", engine.sysfs.root, "reboot"], check=True)   # SR-IOV off: the VFs go
+    vgpu_apply.apply(engine, from_layout(L40S_12Q), enable_vfs=True)   # VFs again, now 12Q
+    assert vgpu_types.read_current(engine.sysfs, vf) not in (None, 0, 1155), vgpu_types.read_current(engine.sysfs, vf)
+    with pytest.raises(AllocationError, match="vGPU %s now has type %d, not the 1155" % (
+            re.escape(vf), vgpu_types.read_current(engine.sysfs, vf))):
+        view.allocate([vf])
+    view.types.keep(set())
+    assert view.types._fds == {}
