@@ -19,8 +19,9 @@ AllocationRecord keeps node/pod_allocations.py's record (the files the node engi
   pods), so its List says nothing about what is free. A restart is told by the kubelet's sockets, which it makes
   anew at start (its PodResources socket and its device-plugin registration socket, `device-plugins/kubelet.sock`):
   one younger than `grace` seconds, or one whose identity changed since this record's last sync less than `grace`
-  seconds ago (its ctime when that lies between the two syncs, else the sync that saw it), is a restart under way. A device a live pod holds is recorded with the pod's name (also one
-  allocated before this record existed). PodResources unreadable: nothing is dropped.
+  seconds ago (its ctime when that lies between the two syncs, else the sync that saw it), is a restart under
+  way. A device a live pod holds is recorded with the pod's name (also one allocated before this record
+  existed). PodResources unreadable: nothing is dropped.
   Why not a grace for every pod that goes away: a VF whose VM was deleted must be free at the next sync, so that
   a layout refused for it converges within seconds (agent/agent.py's holder watch), not a grace later.
   The read and the rewrite happen under the record's flock (pod_allocations.rewrite), and so does `add`'s append:

@@ -51,7 +51,8 @@ class Engine:
 
 def watching_agent(tmp_path, monkeypatch, answer):
     settings = agent_settings.resolve(argparse.Namespace(), dict(
-        NODE_NAME="node-1", DEFAULT_VGPU_CONFIG="default", CONFIG_FILE=str(tmp_path / "config.yaml"), NAMESPACE="vgpu-agent",
+        NODE_NAME="node-1", DEFAULT_VGPU_CONFIG="default", CONFIG_FILE=str(tmp_path / "config.yaml"),
+        NAMESPACE="vgpu-agent",
         ACCELOPS_VGPU_SYSFS_ROOT=str(tmp_path), STATUS_FILE=str(tmp_path / "status.json"),
         KUBELET_DIR=str(tmp_path / "kubelet")))
     clock, lines = Clock(), []
