@@ -13,6 +13,7 @@ import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin, pod_resources
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import VgpuDevicePlugin
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pod_allocations, vgpu_apply, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError, from_layout
@@ -108,7 +109,6 @@ def test_vgpus_withdrawn_for_a_write_that_failed_are_healthy_again_even_with_a_d
         served, kubelet, kubelet_dir):
     # the agent after a failed apply (_serve_programmed -> not_applied): the record found damaged meanwhile made
     # not_applied raise out of the reconcile (a traceback, no `failed` label) and the withdrawn vGPUs stayed Unhealthy
-    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import VgpuDevicePlugin
     engine, dummy, record, vf = served
     lines = []
     plugin = VgpuDevicePlugin(kubelet_dir, lines.append).start()
