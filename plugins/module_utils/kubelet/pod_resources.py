@@ -111,16 +111,20 @@ class AllocationRecord:
 
     def kubelet_restarting(self):
         """Whether the kubelet (re)started less than `grace` seconds ago, as its sockets say: one made less than
-        `grace` seconds ago (its change time; one in the future counts too: unsure), or one whose identity changed
-        since the last call less than `grace` seconds ago: as its change time says when that lies between the two
-        calls (syncs run per reconcile: a restart minutes before this one is over), else from this call (unsure)."""
+        `grace` seconds ago (its change time), or one whose identity changed since the last call less than `grace`
+        seconds ago: as its change time says when that lies between the two calls (syncs run per reconcile: a
+        restart minutes before this one is over), else from this call (unsure). A change time in the future (the
+        clock stepped back since) is unsure too: one grace from the first call that sees it, not until the clock
+        catches up (hours of every recorded vGPU held)."""
         now = self.clock()
         identities = tuple(transport.socket_identity(path) for path in self.sockets)
         if self._seen is not None and identities != self._seen:
             made = [i[2] / 1e9 for i, old in zip(identities, self._seen) if i is not None and i != old]
             self._changed_at = max(made) if made and all(self._checked_at <= m <= now for m in made) else now
+        elif self._seen is None and any(i is not None and i[2] / 1e9 > now for i in identities):
+            self._changed_at = now
         self._seen, self._checked_at = identities, now
-        young = any(i is not None and now - i[2] / 1e9 < self.grace for i in identities)
+        young = any(i is not None and 0 <= now - i[2] / 1e9 < self.grace for i in identities)
         return young or (self._changed_at is not None and now - self._changed_at < self.grace)
 
     def sync(self):

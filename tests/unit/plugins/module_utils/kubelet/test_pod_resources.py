@@ -356,3 +356,16 @@ def test_a_kubelet_restart_a_sync_sees_minutes_later_is_over_by_its_sockets_time
     kubelet.restart()
     clock.now += 10                                # a socket time not between the two syncs (a clock step): unsure
     assert record.kubelet_restarting()
+
+
+def test_a_socket_time_in_the_future_is_a_restart_for_one_grace_not_until_the_clock_catches_up(kubelet, kubelet_dir):
+    """The clock stepped back an hour after the kubelet made its sockets (a node whose clock was ahead until NTP):
+    unsure when it started, so one grace from the sync that saw it; before, every recorded vGPU stayed held for
+    the hour (no refused layout converged)."""
+    clock = Clock(since=-3600.0)
+    record = pod_resources.AllocationRecord(kubelet_dir, clock=clock, grace=60)
+    assert record.kubelet_restarting()
+    clock.now += 30
+    assert record.kubelet_restarting()
+    clock.now += 31
+    assert not record.kubelet_restarting()
