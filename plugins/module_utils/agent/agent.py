@@ -118,6 +118,7 @@ class Agent:
         self.warned = []            # the last apply's warnings, logged when they change
         self.refused_by = set()     # the held devices the last reconcile was refused for (watched until one is free)
         self.next_holder_check = 0.0
+        self.holder_error = None    # the last error of that check, logged once (it may stay for hours, every 2 s)
 
     # --- threads ---------------------------------------------------------------------------------
     def on_node(self, node):
@@ -192,8 +193,11 @@ class Agent:
                 self._prune_allocations()
             still = engine.in_use.recheck(sorted(self.refused_by), name_holders=False)
         except (EngineError, OSError) as exc:
-            log("config %s: cannot tell whether the vGPUs that refused it are free: %s" % (name, exc))
+            if str(exc) != self.holder_error:
+                log("config %s: cannot tell whether the vGPUs that refused it are free: %s" % (name, exc))
+            self.holder_error = str(exc)
             return False
+        self.holder_error = None
         freed = sorted(self.refused_by - set(still))
         if freed:
             log("config %s: %s no longer held; reconciling" % (name, ", ".join(freed)))

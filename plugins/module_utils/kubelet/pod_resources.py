@@ -19,8 +19,9 @@ AllocationRecord keeps node/pod_allocations.py's record (the files the node engi
   pods), so its List says nothing about what is free. A restart is told by the kubelet's sockets, which it makes
   anew at start (its PodResources socket and its device-plugin registration socket, `device-plugins/kubelet.sock`):
   one younger than `grace` seconds, or one whose identity changed since this record's last sync less than `grace`
-  seconds ago, is a restart under way. A device a live pod holds is recorded with the pod's name (also one
-  allocated before this record existed). PodResources unreadable: nothing is dropped.
+  seconds ago (its ctime when that lies between the two syncs, else the sync that saw it), is a restart under
+  way. A device a live pod holds is recorded with the pod's name (also one allocated before this record
+  existed). PodResources unreadable: nothing is dropped.
   Why not a grace for every pod that goes away: a VF whose VM was deleted must be free at the next sync, so that
   a layout refused for it converges within seconds (agent/agent.py's holder watch), not a grace later.
   The read and the rewrite happen under the record's flock (pod_allocations.rewrite), and so does `add`'s append:
@@ -93,7 +94,8 @@ class AllocationRecord:
         self._lock = threading.Lock()
         self._failing = None    # the last PodResources error logged (logged once until it changes)
         self._seen = None       # the kubelet sockets' identities at the last sync
-        self._changed_at = None  # when a sync first saw them change (clock)
+        self._changed_at = None  # when they changed, as far as a sync can tell (clock)
+        self._checked_at = None  # when the last sync read them (clock)
         self._restarting = False
 
     def add(self, resource, ids, check=None):
@@ -109,14 +111,20 @@ class AllocationRecord:
 
     def kubelet_restarting(self):
         """Whether the kubelet (re)started less than `grace` seconds ago, as its sockets say: one made less than
-        `grace` seconds ago (its change time; one in the future counts too: unsure), or one whose identity changed
-        since the last call less than `grace` seconds ago (whatever its time says)."""
+        `grace` seconds ago (its change time), or one whose identity changed since the last call less than `grace`
+        seconds ago: as its change time says when that lies between the two calls (syncs run per reconcile: a
+        restart minutes before this one is over), else from this call (unsure). A change time in the future (the
+        clock stepped back since) is unsure too: one grace from the first call that sees it, not until the clock
+        catches up (hours of every recorded vGPU held)."""
         now = self.clock()
         identities = tuple(transport.socket_identity(path) for path in self.sockets)
         if self._seen is not None and identities != self._seen:
+            made = [i[2] / 1e9 for i, old in zip(identities, self._seen) if i is not None and i != old]
+            self._changed_at = max(made) if made and all(self._checked_at <= m <= now for m in made) else now
+        elif self._seen is None and any(i is not None and i[2] / 1e9 > now for i in identities):
             self._changed_at = now
-        self._seen = identities
-        young = any(i is not None and now - i[2] / 1e9 < self.grace for i in identities)
+        self._seen, self._checked_at = identities, now
+        young = any(i is not None and 0 <= now - i[2] / 1e9 < self.grace for i in identities)
         return young or (self._changed_at is not None and now - self._changed_at < self.grace)
 
     def sync(self):

@@ -82,12 +82,17 @@ class VgpuDevicePlugin:
             devices = device_plugin.devices_programmed(sysfs, found, gpus, self.serves)
             self.log("device plugin: no layout applied yet; serving the %d vGPU(s) programmed on the node" % len(devices))
             self._publish(devices)
-        else:
-            self.check(sysfs)
+        else:   # health only: the reconcile synced the record at its start, and a damaged one must not stop this
+            self._health(sysfs)
 
     def check(self, sysfs):
         self._node(sysfs)
-        self.allocations.sync()
+        try:
+            self.allocations.sync()
+        finally:   # a damaged record fails the reconcile; the served health (withdrawn vGPUs) is read again anyway
+            self._health(sysfs)
+
+    def _health(self, sysfs):
         if self.devices:
             self._publish(device_plugin.check_health(sysfs, self.devices))
 

@@ -30,7 +30,7 @@ import stat
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import DEFAULT_KUBELET_DIR
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import DEFAULT_KUBELET_DIR, read_boot_id
 
 FILE_NAME = "kubelet_internal_checkpoint"
 RESOURCE_DOMAIN = "nvidia.com/"      # the vGPU resources (vgpu_types.resource_name); other plugins' IDs are not ours
@@ -121,28 +121,42 @@ def boot_time(proc_root="/proc"):
     return None
 
 
-def kubelet_restarting(kubelet_dir=DEFAULT_KUBELET_DIR, grace=None, now=time.time, booted=boot_time):
+def written_this_boot(path, proc_root="/proc"):
+    """Whether the checkpoint at `path` carries this boot's ID (`BootID`, which kubelets that detect a reboot write
+    beside Data, manager.go detectNodeReboot): a kubelet ran since the boot, whatever the clock did."""
+    boot = read_boot_id(proc_root)
+    try:
+        with open(path, "rb") as handle:
+            return boot is not None and json.loads(handle.read()).get("BootID") == boot
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def kubelet_restarting(kubelet_dir=DEFAULT_KUBELET_DIR, grace=None, now=time.time, booted=boot_time,
+                       this_boot=lambda: False):
     """Whether the kubelet is restarting as its PodResources socket says (no connection made): the socket is missing
-    or not a socket, was made before this boot (no kubelet started since: the boot unit runs before it), or less
-    than `grace` seconds ago."""
+    or not a socket, was made before this boot (no kubelet started since: the boot unit runs before it; unless
+    `this_boot()`: btime moves with the wall clock, so an NTP step forward after the kubelet started makes its
+    socket look older than the boot), or less than `grace` seconds ago."""
     path = os.path.join(kubelet_dir or DEFAULT_KUBELET_DIR, "pod-resources", "kubelet.sock")
     try:
         info = os.stat(path)
     except OSError:
         return True
     started = booted()
-    return not stat.S_ISSOCK(info.st_mode) or (started is not None and info.st_ctime < started) or \
-        now() - info.st_ctime < (RESTART_GRACE if grace is None else grace)
+    return not stat.S_ISSOCK(info.st_mode) or (started is not None and info.st_ctime < started and not this_boot()) \
+        or now() - info.st_ctime < (RESTART_GRACE if grace is None else grace)
 
 
-def holders_source(kubelet_dir=DEFAULT_KUBELET_DIR):
+def holders_source(kubelet_dir=DEFAULT_KUBELET_DIR, proc_root="/proc"):
     """An inuse.held_devices() source: while the kubelet restarts (or is down), the vGPUs its checkpoint allocates to
     pods; otherwise nothing (the allocation record answers). A checkpoint that cannot be trusted raises then: unknown
     is held."""
     path = checkpoint_path(kubelet_dir)
 
     def source():
-        if not os.path.exists(path) or not kubelet_restarting(kubelet_dir):
+        if not os.path.exists(path) or not kubelet_restarting(
+                kubelet_dir, booted=lambda: boot_time(proc_root), this_boot=lambda: written_this_boot(path, proc_root)):
             return {}
         return read(path)
     return source

@@ -6,12 +6,14 @@ naming the resource and the VF). Driven through the engine's write path on gpusi
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin, pod_resources
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import VgpuDevicePlugin
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pod_allocations, vgpu_apply, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError, from_layout
@@ -101,3 +103,41 @@ def test_an_allocate_of_an_unhealthy_vgpu_is_refused(served):
     with pytest.raises(AllocationError, match="resource %s: vGPU %s is Unhealthy" % (R24, vf)):
         view.allocate([vf])
     assert pod_allocations.read(record.path) == {}
+
+
+def test_vgpus_withdrawn_for_a_write_that_failed_are_healthy_again_even_with_a_damaged_record(
+        served, kubelet, kubelet_dir):
+    # the agent after a failed apply (_serve_programmed -> not_applied): the record found damaged meanwhile made
+    # not_applied raise out of the reconcile (a traceback, no `failed` label) and the withdrawn vGPUs stayed Unhealthy
+    engine, dummy, record, vf = served
+    lines = []
+    plugin = VgpuDevicePlugin(kubelet_dir, lines.append).start()
+    try:
+        plugin.applied(engine.sysfs, vgpu_apply.apply(engine, from_layout(L40S_24Q)))
+        plugin.withdraw([vf])                                  # the reconcile's writes announced, then they fail
+        assert [d.id for d in plugin.devices if not d.healthy] == [vf]
+        with open(pod_allocations.journal_path(record.path), "w") as handle:
+            handle.write("not a journal line\n")
+        plugin.not_applied(engine.sysfs)
+        assert all(d.healthy for d in plugin.devices), plugin.devices
+        with pytest.raises(pod_allocations.AllocationRecordError, match="line 1 is damaged"):
+            plugin.check(engine.sysfs)                         # the next reconcile still fails on it, naming it
+        assert all(d.healthy for d in plugin.devices)
+    finally:
+        plugin.close()
+
+
+def test_a_vf_removed_and_made_again_with_another_type_is_read_anew_not_through_the_old_descriptor(served):
+    # CurrentTypes keeps a descriptor per VF: a sysfs attribute of a device gone answers ENODEV, never the new VF's
+    engine, view, record, vf = served
+    view.record = None                  # not recorded: its pod is gone by the time the VF is made again
+    view.allocate([vf])
+    assert vf in view.types._fds        # the descriptor kept open
+    subprocess.run(["gpusim", "ctl", engine.sysfs.root, "reboot"], check=True)   # SR-IOV off: the VFs go
+    vgpu_apply.apply(engine, from_layout(L40S_12Q), enable_vfs=True)   # VFs again, now 12Q
+    assert vgpu_types.read_current(engine.sysfs, vf) not in (None, 0, 1155), vgpu_types.read_current(engine.sysfs, vf)
+    with pytest.raises(AllocationError, match="vGPU %s now has type %d, not the 1155" % (
+            re.escape(vf), vgpu_types.read_current(engine.sysfs, vf))):
+        view.allocate([vf])
+    view.types.keep(set())
+    assert view.types._fds == {}

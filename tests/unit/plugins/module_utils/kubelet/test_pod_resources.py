@@ -336,3 +336,36 @@ def test_a_read_that_met_a_line_a_writer_was_repairing_is_read_again(kubelet_dir
 
     monkeypatch.setattr(pod_allocations, "_read_journal", spliced_once)
     assert pod_allocations.read(path) == {VF1: {"resource": R24, "allocatedAt": 5.0}} and len(calls) == 2
+
+
+def test_a_kubelet_restart_a_sync_sees_minutes_later_is_over_by_its_sockets_time(kubelet, kubelet_dir):
+    """Syncs run per reconcile (RESYNC_INTERVAL 300 s): a restart that made its sockets between two syncs, minutes
+    before the second, is over; it held every recorded vGPU for another grace from the sync that noticed it (a
+    relabel after it refused for a VF of a VM deleted long ago)."""
+    clock = Clock(since=0.0)
+    record = pod_resources.AllocationRecord(kubelet_dir, clock=clock, grace=60)
+    record.kubelet_restarting()                    # a sync; its sockets are the test kubelet's, made moments ago
+    time.sleep(0.01)
+    kubelet.restart()
+    clock.now = time.time() + 240                  # the next sync, four minutes after the restart
+    assert not record.kubelet_restarting()
+    kubelet.restart()
+    clock.now = time.time() + 5
+    assert record.kubelet_restarting()             # a restart moments ago
+    clock.now += 600
+    kubelet.restart()
+    clock.now += 10                                # a socket time not between the two syncs (a clock step): unsure
+    assert record.kubelet_restarting()
+
+
+def test_a_socket_time_in_the_future_is_a_restart_for_one_grace_not_until_the_clock_catches_up(kubelet, kubelet_dir):
+    """The clock stepped back an hour after the kubelet made its sockets (a node whose clock was ahead until NTP):
+    unsure when it started, so one grace from the sync that saw it; before, every recorded vGPU stayed held for
+    the hour (no refused layout converged)."""
+    clock = Clock(since=-3600.0)
+    record = pod_resources.AllocationRecord(kubelet_dir, clock=clock, grace=60)
+    assert record.kubelet_restarting()
+    clock.now += 30
+    assert record.kubelet_restarting()
+    clock.now += 31
+    assert not record.kubelet_restarting()

@@ -105,3 +105,28 @@ def test_the_checkpoint_holds_vgpus_only_while_the_kubelet_restarts(tmp_path, mo
             held()
     finally:
         server.close()
+
+
+def test_a_checkpoint_written_this_boot_tells_a_clock_step_from_a_kubelet_not_started_since(tmp_path, monkeypatch):
+    """/proc/stat's btime moves with the wall clock: an NTP step forward after the kubelet started makes its socket
+    look older than the boot, which read as 'no kubelet since the boot' for the whole boot (its checkpoint, which
+    keeps pods long deleted until its next allocation, held their vGPUs on every path). A checkpoint that carries
+    this boot's ID (kubelets that write BootID) was written by a kubelet of this boot."""
+    server, made = pod_resources_socket(tmp_path)
+    proc = tmp_path / "proc"
+    (proc / "sys/kernel/random").mkdir(parents=True)
+    (proc / "sys/kernel/random/boot_id").write_text("2a7c-this-boot\n")
+    (proc / "stat").write_text("cpu  1 2 3\nbtime %d\n" % (made + 30))     # the clock stepped 30 s forward
+    monkeypatch.setattr(kubelet_checkpoint, "RESTART_GRACE", -1.0)            # the kubelet is up for long
+
+    def held():
+        return kubelet_checkpoint.holders_source(str(tmp_path), str(proc))()
+    try:
+        write(tmp_path, GENERATED.replace("1f0e-boot", "2a7c-this-boot"))
+        assert held() == {}
+        write(tmp_path, GENERATED)                                  # written by a kubelet of an earlier boot
+        assert "0000:41:00.4" in held()
+        write(tmp_path, GENERATED.replace(',"BootID":"1f0e-boot"', ""))    # an older kubelet: no BootID, unsure
+        assert "0000:41:00.4" in held()
+    finally:
+        server.close()
