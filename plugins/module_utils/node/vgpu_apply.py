@@ -34,7 +34,7 @@ from collections import OrderedDict
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, claim_time_layout, inuse, kubelet_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import layout_fit, mig, pci, sriov
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import pf_driver, pod_allocations
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_mdev, vgpu_vfio
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_mdev, vgpu_vfio, vgpu_writer
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
@@ -254,7 +254,7 @@ class Node:
         plan (a VM that started while the agent waited for operands, a claim prepared meanwhile). No new walk
         of /proc: the holder sources are read again and, with `probe` (after a wait; a mode or MIG change that
         touches every VF at once), each touched device's group is asked of the kernel. The write to each VF
-        or mdev is guarded again right before it (guard())."""
+        or mdev is checked again right before it (writer())."""
         changing = [(gpu, plan) for gpu, dummy, dummy2, plan in plans if plan.steps]
         if not changing:
             return
@@ -277,34 +277,23 @@ class Node:
                     raise HeldSincePlan(gpu.address, name, newly[name], list(done),
                                         [p.address for dummy, p in changing if p.address not in done])
 
-    def guard(self, gpu, plans, done):
-        """guard(device): the context one write to a VF or mdev of `gpu` runs in. On entry the device plugin's
-        allocation record's lock is taken (pod_allocations.vf_write_lock), the device's own group asked of the
-        kernel (O(1), no /proc walk) and the record read: HeldSincePlan when a VM opened it or a pod was allocated
-        it since the plan. The lock is held until the write is made, so an Allocate (which takes it around its own
-        type check and journal line) lands before the re-check or sees the new type after the write, never between."""
-        changing = [(g, p) for g, dummy, dummy2, p in plans if p.steps]
+    def writer(self, gpu, plans, done):
+        """The vGPU writer (node/vgpu_writer.py) of the writes to the VFs and mdevs of `gpu`: right before each, under
+        the allocation record's lock, the device's own group is asked of the kernel and the holder sources read:
+        HeldSincePlan when a VM opened it or a pod was allocated it since the plan (a holder the plan saw, a claim
+        whose type is restored, is what the engine acts for)."""
+        changing = [p.address for g, dummy, dummy2, p in plans if p.steps]
         before = self.sysfs.writes
-        record = pod_allocations.record_path(self.kubelet_dir)
 
-        @contextlib.contextmanager
-        def check(name):
+        def stopped(exc):
             # the GPU counts as changed once one of its writes was made
             made = [a for a in done if a != gpu.address or self.sysfs.writes != before]
-            with contextlib.ExitStack() as stack:
-                try:
-                    stack.enter_context(pod_allocations.vf_write_lock(record))
-                except OSError as exc:
-                    raise LayoutError("GPU %s: %s not written: the device plugin's allocation record stays "
-                                      "locked (%s); changed: %s" % (gpu.address, name, exc,
-                                                                    ", ".join(made) or "none")) from None
-                now = self.in_use.recheck([name], sources=False)
-                allocated = pod_allocations.holders(pod_allocations.read(record)).get(name)
-                if allocated:
-                    now[name] = list(now.get(name) or ()) + allocated
-                self._stop_on(now, changing, {gpu.address: {name}}, made)
-                yield
-        return check
+            if isinstance(exc, vgpu_writer.VgpuHeld):
+                return HeldSincePlan(gpu.address, exc.device, exc.holders, made,
+                                     [a for a in changing if a not in done])
+            return LayoutError("GPU %s: %s; changed: %s" % (gpu.address, exc, ", ".join(made) or "none"))
+        return vgpu_writer.VgpuWriter(self.sysfs, self.in_use.recheck, pod_allocations.record_path(self.kubelet_dir),
+                                      self.planned_held, stopped=stopped)
 
     def announce_writes(self, plans):
         """`before_writes(names)` (the agent's device plugin: served Unhealthy from now on) with every VF and mdev the
@@ -461,7 +450,7 @@ class Node:
             self.stop_if_newly_held([p for p in plans if p[3] is plan], done)
             gpu = [g for g, dummy, dummy2, p in plans if p is plan][0]
             BACKENDS[framework].execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] == "clear"],
-                                        guard=self.guard(gpu, plans, done))
+                                        self.writer(gpu, plans, done))
             mig.execute(self.smi, plan.mig)
             count, total = len(view.vfs), pci.PciDevice(self.sysfs, plan.address).sriov_totalvfs
             self.set_vfs([plan.address], 0, wait_timeout)
@@ -486,22 +475,22 @@ class Node:
         """Writes, GPU by GPU: clears/removals, mixed-size mode when the plan needs it, creations.
         Before each GPU's first write the holder sources are read again (and, for a mode or MIG change, every
         touched device's group probed: stop_if_newly_held); right before each VF's or mdev's write its own
-        group is asked of the kernel (guard)."""
+        group is asked of the kernel (writer)."""
         done = []
         self.announce_writes(plans)
         for gpu, framework, view, plan in plans:
             if not plan.steps:
                 continue
             self.stop_if_newly_held([p for p in plans if p[3] is plan], done, probe=False)
-            guard = self.guard(gpu, plans, done)
+            writer = self.writer(gpu, plans, done)
             done.append(plan.address)
             backend = BACKENDS[framework]
-            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("clear", "remove")], guard)
+            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("clear", "remove")], writer)
             if plan.mig is not None and not plan.mig.leave:
                 mig.execute(self.smi, plan.mig)
             if plan.switch_mode:
                 self.runner.run([_smi(self.runner), "vgpu", "-i", plan.address, "-shm", "1"])
-            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("set", "create")], guard)
+            backend.execute(self.sysfs, view, plan, [s for s in plan.steps if s[0] in ("set", "create")], writer)
 
     def verify(self, plans):
         """Every changed GPU's vGPUs must now be what the plan said.
@@ -542,13 +531,13 @@ class Node:
 
 class HeldSincePlan(LayoutError):
     """A device a GPU's change touches became held after the plan; that device was not written.
-    `done`: GPUs changed (the GPU itself when the guard stopped it part-way); `not_done`: the GPUs after it."""
+    `done`: GPUs changed (the GPU itself when the writer stopped it part-way); `not_done`: the GPUs after it."""
 
     def __init__(self, gpu, device, found, done, not_done):
         self.gpu, self.device, self.done, self.not_done = gpu, device, done, not_done
         self.result = {"changed": bool(done), "gpus_changed": list(done), "gpus_not_changed": list(not_done)}
         kind = "mdev" if "-" in device else "VF"
-        # before the GPU's first write, or (the guard right before one write) part-way through the GPU
+        # before the GPU's first write, or (the writer right before one write) part-way through the GPU
         spared = ("it was not written, nor anything after it on GPU %s" % gpu if gpu in done
                   else "nothing was written to GPU %s" % gpu)
         super().__init__("GPU %s: %s %s became held by a VM (%s) after the plan; %s (changed: %s; not changed: %s)"
