@@ -467,7 +467,8 @@ class Node:
                               state="present" if num_vfs else "absent", held=self.in_use,
                               sriov_manage_path=self.sriov_manage_path, take_over=self.take_over)
         try:
-            return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout)
+            return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout,
+                                   record=pod_allocations.record_path(self.kubelet_dir))
         finally:
             self.in_use.forget()    # VFs came or went: the devices and their groups are read again
 
@@ -595,7 +596,8 @@ def apply(node, entries, state="present", mixed_size=False, check_mode=False, lo
             node.names.save()
             node.execute(plans)
             node.verify(plans)
-            claim_time_layout.finish(node.sysfs, node.modes, node.modes_file)
+            claim_time_layout.finish(node.sysfs, node.modes, node.modes_file,
+                                     pod_allocations.record_path(node.kubelet_dir))
     result = summarize([p for dummy, dummy2, dummy3, p in plans])
     if node.modes.gpus:
         result["claim_time"] = node.modes.result()

@@ -60,7 +60,8 @@ def test_an_allocate_between_the_vf_recheck_and_its_write_is_refused_not_recorde
 
     def recheck_then_allocate(holders, names, sources=True, **kwargs):
         found = real(holders, names, sources=sources, **kwargs)
-        if not sources and vf in names and not calls:     # the guard's re-check of that VF, right before its write
+        if list(names) == [vf] and kwargs.get("watched") is None and not calls:   # the vGPU writer's re-check of
+            # that VF, right before its write (node/vgpu_writer.py)
             calls.append(allocate_in_thread(view, vf))
             calls[0][0].join(0.5)                         # unordered: recorded now, and the VF retyped below
         return found

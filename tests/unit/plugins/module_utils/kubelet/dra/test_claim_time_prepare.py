@@ -275,10 +275,10 @@ def test_a_type_that_vanishes_between_plan_and_finish_is_a_warning_not_a_failed_
     [vf] = restarted(e, one)
     real_finish = claim_time_layout.finish
 
-    def unbound_meanwhile(sysfs, modes, modes_file):
+    def unbound_meanwhile(sysfs, modes, modes_file, *args):
         assert list(modes.restore) == [vf]
         e.node.write("bus/pci/drivers/nvidia/unbind", vf)
-        return real_finish(sysfs, modes, modes_file)
+        return real_finish(sysfs, modes, modes_file, *args)
     monkeypatch.setattr(claim_time_layout, "finish", unbound_meanwhile)
     e.node.clear_log()
     result = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"))
