@@ -494,8 +494,7 @@ def apply_vfs(sysfs, runner, plan, timeout=120.0, poll_interval=0.2, retries=3, 
     if not todo:
         return []
     with ThreadPoolExecutor(max_workers=len(todo)) as pool:
-        futures = [(p, pool.submit(_apply_pf, sysfs, runner, p, timeout, poll_interval, retries, retry_delay,
-                                       record))
+        futures = [(p, pool.submit(_apply_pf, sysfs, runner, p, timeout, poll_interval, retries, retry_delay, record))
                    for p in todo]
     failures = []
     for dummy, future in futures:

@@ -289,8 +289,7 @@ class Node:
             # the GPU counts as changed once one of its writes was made
             made = [a for a in done if a != gpu.address or self.sysfs.writes != before]
             if isinstance(exc, vgpu_writer.VgpuHeld):
-                return HeldSincePlan(gpu.address, exc.device, exc.holders, made,
-                                     [a for a in changing if a not in done])
+                return HeldSincePlan(gpu.address, exc.device, exc.holders, made, [a for a in changing if a not in made])
             return LayoutError("GPU %s: %s; changed: %s" % (gpu.address, exc, ", ".join(made) or "none"))
         return vgpu_writer.VgpuWriter(self.sysfs, self.in_use.recheck, pod_allocations.record_path(self.kubelet_dir),
                                       self.planned_held, stopped=stopped)
