@@ -14,7 +14,7 @@ The declaration lives in the same file the agent reads (docs/design.md "Profiles
 
     {"layout": [...], "claim_time": [{"devices": ["0000:41:00.0"], "profiles": [...]}]}   # the simple form
 
-A GPU that a claim-time entry selects is left out of the reconcile (vgpu_apply.Node.plan): the layout
+A GPU that a claim-time entry selects is left out of the reconcile (vgpu_apply.NodeEngine.plan): the layout
 never writes its VFs, even when a `devices: all` entry of the label's config selects it too. Its VFs are
 typed by the DRA driver's NodePrepareResources (kubelet/dra/claim_time.py) and cleared by its unprepare.
 An apply that enables VFs (the agent, the boot unit, vgpu_profile with enable_vfs) enables a claim-time GPU's
