@@ -96,21 +96,31 @@ class VgpuWriter:
 
     def create_mdev(self, parent, dirname, uuid):
         """Create mdev `uuid` of type directory `dirname` on `parent`: a new device, which nothing can hold yet."""
-        with self._node_lock():
+        with self._node_lock(uuid, dirname):
             self.sysfs.write("%s/%s/mdev_supported_types/%s/create" % (vgpu_types.MDEV_BUS, parent, dirname), uuid)
         if not self.sysfs.exists("%s/%s" % (vgpu_types.MDEV_DEVICES, uuid)):
             raise VgpuWriteError("mdev %s on %s did not appear after create" % (uuid, parent), uuid, dirname)
 
-    def _node_lock(self):
+    @contextlib.contextmanager
+    def _node_lock(self, device, value):
+        """The caller's node lock, else this write's own (at most `lock_wait` s: a VgpuWriteError after that)."""
         if node_lock.held_here(self.sysfs.root):
-            return contextlib.nullcontext()
-        return node_lock.node_lock(self.sysfs.root, self.lock_wait)
+            yield
+            return
+        try:
+            lock = node_lock.node_lock(self.sysfs.root, self.lock_wait).acquire()
+        except node_lock.NodeLockError as exc:
+            raise self.stopped(VgpuWriteError("%s not written: %s" % (device, exc), device, value)) from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     @contextlib.contextmanager
     def _checked(self, device, value, acting_for):
         """Steps 1-3 of the module doc around one write."""
         with contextlib.ExitStack() as stack:
-            stack.enter_context(self._node_lock())
+            stack.enter_context(self._node_lock(device, value))
             if self.record is not None:
                 try:
                     stack.enter_context(pod_allocations.vf_write_lock(self.record))

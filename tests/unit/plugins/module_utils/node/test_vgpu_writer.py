@@ -1,6 +1,7 @@
 """node/vgpu_writer.py: the one writer of a VF's type re-checks, ignores exactly the holders it acts for, reads back
 and holds the node lock for the write."""
 
+import fcntl
 import os
 
 import pytest
@@ -66,3 +67,15 @@ def test_the_write_is_made_under_the_node_lock(sysfs, tmp_path):
     with node_lock.node_lock(sysfs.root, 5):                         # the caller's is used, not taken twice
         vgpu_writer.VgpuWriter(watching, None, lock_wait=0.1).clear_type(VF)
     assert seen == [True, True] and current(sysfs) == "0"
+
+
+def test_a_node_lock_held_elsewhere_is_a_write_error_and_nothing_is_written(sysfs):
+    # another apply holds the node lock: a flock of its own open file (not this process's NodeLock)
+    handle = os.open(node_lock.lock_path(sysfs.root), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        with pytest.raises(vgpu_writer.VgpuWriteError, match="%s not written: another accelops-vgpu apply" % VF):
+            vgpu_writer.VgpuWriter(sysfs, None, lock_wait=0.2).set_type(VF, 7)
+        assert current(sysfs) == "0" and sysfs.writes == 0
+    finally:
+        os.close(handle)
