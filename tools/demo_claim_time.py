@@ -107,7 +107,7 @@ class Scene:
         self.client = kube.KubeClient(kube.from_kubeconfig(args.kubeconfig))
         kubelet = os.path.join(args.work, "kubelet")
         self.plugin_dir, self.cdi_dir = claim_holders.plugin_dir(kubelet), os.path.join(args.work, "cdi")
-        self.engine = vgpu_apply.Node(self.sysfs, CommandRunner(), os.path.join(args.sys, ".gpusim", "dev"), "/proc",
+        self.engine = vgpu_apply.NodeEngine(self.sysfs, CommandRunner(), os.path.join(args.sys, ".gpusim", "dev"), "/proc",
                                       cache_dir=args.work, kubelet_dir=kubelet)
         self.offers, self.driver = [], None
 

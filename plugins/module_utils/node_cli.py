@@ -177,7 +177,7 @@ def _node(args):
     check_roots(args.sysfs_root, args.dev_root, args.proc_root)
     options = mig.MigOptions(args.mig_mode_order, args.mig_compute_instances, args.mig_gi_cleanup) \
         if hasattr(args, "mig_mode_order") else None
-    return vgpu_apply.Node(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
+    return vgpu_apply.NodeEngine(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
                            sriov_manage_path=getattr(args, "sriov_manage", None), mig_options=options,
                            kubelet_dir=check_kubelet_dir(args.kubelet_dir),
                            take_over=_addresses(getattr(args, "take_over", ())))

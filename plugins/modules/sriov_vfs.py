@@ -199,7 +199,7 @@ reserved:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue, pod_allocations, sriov
 
 
 def main():
@@ -228,7 +228,8 @@ def main():
         for skipped in plan.skipped:
             module.warn(skipped.line())
         if not module.check_mode:
-            sriov.apply_vfs(node.sysfs, node.runner, plan, timeout=params["wait_timeout"])
+            sriov.apply_vfs(node.sysfs, node.runner, plan, timeout=params["wait_timeout"],
+                            record=pod_allocations.record_path(node.kubelet_dir))
     module_glue.exit_with_diff(module, plan.changed, plan.diff(), **result)
 
 

@@ -69,7 +69,7 @@ def run(args):
     result = {"gpus": args.gpus, "profiles": PROFILES}
     try:
         with GpuSimNode("l40s:%d" % args.gpus) as gpu_node:
-            engine = vgpu_apply.Node(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
+            engine = vgpu_apply.NodeEngine(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
                                      cache_dir=work, kubelet_dir=work)
             vgpu_apply.apply(engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True, lock_timeout=60)
             # every GPU claim-time; the label-driven layout (it must name something) selects no GPU here
@@ -93,7 +93,7 @@ def run(args):
                                claim_holders.plugin_dir(work), os.path.join(work, "cdi"), boot_id="bench")
             # wired as the agent wires it (agent_plugin.claim_time_preparer: the agent's engine factory)
             driver.claim_time = agent_plugin.claim_time_preparer(
-                lambda: vgpu_apply.Node(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
+                lambda: vgpu_apply.NodeEngine(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
                                         cache_dir=work, kubelet_dir=work))
             driver.claim_time.update(items)
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]

@@ -98,7 +98,7 @@ def run_floor(writes):
 
 def run_engine(node, entries, cache_dir):
     """Seconds for one engine apply, the engine's own write count, its reads, the commands it ran."""
-    engine_node = vgpu_apply.Node(CountingSysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=cache_dir)
+    engine_node = vgpu_apply.NodeEngine(CountingSysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=cache_dir)
     with simnodes.node_environment(node):
         start = time.perf_counter()
         result = vgpu_apply.apply(engine_node, entries)

@@ -36,7 +36,7 @@ class Lab:
         self.node = node
         self.sysfs = Sysfs(node.root)
         self.runner = CommandRunner(timeout=60)
-        self.engine = vgpu_apply.Node(self.sysfs, self.runner, node.dev_root, "/proc", cache_dir=str(cache_dir))
+        self.engine = vgpu_apply.NodeEngine(self.sysfs, self.runner, node.dev_root, "/proc", cache_dir=str(cache_dir))
 
     def prepare(self):
         """Enable VFs, program INITIAL_LAYOUT, let a VM hold HELD_VF; then an empty write log."""

@@ -131,7 +131,7 @@ def test_driver_unloaded_mid_apply_then_the_next_run_converges(gpusim_node, monk
         monkeypatch.setenv(name, value)
     lab = node_lab.Lab(node, tmp_path)
     node_lab.run_layout(lab, layout=START, enable_vfs=True)  # no VM holds a VF: unloading would be EBUSY
-    lab.engine = vgpu_apply.Node(UnloadDriverAfter(node, 2), lab.runner, node.dev_root, "/proc", str(tmp_path))
+    lab.engine = vgpu_apply.NodeEngine(UnloadDriverAfter(node, 2), lab.runner, node.dev_root, "/proc", str(tmp_path))
     with pytest.raises(EngineError) as caught:
         node_lab.run_layout(lab, layout=TARGET)
     # the driver accepted the second write (.6), then went away: the next VF (.7) is where it fails

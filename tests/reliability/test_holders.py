@@ -74,7 +74,7 @@ def test_a_vm_that_opens_a_vf_of_the_next_gpu_stops_that_gpu_before_its_first_wr
     pf2_vf = "0000:42:00.4"
     # PF1: clear .4, set .4 and .5 (3 writes); then PF2 would set .4 and .5
     sysfs = HoldAfter(lab.node, 3, lambda: vfio_holders(lab.node, pf2_vf))
-    lab.engine = vgpu_apply.Node(sysfs, lab.runner, lab.node.dev_root, "/proc", cache_dir=str(tmp_path))
+    lab.engine = vgpu_apply.NodeEngine(sysfs, lab.runner, lab.node.dev_root, "/proc", cache_dir=str(tmp_path))
     with pytest.raises(vgpu_apply.HeldSincePlan) as caught:
         node_lab.run_layout(lab, layout=TARGET)
     one_line_naming(str(caught.value), pf2_vf)
@@ -161,7 +161,7 @@ def test_a_vm_that_opens_a_vf_during_its_gpus_writes_stops_the_write_to_that_vf(
             "bus/pci/devices/%s/nvidia/current_vgpu_type" % TYPED]      # timed by the write log: the first write
         started.append(vfio_holders(lab.node, racer_vf))
     sysfs = HoldAfter(lab.node, 1, race)
-    lab.engine = vgpu_apply.Node(sysfs, lab.runner, lab.node.dev_root, "/proc", cache_dir=str(tmp_path))
+    lab.engine = vgpu_apply.NodeEngine(sysfs, lab.runner, lab.node.dev_root, "/proc", cache_dir=str(tmp_path))
     with pytest.raises(vgpu_apply.HeldSincePlan) as caught:
         node_lab.run_layout(lab, layout=TARGET)
     one_line_naming(str(caught.value), racer_vf)

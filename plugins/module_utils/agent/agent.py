@@ -227,7 +227,7 @@ class Agent:
     def engine(self):
         s = self.settings
         check_roots(s.sysfs_root, s.dev_root, s.proc_root)  # a mount lost while running fails the reconcile
-        return vgpu_apply.Node(Sysfs(s.sysfs_root), CommandRunner(), s.dev_root, s.proc_root,
+        return vgpu_apply.NodeEngine(Sysfs(s.sysfs_root), CommandRunner(), s.dev_root, s.proc_root,
                                sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir)
 
     def reconcile(self, node, wanted):

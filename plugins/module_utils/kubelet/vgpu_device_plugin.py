@@ -16,7 +16,7 @@ The agent calls, from its reconcile thread:
   selects (`gpus`, None: every GPU), each Healthy when its VF is on the nvidia driver with its type: the kubelet
   keeps the capacity a rolled DaemonSet would otherwise drop. The node is read then as the DRA driver reads it
   (node facts -> kubelet/dra/devices.inventory; `type_names`: the engine's type-name cache).
-- `withdraw(names)` from the engine right before a reconcile's first write (vgpu_apply.Node.before_writes): the
+- `withdraw(names)` from the engine right before a reconcile's first write (vgpu_apply.NodeEngine.before_writes): the
   vGPUs it will change are served Unhealthy from then on, so the kubelet allocates none of them while they change;
   the next `applied` or `check` serves them as the node says again. Allocate also reads each vGPU's type again under
   the allocation record's lock, which the engine holds around each VF's re-check and write

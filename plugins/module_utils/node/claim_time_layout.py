@@ -14,7 +14,7 @@ The declaration lives in the same file the agent reads (docs/design.md "Profiles
 
     {"layout": [...], "claim_time": [{"devices": ["0000:41:00.0"], "profiles": [...]}]}   # the simple form
 
-A GPU that a claim-time entry selects is left out of the reconcile (vgpu_apply.Node.plan): the layout
+A GPU that a claim-time entry selects is left out of the reconcile (vgpu_apply.NodeEngine.plan): the layout
 never writes its VFs, even when a `devices: all` entry of the label's config selects it too. Its VFs are
 typed by the DRA driver's NodePrepareResources (kubelet/dra/claim_time.py) and cleared by its unprepare.
 An apply that enables VFs (the agent, the boot unit, vgpu_profile with enable_vfs) enables a claim-time GPU's
@@ -41,6 +41,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, pci, pf_driver, vgpu_layout, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import VgpuTypeError, parse_profile
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuHeld, VgpuWriter
 
 VDM_KEY, LAYOUT_KEY = "claim-time", "claim_time"
 VDM_ENTRY_KEYS = ("devices", "device-filter", "profiles")
@@ -201,6 +202,7 @@ class Modes:
         self.restore = OrderedDict(restore or {})   # VF -> type ID of the prepared claim that holds it, reset
         self.reserved = list(reserved)          # pf_driver.Skipped: claim-time GPUs passed through, offering nothing
         self.recheck = recheck                  # inuse.Holders.recheck: asked right before each write of `finish`
+        self.claims = {}                        # VF of `restore` -> the claims holding it, whose type is restored
         self.offers = {}                        # PF address -> {model, vfs, profiles: offers()}
         self.needs_vfs = []                     # claim-time GPUs without VFs that the apply enables first
         self.warnings = []
@@ -259,12 +261,12 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, b
     reserved = [s._replace(reason="%s; as a claim-time GPU it offers no vGPU" % s.reason) for s in reserved]
     passed_through = {s.address for s in reserved}
     claimed = None
-    stale, restore, warnings = [], OrderedDict(), []
+    stale, restore, warnings, claims = [], OrderedDict(), [], {}
     for address in chosen:
         if address in passed_through:
             continue
         for vf in vfs_of.get(address) or ():
-            current = sysfs.read_int(vgpu_types.vfio_dir(vf) + "/current_vgpu_type")
+            current = vgpu_types.read_current(sysfs, vf)
             found = inuse.holders(held, vf, parents)
             by_claims = [h for h in found if claim_holders.is_claim_holder(h)]
             if current and not found:
@@ -289,7 +291,9 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, b
                             address, vf, inuse.describe(by_claims), why))
                     else:
                         restore[vf] = type_id
+                        claims[vf] = tuple(by_claims)
     modes = Modes(chosen, before, stale, restore, reserved, recheck)
+    modes.claims = claims
     modes.warnings.extend(warnings)
     return modes
 
@@ -300,7 +304,7 @@ UNREADABLE = "its vGPU type cannot be read (no nvidia/ directory: the vGPU manag
 def _not_writable(sysfs, vf, value):
     """Why `value` cannot be written to the VF's current_vgpu_type now (None: it can): its type cannot be read,
     or the type (not 0) is not in its creatable list (the driver would refuse it: EINVAL)."""
-    if sysfs.read_int(vgpu_types.vfio_dir(vf) + "/current_vgpu_type") is None:
+    if vgpu_types.read_current(sysfs, vf) is None:
         return UNREADABLE
     if value:
         try:
@@ -312,23 +316,23 @@ def _not_writable(sysfs, vf, value):
     return None
 
 
-def finish(sysfs, modes, modes_file):
+def finish(sysfs, modes, modes_file, record=None):
     """After the layout's writes: clear the stale types, give the prepared claims their types back, record the
-    modes applied. Each VF is asked again right before its write (modes.recheck): one a process opened since the
-    plan, or a claim prepared on a stale VF meanwhile, is left alone (a warning); so is one whose type cannot be
-    read now or that cannot create the type any more (a warning naming the VF): the rest goes on."""
+    modes applied. A VF whose type cannot be read now or that cannot create the type any more is left alone (a
+    warning naming the VF); each write goes through the vGPU writer (node/vgpu_writer.py; `record`: the device
+    plugin's allocation record), which asks the VF again right before it: one a process opened since the plan, or
+    a claim prepared on a stale VF meanwhile, is left alone too (a warning). The rest goes on."""
+    writer = VgpuWriter(sysfs, modes.recheck, record)
     for vf, value in [(vf, 0) for vf in modes.stale] + list(modes.restore.items()):
-        if modes.recheck is not None:
-            now = modes.recheck([vf]).get(vf) or []
-            if [h for h in now if not (value and claim_holders.is_claim_holder(h))]:
-                modes.warnings.append("VF %s: held by %s since the plan; its type is left as it is"
-                                      % (vf, inuse.describe(now)))
-                continue
         why = _not_writable(sysfs, vf, value)
         if why:
             modes.warnings.append("VF %s: %s; its type is left as it is" % (vf, why))
             continue
-        sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", value)
+        try:   # a restore acts for the claims that hold the VF (plan), a clear for nobody
+            writer.set_type(vf, value, acting_for=modes.claims.get(vf, ()) if value else ())
+        except VgpuHeld as exc:
+            modes.warnings.append("VF %s: held by %s since the plan; its type is left as it is"
+                                  % (vf, inuse.describe(exc.holders)))
     if modes.gpus or modes.before:
         write_modes(modes_file, list(modes.gpus))
 

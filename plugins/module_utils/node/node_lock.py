@@ -21,12 +21,20 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 
 RUN_DIR = "/run/accelops-vgpu"
 LOCK_KEY_ENV = "ACCELOPS_VGPU_LOCK_KEY"
+
+
+# lock file names this process holds (NodeLock.acquire/release): `held_here` lets the vGPU writer
+# (node/vgpu_writer.py) see that its caller holds the lock. Process-wide, not per thread: an apply's PFs are
+# written from worker threads (sriov.apply_vfs), and a second flock of this process would wait for itself.
+_HELD = {}
+_HELD_LOCK = threading.Lock()
 
 
 class NodeLockError(EngineError):
@@ -107,11 +115,18 @@ class NodeLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, ("%d\n" % os.getpid()).encode("ascii"), 0)
         self._fd = fd
+        with _HELD_LOCK:
+            _HELD[os.path.basename(self.path)] = _HELD.get(os.path.basename(self.path), 0) + 1
         return self
 
     def release(self):
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            with _HELD_LOCK:
+                name = os.path.basename(self.path)
+                _HELD[name] -= 1
+                if not _HELD[name]:
+                    del _HELD[name]
             os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
@@ -126,3 +141,9 @@ class NodeLock:
 def node_lock(sysfs_root, timeout=120.0, directory=None, stop=None):
     """`with node_lock(sysfs_root, timeout):` holds the node's apply lock (see NodeLock)."""
     return NodeLock(sysfs_root, timeout, directory, stop=stop)
+
+
+def held_here(sysfs_root):
+    """Whether this process holds the node lock of `sysfs_root` (NodeLock, any thread)."""
+    with _HELD_LOCK:
+        return lock_name(sysfs_root) in _HELD

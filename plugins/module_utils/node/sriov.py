@@ -46,6 +46,7 @@ from typing import List, Optional
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import device_selection, inuse, pci, pf_driver, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuWriteError, VgpuWriter
 
 SRIOV_MANAGE = "sriov-manage"
 SRIOV_MANAGE_PATHS = ("/usr/lib/nvidia/sriov-manage",)
@@ -334,15 +335,22 @@ def _numvfs_path(address):
     return "%s/%s/sriov_numvfs" % (pci.PCI_DEVICES, address)
 
 
-def _discard_profiles(sysfs, plan):
-    """force: remove mdevs and clear vGPU types before their VFs go away."""
+def _discard_profiles(sysfs, plan, record):
+    """force: remove mdevs and clear vGPU types before their VFs go away (node/vgpu_writer.py: each re-checked right
+    before its write; `record`: the device plugin's allocation record, None when the caller names none)."""
+    if not plan.discard:
+        return
+    writer = VgpuWriter(sysfs, plan.recheck, record)
     parents = inuse.mdev_parents(sysfs)
-    for vf in plan.discard:
-        for uuid, parent in sorted(parents.items()):
-            if parent == vf:
-                sysfs.write("%s/%s/remove" % (inuse.MDEV_DEVICES, uuid), "1")
-        if vgpu_types.read_current(sysfs, vf):
-            sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", "0")
+    try:
+        for vf in plan.discard:
+            for uuid, parent in sorted(parents.items()):
+                if parent == vf:
+                    writer.remove_mdev(uuid, vf)
+            if vgpu_types.read_current(sysfs, vf):
+                writer.clear_type(vf)
+    except VgpuWriteError as exc:
+        raise SriovError("%s: %s; its VFs were not removed" % (plan.address, exc)) from None
 
 
 def _write_numvfs(sysfs, plan, count):
@@ -457,10 +465,10 @@ def _wait_ready(sysfs, plan, timeout, poll_interval, numvfs=None):
         delay = min(delay * 2, poll_interval)
 
 
-def _apply_pf(sysfs, runner, plan, timeout, poll_interval, retries, retry_delay):
+def _apply_pf(sysfs, runner, plan, timeout, poll_interval, retries, retry_delay, record=None):
     if plan.current:
         _recheck_removal(sysfs, plan)
-    _discard_profiles(sysfs, plan)
+    _discard_profiles(sysfs, plan, record)
     numvfs = None
     if plan.method == "sriov_manage":
         if plan.current:
@@ -475,8 +483,9 @@ def _apply_pf(sysfs, runner, plan, timeout, poll_interval, retries, retry_delay)
     _wait_ready(sysfs, plan, timeout, poll_interval, numvfs)
 
 
-def apply_vfs(sysfs, runner, plan, timeout=120.0, poll_interval=0.2, retries=3, retry_delay=2.0):
-    """Execute a plan: changed PFs in parallel, each verified within `timeout` seconds.
+def apply_vfs(sysfs, runner, plan, timeout=120.0, poll_interval=0.2, retries=3, retry_delay=2.0, record=None):
+    """Execute a plan: changed PFs in parallel, each verified within `timeout` seconds. `record`: the device plugin's
+    allocation record (pod_allocations.record_path), whose lock a discarded vGPU's write is made under.
 
     Returns the addresses of the PFs changed. When some PFs fail, the others still finish and one
     SriovError names every failed PF.
@@ -485,7 +494,7 @@ def apply_vfs(sysfs, runner, plan, timeout=120.0, poll_interval=0.2, retries=3, 
     if not todo:
         return []
     with ThreadPoolExecutor(max_workers=len(todo)) as pool:
-        futures = [(p, pool.submit(_apply_pf, sysfs, runner, p, timeout, poll_interval, retries, retry_delay))
+        futures = [(p, pool.submit(_apply_pf, sysfs, runner, p, timeout, poll_interval, retries, retry_delay, record))
                    for p in todo]
     failures = []
     for dummy, future in futures:

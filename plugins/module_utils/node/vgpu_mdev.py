@@ -16,8 +16,6 @@ re-creating after a reboot yields the same UUIDs and re-applying never churns th
 
 from __future__ import annotations
 
-import contextlib
-
 import uuid as uuid_mod
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types as vt
@@ -25,6 +23,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import de
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
     GpuPlan, LayoutError, VgpuChange, check_sizes, choose_profiles, gpu_model, type_size_gb)
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuWriter
 
 FRAMEWORK = "mdev"
 UUID_NAMESPACE = uuid_mod.UUID("bece7918-b269-5ece-ac7c-e45e85219fbe")
@@ -178,17 +177,16 @@ def rebuild(view, gpu_plan):
                       + [s for s in gpu_plan.steps if s[0] == "create"])
 
 
-def execute(sysfs, view, gpu_plan, steps=None, guard=None):
+def execute(sysfs, view, gpu_plan, steps=None, writer=None):
     """Run the plan: removals first, then creations with available_instances re-read before each.
-    `guard(uuid)`: the context each removal runs in (vgpu_apply: raises when a VM opened the mdev since the plan)."""
+    `writer`: the node's vGPU writer (node/vgpu_writer.py; vgpu_apply's raises when a VM opened the mdev since the
+    plan); None: one that asks no holder (tests)."""
     del view  # the mdev plan carries everything it needs; the signature matches the VFIO backend
+    writer = writer if writer is not None else VgpuWriter(sysfs, None)
     for step in gpu_plan.steps if steps is None else steps:
         if step[0] == "remove":
             dummy, uuid, parent = step
-            with guard(uuid) if guard is not None else contextlib.nullcontext():
-                sysfs.write("%s/%s/remove" % (vt.MDEV_DEVICES, uuid), 1)
-            if sysfs.exists("%s/%s" % (vt.MDEV_DEVICES, uuid)):
-                raise LayoutError("mdev %s on %s is still present after remove" % (uuid, parent))
+            writer.remove_mdev(uuid, parent)
             continue
         dummy, uuid, parent, dirname = step
         type_dir = "%s/%s/mdev_supported_types/%s" % (vt.MDEV_BUS, parent, dirname)
@@ -197,9 +195,7 @@ def execute(sysfs, view, gpu_plan, steps=None, guard=None):
             name = sysfs.read_optional(type_dir + "/name", dirname)
             raise LayoutError("mdev parent %s of GPU %s: no instance of %s available now"
                               % (parent, gpu_plan.address, vt.short_name(name)))
-        sysfs.write(type_dir + "/create", uuid)
-        if not sysfs.exists("%s/%s" % (vt.MDEV_DEVICES, uuid)):
-            raise LayoutError("mdev %s on %s did not appear after create" % (uuid, parent))
+        writer.create_mdev(parent, dirname, uuid)
 
 
 def current_profiles(view):

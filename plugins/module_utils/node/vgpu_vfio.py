@@ -19,15 +19,13 @@ layout that needs it changed fails naming it, before any write.
 
 from __future__ import annotations
 
-import contextlib
-
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, vgpu_types as vt
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.inuse import describe
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.mig import mig_backed
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import (
     GpuPlan, LayoutError, VgpuChange, check_sizes, choose_profiles, gpu_model, type_size_gb)
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuWriteError, VgpuWriter
 
 FRAMEWORK = "vendor-vfio"
 
@@ -236,10 +234,10 @@ def predictable(view, gpu_plan):
     return view.lists_complete and not gpu_plan.switch_mode and len(sizes) == 1 and None not in sizes
 
 
-def execute(sysfs, view, gpu_plan, steps=None, guard=None):
+def execute(sysfs, view, gpu_plan, steps=None, writer=None):
     """Run the plan's writes: clears, then fills; `view.current` follows each successful write.
-    `guard(vf)`: a context manager the write runs in (vgpu_apply: it raises on entry when a VM opened the VF or a pod
-    was allocated it since the plan, and holds the allocation record's lock until the write is made).
+    `writer`: the node's vGPU writer (node/vgpu_writer.py; vgpu_apply's raises HeldSincePlan when a VM opened the VF
+    or a pod was allocated it since the plan); None: one that asks no holder (tests).
 
     The driver checks every write against what is creatable on that VF now and refuses the rest
     (brief 1.4), so a successful write is the read-back, and a refused one leaves the VF as it was.
@@ -247,19 +245,19 @@ def execute(sysfs, view, gpu_plan, steps=None, guard=None):
     before the write, and a type no longer listed stops the apply before writing it; a refused write
     is reported with the kernel's errno and what the VF offers now (one re-read).
     """
+    writer = writer if writer is not None else VgpuWriter(sysfs, None)
     reread = not predictable(view, gpu_plan)
     for action, vf, type_id in gpu_plan.steps if steps is None else steps:
         if action == "set" and reread:
             creatable = vt.read_creatable(sysfs, vf)
             if type_id not in [t.type_id for t in creatable]:
                 raise _not_creatable(view, gpu_plan, vf, type_id, creatable)
-        with guard(vf) if guard is not None else contextlib.nullcontext():
-            try:
-                sysfs.write(vt.vfio_dir(vf) + "/current_vgpu_type", type_id)
-            except SysfsError as err:
-                if action != "set":
-                    raise
-                raise _not_creatable(view, gpu_plan, vf, type_id, vt.read_creatable(sysfs, vf), err) from None
+        try:
+            writer.set_type(vf, type_id, read_back=False)
+        except VgpuWriteError as err:
+            if action != "set" or err.refused is None:
+                raise
+            raise _not_creatable(view, gpu_plan, vf, type_id, vt.read_creatable(sysfs, vf), err.refused) from None
         view.current[vf] = type_id
 
 

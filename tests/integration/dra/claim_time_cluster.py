@@ -61,7 +61,7 @@ class ClaimTimeNode:
             monkeypatch.setenv(name, gpu_node.env[name])
         self.gpu_node, self.api = gpu_node, api
         kubelet = str(tmp_path / "kubelet")
-        self.engine = vgpu_apply.Node(Sysfs(gpu_node.root), CommandRunner(), gpu_node.dev_root, "/proc",
+        self.engine = vgpu_apply.NodeEngine(Sysfs(gpu_node.root), CommandRunner(), gpu_node.dev_root, "/proc",
                                       cache_dir=str(tmp_path), kubelet_dir=kubelet)
         vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
         doc = document(profiles)

@@ -57,7 +57,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publishe
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_keeper import SliceKeeper
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, facts
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, facts, pod_allocations
 
 
 def node_view(make_engine, serves=None):
@@ -73,7 +73,8 @@ def claim_time_preparer(make_engine):
     unprepared one engine and its in-use answers (inuse.Holders, every holder source): what cannot change under the
     node lock (the VFs' groups and VFIO identities) read once, the chosen VF asked the O(1) way (its group's EBUSY
     probe and the holder sources) once, right before its type is written, never by a /proc walk per candidate."""
-    return ClaimTimePreparer(make_engine().sysfs, lambda: make_engine().in_use)
+    return ClaimTimePreparer(make_engine().sysfs, lambda: make_engine().in_use,
+                             pod_allocations.record_path(make_engine().kubelet_dir))
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed

@@ -14,7 +14,8 @@ The DRA driver (driver.py) calls this under the node lock (the one every layout 
 3. `write(device)`: right before the write, and only there, the VF is asked of the in-use engine (its group's
    EBUSY probe and every holder source: VFIO group users, prepared claims, kubelet allocations); one held by
    anything but this claim raises VfHeld with nothing written (the driver records the next candidate and tries
-   that); else the type is written to `nvidia/current_vgpu_type` and read back. A VF that has the type already
+   that); else the type is written and read back, by the node's vGPU writer (node/vgpu_writer.py, which also
+   orders the write against a device plugin Allocate). A VF that has the type already
    (adopted) is not written and not asked;
 4. the driver writes the CDI spec and the KEP-5304 metadata (`resource.kubernetes.io/pciBusID`: the VF).
 `release(ref, record)` at unprepare writes 0 when nothing but the claim holds the VF; a VF a process still holds
@@ -29,6 +30,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuHeld, VgpuWriteError, VgpuWriter
 
 
 class VfHeld(ClaimError):
@@ -43,8 +45,8 @@ class ClaimTimePreparer:
     """`holders()` -> a fresh in-use engine for one prepare (an inuse.Holders: the agent's engine's `in_use`, every
     holder source); `begin()` asks for it, once per claim prepared or unprepared under the node lock."""
 
-    def __init__(self, sysfs, holders):
-        self.sysfs, self.holders = sysfs, holders
+    def __init__(self, sysfs, holders, record=None):
+        self.sysfs, self.holders, self.record = sysfs, holders, record   # record: pod_allocations.record_path
         self.in_use = None      # the inuse.Holders of the prepare under way (begin)
         self.devices = {}       # published device name -> claim_time.ProfileDevice
         self.vf_lists = {}      # PF address -> its VF addresses (_vfs)
@@ -54,12 +56,11 @@ class ClaimTimePreparer:
         self.in_use = self.holders()
         return self.in_use
 
-    def _held(self, ref, vf):
-        """The holders of `vf` now other than claim `ref` (the group's probe and the holder sources)."""
+    def _writer(self):
+        """This prepare's vGPU writer (node/vgpu_writer.py): its re-check is the in-use engine's."""
         if self.in_use is None:
             self.begin()
-        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-        return [h for h in self.in_use.recheck([vf]).get(vf, ()) if h != mine]
+        return VgpuWriter(self.sysfs, self.in_use.recheck, self.record)
 
     def update(self, items):
         """The claim-time devices as last published (claim_time.offers)."""
@@ -106,22 +107,18 @@ class ClaimTimePreparer:
     def write(self, ref, device):
         """Type the chosen VF (nothing to do when it has the type already) and read it back; VfHeld, nothing
         written, when anything but the claim holds it now (asked right before the write, the one holder check)."""
-        path = vgpu_types.vfio_dir(device.address) + "/current_vgpu_type"
         if (vgpu_types.read_current(self.sysfs, device.address) or 0) == device.type_id:
             return
-        found = self._held(ref, device.address)
-        if found:
-            raise VfHeld("%s: VF %s of GPU %s is held by %s; nothing written" % (
-                ref, device.address, device.parent_gpu, inuse.describe(found)), device.address)
+        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
         try:
-            self.sysfs.write(path, device.type_id)
-        except SysfsError as exc:
-            raise ClaimError("%s: VF %s of GPU %s: the driver refused %s (type %d): %s" % (
-                ref, device.address, device.parent_gpu, device.profile, device.type_id, exc)) from None
-        back = vgpu_types.read_current(self.sysfs, device.address)
-        if back != device.type_id:
-            raise ClaimError("%s: VF %s of GPU %s: wrote type %d (%s), it reads back %s" % (
-                ref, device.address, device.parent_gpu, device.type_id, device.profile, back))
+            self._writer().set_type(device.address, device.type_id, acting_for=(mine,))
+        except VgpuHeld as exc:
+            raise VfHeld("%s: VF %s of GPU %s is held by %s; nothing written" % (
+                ref, device.address, device.parent_gpu, inuse.describe([h for h in exc.holders if h != mine])),
+                device.address) from None
+        except VgpuWriteError as exc:
+            raise ClaimError("%s: GPU %s, %s (type %d): %s" % (
+                ref, device.parent_gpu, device.profile, device.type_id, exc)) from None
 
     def release(self, ref, record):
         """Clear the VF of a claim-time record (unprepare, a prepare that failed, a stale record) when nothing but the
@@ -137,8 +134,9 @@ class ClaimTimePreparer:
             return None
         if current != record.get("typeID"):
             return "it has type %s now, not the claim's %s" % (current, record.get("typeID"))   # never ours to clear
-        held = self._held(ref, vf)
-        if held:
-            return "held by %s" % inuse.describe(held)
-        self.sysfs.write(vgpu_types.vfio_dir(vf) + "/current_vgpu_type", 0)
+        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
+        try:
+            self._writer().clear_type(vf, acting_for=(mine,))
+        except VgpuHeld as exc:
+            return "held by %s" % inuse.describe([h for h in exc.holders if h != mine])
         return None

@@ -116,7 +116,7 @@ def test_the_counts_after_a_reconcile_reuse_its_walk_of_proc_and_its_groups(gpus
     node = gpusim_node("l40s:2")
     for name in ("PATH", "GPUSIM_ROOT"):
         monkeypatch.setenv(name, node.env[name])
-    engine = vgpu_apply.Node(RecordingSysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
+    engine = vgpu_apply.NodeEngine(RecordingSysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
     vgpu_apply.apply(engine, from_layout([{"profiles": {"L40S-24Q": 2}}]), enable_vfs=True)
     scans = engine.holders.counts["scans"]
     engine.sysfs.reads, engine.sysfs.links = [], []

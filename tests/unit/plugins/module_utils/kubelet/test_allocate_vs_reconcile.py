@@ -30,7 +30,7 @@ def served(gpusim_node, monkeypatch, tmp_path, kubelet_dir):
     node = gpusim_node("l40s:1")
     for name in ("PATH", "GPUSIM_ROOT"):
         monkeypatch.setenv(name, node.env[name])
-    engine = vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path),
+    engine = vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path),
                              kubelet_dir=kubelet_dir)
     result = vgpu_apply.apply(engine, from_layout(L40S_24Q), enable_vfs=True)
     record = pod_resources.AllocationRecord(kubelet_dir)
@@ -62,7 +62,8 @@ def test_an_allocate_between_the_vf_recheck_and_its_write_is_refused_not_recorde
 
     def recheck_then_allocate(holders, names, sources=True, **kwargs):
         found = real(holders, names, sources=sources, **kwargs)
-        if not sources and vf in names and not calls:     # the guard's re-check of that VF, right before its write
+        if list(names) == [vf] and kwargs.get("watched") is None and not calls:   # the vGPU writer's re-check of
+            # that VF, right before its write (node/vgpu_writer.py)
             calls.append(allocate_in_thread(view, vf))
             calls[0][0].join(0.5)                         # unordered: recorded now, and the VF retyped below
         return found
@@ -84,13 +85,13 @@ def test_an_allocate_between_the_vf_recheck_and_its_write_is_refused_not_recorde
 
 def test_an_allocate_after_the_gpus_source_read_stops_the_write_of_its_vf(served, monkeypatch):
     engine, view, record, vf = served
-    real = vgpu_apply.Node.stop_if_newly_held
+    real = vgpu_apply.NodeEngine.stop_if_newly_held
 
     def then_allocate(node, plans, done=(), probe=True):
         real(node, plans, done, probe)
         if not probe:                                     # execute's read before the GPU's first write
             view.allocate([vf])
-    monkeypatch.setattr(vgpu_apply.Node, "stop_if_newly_held", then_allocate)
+    monkeypatch.setattr(vgpu_apply.NodeEngine, "stop_if_newly_held", then_allocate)
     with pytest.raises(LayoutError, match="VF %s became held by a VM \\(a pod not listed yet \\(device plugin, %s\\)\\)"
                        % (vf, R24)):
         vgpu_apply.apply(engine, from_layout(L40S_12Q))

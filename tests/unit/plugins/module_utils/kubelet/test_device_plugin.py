@@ -23,7 +23,7 @@ MIXED_FLEET = [{"devices": ["0000:41:00.0"], "profiles": {"L40S-24Q": 2}},
 def engine_for(node, monkeypatch, tmp_path):
     for name in ("PATH", "GPUSIM_ROOT"):
         monkeypatch.setenv(name, node.env[name])
-    return vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
+    return vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
 
 
 @pytest.fixture

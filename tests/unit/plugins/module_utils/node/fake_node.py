@@ -180,6 +180,8 @@ class KernelSysfs(Sysfs):
             time.sleep(self.latency)
             self.node.set_numvfs(pf, want)
             return
+        if parts[-1] == "current_vgpu_type":    # the store replaces the value: "0" over "155" reads "0"
+            os.truncate(self.path(rel), 0)
         super().write(rel, value)
 
 

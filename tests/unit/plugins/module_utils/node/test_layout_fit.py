@@ -30,7 +30,7 @@ class NoSmi(CommandRunner):
 def engine(node, monkeypatch, tmp_path, runner=None):
     for name in ("PATH", "GPUSIM_ROOT"):
         monkeypatch.setenv(name, node.env[name])
-    return vgpu_apply.Node(Sysfs(node.root), runner or CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
+    return vgpu_apply.NodeEngine(Sysfs(node.root), runner or CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ def applied(gpusim_node, monkeypatch, tmp_path):
     node = gpusim_node("l40s:1,t4:1,a16:1")
     for name in ("PATH", "GPUSIM_ROOT"):
         monkeypatch.setenv(name, node.env[name])
-    engine = vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
+    engine = vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
     result = vgpu_apply.apply(engine, from_layout(LAYOUT), enable_vfs=True)
     return engine, result, facts.gather(engine.sysfs, {}, engine.names)
 

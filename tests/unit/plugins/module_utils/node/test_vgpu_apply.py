@@ -21,7 +21,7 @@ def engine_for(node, monkeypatch, tmp_path):
     """The engine on a gpusim node, its fake sriov-manage / nvidia-smi first on PATH."""
     for name in ("PATH", "GPUSIM_ROOT"):
         monkeypatch.setenv(name, node.env[name])
-    return vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
+    return vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ def plugin(tmp_path):
     reads = []
 
     def make_engine():
-        return SimpleNamespace(sysfs=sysfs, names=None)
+        return SimpleNamespace(sysfs=sysfs, names=None, kubelet_dir=str(tmp_path / "kubelet"))
 
     settings = SimpleNamespace(node_name=NODE, kubelet_dir=str(tmp_path / "kubelet"), cdi_dir=str(tmp_path / "cdi"),
                                proc_root=str(node.proc))

@@ -31,7 +31,7 @@ class Env:
             monkeypatch.setenv(name, node.env[name])
         self.node, self.tmp = node, tmp_path
         self.kubelet = str(tmp_path / "kubelet")
-        self.engine = vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc",
+        self.engine = vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc",
                                       cache_dir=str(tmp_path), kubelet_dir=self.kubelet)
         vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
         self.engine.claim_time = declaration(DOC)
@@ -181,7 +181,7 @@ def test_the_agents_preparer_uses_one_engine_per_prepare_and_asks_the_vf_once_ri
     made, asked = [], []
 
     def make_engine():
-        made.append(vgpu_apply.Node(Sysfs(e.node.root), CommandRunner(), e.node.dev_root, "/proc",
+        made.append(vgpu_apply.NodeEngine(Sysfs(e.node.root), CommandRunner(), e.node.dev_root, "/proc",
                                     cache_dir=str(e.tmp), kubelet_dir=e.kubelet))
         return made[-1]
     real = inuse.Holders.recheck
@@ -275,10 +275,10 @@ def test_a_type_that_vanishes_between_plan_and_finish_is_a_warning_not_a_failed_
     [vf] = restarted(e, one)
     real_finish = claim_time_layout.finish
 
-    def unbound_meanwhile(sysfs, modes, modes_file):
+    def unbound_meanwhile(sysfs, modes, modes_file, *args):
         assert list(modes.restore) == [vf]
         e.node.write("bus/pci/drivers/nvidia/unbind", vf)
-        return real_finish(sysfs, modes, modes_file)
+        return real_finish(sysfs, modes, modes_file, *args)
     monkeypatch.setattr(claim_time_layout, "finish", unbound_meanwhile)
     e.node.clear_log()
     result = vgpu_apply.apply(e.engine, vgpu_layout.from_document(DOC, "default"))

@@ -102,7 +102,7 @@ def test_the_apply_result_gives_the_devices_a_full_read_of_the_node_gives(gpusim
     node = gpusim_node("l40s:1,t4:1,a16:1")
     for name in ("PATH", "GPUSIM_ROOT"):
         monkeypatch.setenv(name, node.env[name])
-    engine = vgpu_apply.Node(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
+    engine = vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path))
     layout = [{"device_filter": "10de:26b9", "profiles": {"L40S-24Q": 2}},
               {"device_filter": "10de:1eb8", "profiles": {"T4-4Q": 2}},
               {"device_filter": "10de:25b6", "profiles": {"A16-8Q": 2}}]
