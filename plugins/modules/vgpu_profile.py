@@ -499,7 +499,7 @@ def main():
         else:
             entries = vgpu_layout.entries(params["config"], params["selected"], params["layout"])
         options = mig.MigOptions(params["mig_mode_order"], params["mig_compute_instances"], params["mig_gi_cleanup"])
-        engine = vgpu_apply.Node(node.sysfs, node.runner, node.dev_root, node.proc_root,
+        engine = vgpu_apply.NodeEngine(node.sysfs, node.runner, node.dev_root, node.proc_root,
                                  sriov_manage_path=params["sriov_manage_path"], mig_options=options,
                                  kubelet_dir=node.kubelet_dir,
                                  take_over=addresses(params["take_over"], "take_over"))

@@ -542,9 +542,6 @@ class NodeEngine:
         return BACKENDS[framework].current_profiles(self.view(gpu, framework, {}))
 
 
-# the name plugins/modules/vgpu_profile.py still uses (another branch edits that module): drop it once it says NodeEngine
-Node = NodeEngine
-
 
 class HeldSincePlan(LayoutError):
     """A device a GPU's change touches became held after the plan; that device was not written.
