@@ -500,9 +500,9 @@ def main():
             entries = vgpu_layout.entries(params["config"], params["selected"], params["layout"])
         options = mig.MigOptions(params["mig_mode_order"], params["mig_compute_instances"], params["mig_gi_cleanup"])
         engine = vgpu_apply.NodeEngine(node.sysfs, node.runner, node.dev_root, node.proc_root,
-                                 sriov_manage_path=params["sriov_manage_path"], mig_options=options,
-                                 kubelet_dir=node.kubelet_dir,
-                                 take_over=addresses(params["take_over"], "take_over"))
+                                       sriov_manage_path=params["sriov_manage_path"], mig_options=options,
+                                       kubelet_dir=node.kubelet_dir,
+                                       take_over=addresses(params["take_over"], "take_over"))
         result = vgpu_apply.apply(engine, entries,
                                   state=params["state"], mixed_size=params["mixed_size"],
                                   check_mode=module.check_mode, lock_timeout=params["lock_timeout"],
