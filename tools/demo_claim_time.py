@@ -108,7 +108,7 @@ class Scene:
         kubelet = os.path.join(args.work, "kubelet")
         self.plugin_dir, self.cdi_dir = claim_holders.plugin_dir(kubelet), os.path.join(args.work, "cdi")
         self.engine = vgpu_apply.NodeEngine(self.sysfs, CommandRunner(), os.path.join(args.sys, ".gpusim", "dev"), "/proc",
-                                      cache_dir=args.work, kubelet_dir=kubelet)
+                                            cache_dir=args.work, kubelet_dir=kubelet)
         self.offers, self.driver = [], None
 
     # 1. the node publishes what it could create

@@ -178,9 +178,9 @@ def _node(args):
     options = mig.MigOptions(args.mig_mode_order, args.mig_compute_instances, args.mig_gi_cleanup) \
         if hasattr(args, "mig_mode_order") else None
     return vgpu_apply.NodeEngine(Sysfs(args.sysfs_root), CommandRunner(), args.dev_root, args.proc_root,
-                           sriov_manage_path=getattr(args, "sriov_manage", None), mig_options=options,
-                           kubelet_dir=check_kubelet_dir(args.kubelet_dir),
-                           take_over=_addresses(getattr(args, "take_over", ())))
+                                 sriov_manage_path=getattr(args, "sriov_manage", None), mig_options=options,
+                                 kubelet_dir=check_kubelet_dir(args.kubelet_dir),
+                                 take_over=_addresses(getattr(args, "take_over", ())))
 
 
 def _addresses(items):
@@ -334,13 +334,13 @@ VERBS = {"apply": cmd_apply, "assert": cmd_assert, "export": cmd_export, "idle":
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["agent"]:
-        verb, run = "agent", lambda: cmd_agent(argv[1:])
+    if argv[:1] == ["agent"]:     # the agent parses its own arguments (its settings)
+        verb, run, arg = "agent", cmd_agent, argv[1:]
     else:
-        args = _parser().parse_args(argv)
-        verb, run = args.verb, lambda: VERBS[args.verb](args)
+        arg = _parser().parse_args(argv)
+        verb, run = arg.verb, VERBS[arg.verb]
     try:
-        return run()
+        return run(arg)
     except EngineError as err:
         _say("%s %s: %s" % (PROG, verb, one_line(err)), sys.stderr)
         return EXIT_ERROR

@@ -467,6 +467,8 @@ BOOT_FILE = dict(path=dict(type="path", required=True), mode=dict(type="str", re
                  node_cli=dict(type="bool", default=False), unit=dict(type="dict", options=UNIT),
                  checksum=dict(type="str"),
                  own_directory=dict(type="bool", default=False), remove=dict(type="bool", default=False))
+
+
 def main():
     module = AnsibleModule(
         argument_spec=node_argspec(

@@ -70,7 +70,7 @@ def run(args):
     try:
         with GpuSimNode("l40s:%d" % args.gpus) as gpu_node:
             engine = vgpu_apply.NodeEngine(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
-                                     cache_dir=work, kubelet_dir=work)
+                                           cache_dir=work, kubelet_dir=work)
             vgpu_apply.apply(engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True, lock_timeout=60)
             # every GPU claim-time; the label-driven layout (it must name something) selects no GPU here
             doc = {"layout": [{"device_filter": "0x1234ABCD", "profiles": {}}],
@@ -94,7 +94,7 @@ def run(args):
             # wired as the agent wires it (agent_plugin.claim_time_preparer: the agent's engine factory)
             driver.claim_time = agent_plugin.claim_time_preparer(
                 lambda: vgpu_apply.NodeEngine(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
-                                        cache_dir=work, kubelet_dir=work))
+                                              cache_dir=work, kubelet_dir=work))
             driver.claim_time.update(items)
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]
             prepare, unprepare = [], []

@@ -71,7 +71,7 @@ def claim(index, device):
 def apply(gpu_node, work, layout):
     """Program the node the way the agent does (the engine's apply, VFs enabled, type names cached)."""
     engine = vgpu_apply.NodeEngine(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc", cache_dir=work,
-                             kubelet_dir=work)
+                                   kubelet_dir=work)
     result = vgpu_apply.apply(engine, vgpu_layout.from_layout(layout), enable_vfs=True, lock_timeout=60)
     APPLY_COUNTS.append(dict(engine.holders.counts))    # scans, probes, source reads of this apply
     return result

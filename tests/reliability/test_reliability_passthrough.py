@@ -71,7 +71,7 @@ def test_sriov_vfs_naming_it_is_refused_before_any_write(lab, failure_writes):
 
 def test_taking_it_over_while_its_vm_runs_is_refused_before_any_write(lab, failure_writes, tmp_path):
     lab.engine = vgpu_apply.NodeEngine(lab.sysfs, lab.runner, lab.node.dev_root, "/proc", cache_dir=str(tmp_path),
-                                 take_over=[PASSED])
+                                       take_over=[PASSED])
     with pytest.raises(EngineError) as caught:
         node_lab.run_layout(lab, layout=ALL, enable_vfs=True)
     one_line_naming(str(caught.value), PASSED)

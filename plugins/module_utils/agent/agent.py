@@ -228,7 +228,7 @@ class Agent:
         s = self.settings
         check_roots(s.sysfs_root, s.dev_root, s.proc_root)  # a mount lost while running fails the reconcile
         return vgpu_apply.NodeEngine(Sysfs(s.sysfs_root), CommandRunner(), s.dev_root, s.proc_root,
-                               sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir)
+                                     sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir)
 
     def reconcile(self, node, wanted):
         name = wanted[0]

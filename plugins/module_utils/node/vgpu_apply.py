@@ -542,7 +542,6 @@ class NodeEngine:
         return BACKENDS[framework].current_profiles(self.view(gpu, framework, {}))
 
 
-
 class HeldSincePlan(LayoutError):
     """A device a GPU's change touches became held after the plan; that device was not written.
     `done`: GPUs changed (the GPU itself when the writer stopped it part-way); `not_done`: the GPUs after it."""

@@ -62,7 +62,7 @@ class ClaimTimeNode:
         self.gpu_node, self.api = gpu_node, api
         kubelet = str(tmp_path / "kubelet")
         self.engine = vgpu_apply.NodeEngine(Sysfs(gpu_node.root), CommandRunner(), gpu_node.dev_root, "/proc",
-                                      cache_dir=str(tmp_path), kubelet_dir=kubelet)
+                                            cache_dir=str(tmp_path), kubelet_dir=kubelet)
         vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
         doc = document(profiles)
         self.engine.claim_time = declaration(doc)

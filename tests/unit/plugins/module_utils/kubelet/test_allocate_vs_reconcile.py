@@ -31,7 +31,7 @@ def served(gpusim_node, monkeypatch, tmp_path, kubelet_dir):
     for name in ("PATH", "GPUSIM_ROOT"):
         monkeypatch.setenv(name, node.env[name])
     engine = vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path),
-                             kubelet_dir=kubelet_dir)
+                                   kubelet_dir=kubelet_dir)
     result = vgpu_apply.apply(engine, from_layout(L40S_24Q), enable_vfs=True)
     record = pod_resources.AllocationRecord(kubelet_dir)
     with pod_allocations.locked(record.path, 1):              # the lock file, as VgpuDevicePlugin.start makes it

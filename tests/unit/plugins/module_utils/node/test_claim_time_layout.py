@@ -19,7 +19,7 @@ def engine_for(node, monkeypatch, tmp_path):
     for name in ("PATH", "GPUSIM_ROOT"):
         monkeypatch.setenv(name, node.env[name])
     engine = vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc", cache_dir=str(tmp_path),
-                             kubelet_dir=str(tmp_path / "kubelet"))
+                                   kubelet_dir=str(tmp_path / "kubelet"))
     return engine
 
 

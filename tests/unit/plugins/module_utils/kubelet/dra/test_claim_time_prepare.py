@@ -32,7 +32,7 @@ class Env:
         self.node, self.tmp = node, tmp_path
         self.kubelet = str(tmp_path / "kubelet")
         self.engine = vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc",
-                                      cache_dir=str(tmp_path), kubelet_dir=self.kubelet)
+                                            cache_dir=str(tmp_path), kubelet_dir=self.kubelet)
         vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
         self.engine.claim_time = declaration(DOC)
         self.result = vgpu_apply.apply(self.engine, vgpu_layout.from_document(DOC, "default"))
@@ -182,7 +182,7 @@ def test_the_agents_preparer_uses_one_engine_per_prepare_and_asks_the_vf_once_ri
 
     def make_engine():
         made.append(vgpu_apply.NodeEngine(Sysfs(e.node.root), CommandRunner(), e.node.dev_root, "/proc",
-                                    cache_dir=str(e.tmp), kubelet_dir=e.kubelet))
+                                          cache_dir=str(e.tmp), kubelet_dir=e.kubelet))
         return made[-1]
     real = inuse.Holders.recheck
 

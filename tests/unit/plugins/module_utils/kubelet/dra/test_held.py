@@ -127,7 +127,7 @@ def test_a_process_that_opens_the_claimed_vf_after_the_plan_stops_its_restore(tm
             return real_open(path, *args, **kwargs)
         monkeypatch.setattr(os, "open", kernel_open)
     engine = vgpu_apply.NodeEngine(Sysfs(str(node.sys)), CommandRunner(), str(node.dev), str(node.proc),
-                             cache_dir=str(tmp_path / "cache"), kubelet_dir=kubelet_dir)
+                                   cache_dir=str(tmp_path / "cache"), kubelet_dir=kubelet_dir)
     with pytest.raises(vgpu_apply.HeldSincePlan, match="VF %s became held" % VF4_ADDRESS):
         vgpu_apply.apply(engine, from_layout([{"device_filter": "0x26B910DE", "profiles": {"L40S-24Q": 2}}]),
                          lock_timeout=5, before_changes=lambda: vm_opens(node.group_of(VF4_ADDRESS)))
