@@ -550,11 +550,14 @@ def served_profiles(facts, gpus):
 
 
 def start_agent(env, kubelet, split):
-    """`accelops-vgpu agent`, the node CLI the vgpu_profiles role installed, as the DaemonSet would run it,
-    with the simulated node's roots instead of /host and the emulator's kubeconfig instead of a service account;
-    its device plugin registers with the test kubelet, its /metrics listens on a free loopback port; `split`:
-    the GPUs of the device plugin and of the DRA driver."""
-    cli = os.path.join(NODE_ROOT, "usr", "local", "bin", "accelops-vgpu")
+    """`accelops-vgpu agent`, the agent CLI the agent image carries (tools/build-node-cli.py; the node CLI the
+    vgpu_profiles role installs has no agent), as the DaemonSet would run it, with the simulated node's roots
+    instead of /host and the emulator's kubeconfig instead of a service account; its device plugin registers with
+    the test kubelet, its /metrics listens on a free loopback port; `split`: the GPUs of the device plugin and of
+    the DRA driver."""
+    cli = os.path.join(DEMO, "accelops-vgpu-agent.pyz")
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "build-node-cli.py"), cli], check=True,
+                   stdout=subprocess.DEVNULL)
     AGENT_ENDPOINT["port"] = free_port()
     agent_env = dict(env, NODE_NAME="demo-node", NAMESPACE="default", KUBECONFIG=KUBECONFIG,
                      DEVICE_PLUGIN="true", KUBELET_DIR=kubelet.root, DRA_DRIVER="true" if split[1] else "false",
