@@ -4,7 +4,7 @@
 """The one writer of a vGPU on the host: a VF's `nvidia/current_vgpu_type` (set, clear) and an mdev's create and
 remove. Every path goes through `VgpuWriter`: the layout engine (vgpu_vfio, vgpu_mdev), SR-IOV removal with force
 (sriov), the claim-time clear and restore (claim_time_layout.finish), DRA prepare and unprepare
-(kubelet/dra/claim_time_prepare). tests/unit/plugins/module_utils/test_layers.py fails when another file writes
+(kubelet/dra/claim_time_prepare). tests/unit/plugins/module_utils/test_single_writer.py fails when another file writes
 the attribute.
 
 One write, in this order (docs/design.md "Who writes a vGPU"):
