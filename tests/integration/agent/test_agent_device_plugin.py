@@ -172,7 +172,8 @@ def test_a_vgpu_allocated_to_a_pod_is_not_retyped_until_the_pod_is_gone(gpusim_n
 
 def test_podresources_unreachable_keeps_an_allocated_vgpu_held(gpusim_node, cluster, start_agent, kubelet):
     node = gpusim_node("l40s:1")
-    agent = start_plugin_agent(start_agent, node, cluster, kubelet)
+    # KUBELET_RESTART_GRACE: the test kubelet started moments ago, which is a restart (every vGPU held for the grace)
+    agent = start_plugin_agent(start_agent, node, cluster, kubelet, KUBELET_RESTART_GRACE="1")
     agent.wait("success", "default")
     kubelet.wait("registered", lambda k: len(ids(k, R24)) == 2)
     allocated = ids(kubelet, R24)[1]
