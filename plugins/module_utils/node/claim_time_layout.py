@@ -11,6 +11,7 @@ The declaration lives in the same file the agent reads (docs/design.md "Profiles
       - devices: [1] | all            # VDM-style: GPU indices or all; device-filter as in vgpu-configs
         device-filter: "0x26B910DE"
         profiles: [L40S-24Q, L40S-12Q]   # the allow-list; left out: the Q profiles the driver reports
+        whole-gpu: true               # opt-in: the GPU may also be given whole to one claim (node/whole_gpu.py)
 
     {"layout": [...], "claim_time": [{"devices": ["0000:41:00.0"], "profiles": [...]}]}   # the simple form
 
@@ -39,18 +40,20 @@ from collections import OrderedDict, namedtuple
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, pci, pf_driver, vgpu_layout, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import whole_gpu
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import VgpuTypeError, parse_profile
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuHeld, VgpuWriter
 
 VDM_KEY, LAYOUT_KEY = "claim-time", "claim_time"
-VDM_ENTRY_KEYS = ("devices", "device-filter", "profiles")
-LAYOUT_ENTRY_KEYS = ("devices", "device_filter", "profiles")
+VDM_ENTRY_KEYS = ("devices", "device-filter", "profiles", "whole-gpu")
+LAYOUT_ENTRY_KEYS = ("devices", "device_filter", "profiles", "whole_gpu")
 MODES_FILE = "claim-time-gpus.json"
 
 
-class ClaimTimeEntry(namedtuple("ClaimTimeEntry", "origin devices filters profiles")):
-    """`devices` None (all) or indices/addresses; `profiles` a tuple of short profile names or None."""
+class ClaimTimeEntry(namedtuple("ClaimTimeEntry", "origin devices filters profiles whole", defaults=(False,))):
+    """`devices` None (all) or indices/addresses; `profiles` a tuple of short profile names or None; `whole`: the
+    GPU may be given whole too (issue 42 item 1)."""
 
     __slots__ = ()
 
@@ -84,6 +87,21 @@ class Declaration:
                 if entry.selects(gpu):
                     chosen[gpu.address] = entry.profiles
         return chosen
+
+    def whole(self, gpus):
+        """The PF addresses of `gpus` whose last selecting entry says `whole-gpu: true`."""
+        found = OrderedDict()
+        for gpu in gpus:
+            for entry in self.entries:
+                if entry.selects(gpu):
+                    found[gpu.address] = entry.whole
+        return [address for address, whole in found.items() if whole]
+
+
+def _whole(value, origin, key):
+    if not isinstance(value, bool):
+        raise LayoutError("%s: %s must be true or false, not %s" % (origin, key, shown(value)))
+    return value
 
 
 def _profiles(value, origin):
@@ -121,7 +139,9 @@ def _entries(value, key, origin_prefix):
         else:
             devices = vgpu_layout._layout_devices(item["devices"], origin)  # pylint: disable=protected-access
         filters = vgpu_layout._filters(item.get("device-filter" if vdm else "device_filter"), origin)  # pylint: disable=protected-access
-        found.append(ClaimTimeEntry(origin, devices, filters, _profiles(item.get("profiles"), origin)))
+        whole_key = "whole-gpu" if vdm else "whole_gpu"
+        found.append(ClaimTimeEntry(origin, devices, filters, _profiles(item.get("profiles"), origin),
+                                    _whole(item.get(whole_key, False), origin, whole_key)))
     return found
 
 
@@ -191,6 +211,15 @@ def check_moves(sysfs, before, after, held, vfs_of):
                                   "nothing uses its vGPUs" % (address, direction, vf, inuse.describe(found)))
 
 
+def _check_whole_moves(before, after, given):
+    """LayoutError naming a GPU given whole to a claim that would leave claim-time mode (the layout would find it on
+    vfio-pci without VFs)."""
+    for address in sorted(set(before) - set(after)):
+        if address in given:
+            raise LayoutError("GPU %s: cannot move out of claim-time mode while it is given whole to %s; move it once "
+                              "that claim is gone" % (address, given[address][0]))
+
+
 class Modes:
     """What one plan found: the claim-time GPUs, the moves, the stale types to clear, the prepared claims' types to
     restore, the GPUs passed through (see `plan`)."""
@@ -206,10 +235,12 @@ class Modes:
         self.offers = {}                        # PF address -> {model, vfs, profiles: offers()}
         self.needs_vfs = []                     # claim-time GPUs without VFs that the apply enables first
         self.warnings = []
+        self.whole = []                         # claim-time GPUs declared whole-gpu: their whole device is published
+        self.held_whole = {}                    # PF -> (claim, record): given whole by a DRA claim (node/whole_gpu.py)
 
     def offerable(self):
         """(address, allow-list) of the claim-time GPUs that may offer profiles (not passed through)."""
-        skipped = {s.address for s in self.reserved}
+        skipped = {s.address for s in self.reserved} | set(self.held_whole)   # held whole: offers as recorded
         return [(address, allow) for address, allow in self.gpus.items() if address not in skipped]
 
     @property
@@ -226,6 +257,11 @@ class Modes:
                           "vfs": offer["vfs"], "profiles": offer["profiles"]})
             if address in reserved:
                 found[-1]["reserved"] = reserved[address]
+            if address in self.whole:
+                found[-1]["whole_gpu"] = True
+            if address in self.held_whole:
+                holder, record = self.held_whole[address]
+                found[-1]["held_whole"] = {"by": holder, "step": record.get("step")}
         return found
 
 
@@ -256,14 +292,18 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, b
     gpus_here = sorted(set(chosen) | set(before))
     held = held_of(gpus_here + [vf for address in gpus_here for vf in vfs_of.get(address) or ()])
     check_moves(sysfs, before, chosen, held, vfs_of)
+    given = whole_gpu.held(claim_holders.read_claims(claim_holders.checkpoint_path(os.path.dirname(modes_file))))
+    given = {address: given[address] for address in gpus_here if address in given}
+    _check_whole_moves(before, chosen, given)
     parents = inuse.mdev_parents(sysfs)
-    reserved = pf_driver.skipped(sysfs, [pci.PciDevice(sysfs, address) for address in chosen])
+    # a GPU our Prepare gave whole (on vfio-pci, VFs off) is the claim's, not reserved by an operator: left alone
+    reserved = pf_driver.skipped(sysfs, [pci.PciDevice(sysfs, address) for address in chosen if address not in given])
     reserved = [s._replace(reason="%s; as a claim-time GPU it offers no vGPU" % s.reason) for s in reserved]
     passed_through = {s.address for s in reserved}
     claimed = None
     stale, restore, warnings, claims = [], OrderedDict(), [], {}
     for address in chosen:
-        if address in passed_through:
+        if address in passed_through or address in given:
             continue
         for vf in vfs_of.get(address) or ():
             current = vgpu_types.read_current(sysfs, vf)
@@ -294,6 +334,11 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, b
                         claims[vf] = tuple(by_claims)
     modes = Modes(chosen, before, stale, restore, reserved, recheck)
     modes.claims = claims
+    # held whole: its device stays published while the claim has it, declared or not (the counter stays charged)
+    modes.whole = sorted(set(declaration_.whole(gpus) if declaration_ is not None else ()) | set(given))
+    modes.held_whole = given
+    for address, (dummy, record) in given.items():   # published as when it was given: its VFs are off now
+        modes.offers[address] = dict(record.get("offers") or {"model": None, "vfs": 0, "profiles": []})
     modes.warnings.extend(warnings)
     return modes
 

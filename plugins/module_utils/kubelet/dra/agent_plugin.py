@@ -54,6 +54,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoi
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.whole_gpu import WholeGpuPreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_keeper import SliceKeeper
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
@@ -104,6 +105,7 @@ class VgpuDraPlugin:
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
                                 boot_id=read_boot_id(settings.proc_root), ready=False)
         self.driver.claim_time = claim_time_preparer(make_engine)
+        self.driver.whole = WholeGpuPreparer(make_engine().sysfs, make_engine)   # GPUs given whole (issue 42.1)
         self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
         self.claim_time_refused = None  # why the API server cannot take them (claim_time.FeatureMissing), for good
         self.withdrawing = {}          # profile device published withdrawn -> clock time it was first (_still_used)
@@ -189,7 +191,7 @@ class VgpuDraPlugin:
                 self._offer(planned[0], [gpu for gpu in planned[1] if gpu["address"] in recorded], allocated)
             else:   # the devices stay as last published (a restarted agent: as the API has them)
                 self.claim_time = self.claim_time or self._published_before()
-                self.driver.claim_time.update(self.claim_time)
+                self._update_preparers()
         on_claim_time = claim_time.gpus_of(self.claim_time)   # their VFs are typed by Prepare: no fixed devices
         if result is None:      # no apply says which GPUs are claim-time now: the last one's record does too
             on_claim_time = None if recorded is None else on_claim_time | recorded
@@ -231,8 +233,13 @@ class VgpuDraPlugin:
         """The claim-time devices published and prepared: the offers, and those still used (_still_used)."""
         offers = [] if self.claim_time_refused else claim_time.offers(sysfs, claim_time_result)
         self.claim_time = offers + self._still_used(offers, allocated)
-        self.driver.claim_time.update(self.claim_time)
+        self._update_preparers()
         self._save_published()
+
+    def _update_preparers(self):
+        """The claim-time devices published now, told to Prepare's choosers (profiles, whole GPUs)."""
+        self.driver.claim_time.update(self.claim_time)
+        self.driver.whole.update(self.claim_time)
 
     def _allocated(self):
         """{(pool, device)} the API's ResourceClaims have allocated from this node's pools; None when the API cannot
@@ -387,7 +394,7 @@ class VgpuDraPlugin:
                  "fixed-profile vGPUs are published" % (self.settings.node_name, exc,
                                                         ", ".join(sorted(claim_time.gpus_of(self.claim_time)))))
         self.claim_time = []
-        self.driver.claim_time.update([])
+        self._update_preparers()
 
     def close(self):
         self._stop.set()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import whole_gpu
 
 COUNTER = "gpu"                     # the one counter of a GPU's counter set
 INSTANCES = "instances"             # the consumable capacity of a profile device
@@ -118,8 +119,8 @@ class ProfileDevice:
 
 
 def offers(sysfs, claim_time_result):
-    """[CounterSet, ..., ProfileDevice, ...] for the apply result's `claim_time` list (node/claim_time_layout
-    Modes.result); a GPU that offers no profile (no VFs yet) publishes nothing."""
+    """[CounterSet, ..., ProfileDevice and WholeGpuDevice, ...] for the apply result's `claim_time` list
+    (node/claim_time_layout Modes.result); a GPU that offers no profile (no VFs yet) publishes nothing."""
     sets, found = [], []
     for gpu in claim_time_result or ():
         if not gpu.get("profiles"):
@@ -127,6 +128,8 @@ def offers(sysfs, claim_time_result):
         address = gpu["address"]
         root, numa = dra_devices.pcie_root(sysfs, address), dra_devices.numa_node(sysfs, address)
         sets.append(CounterSet(counter_set_name(address), address))
+        if gpu.get("whole_gpu"):    # the whole GPU beside its profiles, drawing all of its counters (whole_gpu.py)
+            found.append(whole_gpu.device_for(sets[-1], gpu, root, numa))
         for offer in gpu["profiles"]:
             found.append(ProfileDevice(device_name(offer["profile"], address), address, offer["profile"],
                                        offer["type_name"], offer["type_id"], offer["size_mib"],

@@ -1,0 +1,186 @@
+"""Whole GPU or vGPUs on one counter (issue 42 item 1) against gpusim: the declaration, the published device, Prepare
+(VFs off, PF to vfio-pci, CDI with its VFIO group, metadata with the PF) and Unprepare (back to vGPUs), refusals
+while a VF is typed, held, allocated or prepared, and a crash at every step recovered."""
+
+import json
+import os
+import time
+
+import pytest
+from claim_data import ClaimStore, claim, ref
+from schemas import assert_valid
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, checkpoint, claim_time, devices, metadata
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices, whole_gpu
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, pod_allocations, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import whole_gpu as node_whole
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+
+NODE = "gpu-node-1"
+GPU1 = "0000:42:00.0"
+DOC = {"version": "v1", "vgpu-configs": {"default": [{"devices": [0], "vgpu-devices": {"L40S-24Q": 2}}]},
+       "claim-time": [{"devices": [1], "profiles": ["L40S-24Q", "L40S-12Q"], "whole-gpu": True}]}
+WHOLE, D24 = "whole-gpu-0000-42-00-0", "l40s-24q-gpu-0000-42-00-0"
+UIDS = ["%08d-aaaa-4bbb-8ccc-000000000000" % n for n in range(1, 10)]
+
+
+class Env:
+    def __init__(self, node, monkeypatch, tmp_path, *claims):
+        for name in ("PATH", "GPUSIM_ROOT"):
+            monkeypatch.setenv(name, node.env[name])
+        self.node, self.tmp = node, tmp_path
+        self.kubelet = str(tmp_path / "kubelet")
+        self.engine = self.make_engine()
+        vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
+        self.result = self.reconcile()
+        self.store = ClaimStore(*claims)
+        self.plugin_dir, self.cdi_dir = claim_holders.plugin_dir(self.kubelet), str(tmp_path / "cdi")
+        self.driver = self.start()
+        node.clear_log()
+
+    def make_engine(self):
+        return vgpu_apply.NodeEngine(Sysfs(self.node.root), CommandRunner(), self.node.dev_root, "/proc",
+                                     cache_dir=str(self.tmp), kubelet_dir=self.kubelet)
+
+    def reconcile(self, doc=DOC):
+        self.engine.claim_time = declaration(doc)
+        return vgpu_apply.apply(self.engine, vgpu_layout.from_document(doc, "default"), enable_vfs=True)
+
+    def start(self):
+        sysfs = self.engine.sysfs
+        driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
+                           self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id)
+        driver.claim_time = ClaimTimePreparer(sysfs, self.engine.begin)
+        driver.whole = whole_gpu.WholeGpuPreparer(sysfs, self.make_engine)
+        self.offer(driver)
+        return driver
+
+    def offer(self, driver=None):
+        items = claim_time.offers(self.engine.sysfs, self.result["claim_time"])
+        for preparer in ((driver or self.driver).claim_time, (driver or self.driver).whole):
+            preparer.update(items)
+        return items
+
+    def pf_driver(self):
+        link = os.path.join(self.node.root, "bus/pci/devices", GPU1, "driver")
+        return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+    def numvfs(self):
+        return int(open(os.path.join(self.node.root, "bus/pci/devices", GPU1, "sriov_numvfs")).read())
+
+    def record(self, uid):
+        return checkpoint.Checkpoint(self.plugin_dir).get(uid)
+
+
+@pytest.fixture
+def env(gpusim_node, monkeypatch, tmp_path):
+    def make(*claims):
+        return Env(gpusim_node("l40s:2"), monkeypatch, tmp_path, *claims)
+    return make
+
+
+def test_the_declaration_is_validated_and_bad_input_writes_nothing():
+    assert declaration(DOC).entries[0].whole is True
+    assert declaration({"claim_time": [{"devices": [GPU1]}]}).entries[0].whole is False
+    with pytest.raises(LayoutError, match=r"claim-time\[0\]: whole-gpu must be true or false, not yes"):
+        declaration({"claim-time": [{"devices": [1], "whole-gpu": "yes"}]}, "config")
+
+
+def test_the_whole_gpu_is_published_beside_its_profiles_and_draws_every_counter(env):
+    e = env()
+    items = e.offer()
+    [counter_set] = [i for i in items if isinstance(i, claim_time.CounterSet)]
+    [whole] = [i for i in items if isinstance(i, whole_gpu.WholeGpuDevice)]
+    api = whole.to_api()
+    assert api["name"] == WHOLE and "allowMultipleAllocations" not in api
+    assert api["consumesCounters"] == [{"counterSet": counter_set.name, "counters": counter_set.to_api()["counters"]}]
+    attrs = api["attributes"]
+    assert attrs["resource.kubernetes.io/pciBusID"] == {"string": GPU1} and attrs["wholeGPU"] == {"bool": True}
+    assert attrs["productName"]["string"].endswith("L40S") or "L40S" in attrs["productName"]["string"]
+    # a GPU not declared whole-gpu publishes none; the slices of 8 such GPUs stay within the API's limits (strict)
+    gpus = [dict(e.result["claim_time"][0], address="0000:%02x:00.0" % (0x41 + n)) for n in range(8)]
+    many = claim_time.offers(e.engine.sysfs, gpus)
+    assert len([i for i in many if isinstance(i, whole_gpu.WholeGpuDevice)]) == 8
+    for body in slices.desired_slices(NODE, many, 1):
+        assert len(body["spec"].get("devices") or ()) <= 64 and len(body["spec"].get("sharedCounters") or ()) <= 8
+        assert not (body["spec"].get("devices") and body["spec"].get("sharedCounters"))
+        assert_valid(body)
+
+
+def test_prepare_gives_the_gpu_whole_and_unprepare_gives_its_vgpus_back(env):
+    one, two = claim("vm-whole", UIDS[0], [WHOLE], NODE), claim("vm-24q", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    assert e.pf_driver() == "nvidia" and e.numvfs() == 32
+    answer = e.driver.prepare([ref(one)])[UIDS[0]]
+    assert answer.error == "" and answer.devices[0]["device"] == WHOLE
+    assert e.pf_driver() == "vfio-pci" and e.numvfs() == 0
+    entry = e.record(UIDS[0])
+    assert entry["state"] == checkpoint.COMPLETED and entry["devices"][0]["key"] == GPU1
+    assert entry["devices"][0]["whole"]["step"] == node_whole.STEP_BOUND
+    # the writes in order: VFs off first (sriov-manage -d), then override, unbind, bind
+    writes = [(w["path"], w["value"]) for w in e.node.log() if w["result"] == "ok"]
+    numvfs = writes.index(("bus/pci/devices/%s/sriov_numvfs" % GPU1, "0"))
+    assert numvfs < len(writes) - 3 and writes[-3:] == [("bus/pci/devices/%s/driver_override" % GPU1, "vfio-pci"),
+                                   ("bus/pci/drivers/nvidia/unbind", GPU1), ("bus/pci/drivers/vfio-pci/bind", GPU1)]
+    with open(cdi.spec_path(e.cdi_dir, devices.DRIVER, UIDS[0])) as handle:
+        nodes = [n["path"] for n in json.load(handle)["devices"][0]["containerEdits"]["deviceNodes"]]
+    group = os.path.basename(os.readlink(os.path.join(e.node.root, "bus/pci/devices", GPU1, "iommu_group")))
+    assert nodes[:2] == ["/dev/vfio/vfio", "/dev/vfio/%s" % group]
+    with open(metadata.file_path(e.plugin_dir, "vms", "vm-whole", "gpu")) as handle:
+        attrs = metadata.read_stream(handle.read())[0]["requests"][0]["devices"][0]["attributes"]
+    assert attrs["resource.kubernetes.io/pciBusID"] == {"string": GPU1}
+    # the reconcile leaves it alone, does not call it reserved, and keeps offering what it offered
+    result = e.reconcile()
+    [gpu] = [g for g in result["claim_time"] if g["address"] == GPU1]
+    assert "reserved" not in gpu and gpu["held_whole"]["by"] == "DRA claim vms/vm-whole" and gpu["profiles"]
+    assert e.pf_driver() == "vfio-pci" and e.numvfs() == 0
+    assert {i.name for i in claim_time.offers(e.engine.sysfs, result["claim_time"])} == {i.name for i in e.offer()}
+    # unprepare: back to nvidia, VFs again, and a vGPU claim of the GPU is prepared
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""}
+    assert e.pf_driver() == "nvidia" and e.numvfs() == 32 and e.record(UIDS[0]) is None
+    assert open(os.path.join(e.node.root, "bus/pci/devices", GPU1, "driver_override")).read().strip() == "(null)"
+    assert e.driver.prepare([ref(two)])[UIDS[1]].error == ""
+
+
+@pytest.mark.parametrize("how", ["typed", "held", "prepared", "allocated"])
+def test_a_vf_typed_held_prepared_or_allocated_blocks_the_whole_gpu_and_nothing_is_written(env, how):
+    one, two = claim("vm-whole", UIDS[0], [WHOLE], NODE), claim("vm-24q", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    vf = e.node.vfs(GPU1)[3]
+    if how == "typed":
+        e.engine.sysfs.write("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf, 1155)
+        why = "VF %s has vGPU type 1155" % vf
+    elif how == "held":
+        e.node.hold(vf)
+        why = "VF %s is held by" % vf
+    elif how == "prepared":
+        assert e.driver.prepare([ref(two)])[UIDS[1]].error == ""
+        vf = e.record(UIDS[1])["devices"][0]["key"]
+        why = "VF %s is held by DRA claim vms/vm-24q" % vf
+    else:   # a device plugin allocation to a live pod (the agent's allocation record)
+        pod_allocations.write(pod_allocations.record_path(e.kubelet), {vf: {
+            "resource": "nvidia.com/NVIDIA_L40S-24Q", "allocatedAt": time.time(), "pod": "vms/virt-launcher-x"}})
+        why = "VF %s is held by" % vf
+    e.node.clear_log()
+    answer = e.driver.prepare([ref(one)])[UIDS[0]]
+    assert answer.devices == [] and answer.error.startswith(
+        "claim vms/vm-whole: device %s: GPU %s cannot be given whole: %s" % (WHOLE, GPU1, why))
+    assert e.node.log() == [] and e.record(UIDS[0]) is None and e.pf_driver() == "nvidia"
+
+
+def test_a_gpu_an_operator_bound_to_vfio_pci_is_not_taken_nor_called_ours(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    e.driver.prepare([ref(one)])
+    e.driver.unprepare([ref(one)])
+    e.node.bind(GPU1, "vfio-pci")       # an operator's passthrough, no record
+    answer = e.driver.prepare([ref(one)])[UIDS[0]]
+    assert "it is bound to vfio-pci, not by this driver" in answer.error
+    [gpu] = [g for g in e.reconcile()["claim_time"] if g["address"] == GPU1]
+    assert "reserved" in gpu and "held_whole" not in gpu
