@@ -120,8 +120,8 @@ class WholeGpuPreparer:
         mine = claim_holders.HOLDER % (ref.namespace, ref.name)
         try:
             driver = pci.PciDevice(self.sysfs, device.gpu).driver
-            if driver not in (whole_gpu.HOST_DRIVER, whole_gpu.VFIO_DRIVER) or (
-                    driver == whole_gpu.VFIO_DRIVER and not (earlier or {}).get("whole")):
+            # a retry after a crash finds the PF where this claim's recorded step left it (any driver): ours
+            if driver != whole_gpu.HOST_DRIVER and not (earlier or {}).get("whole"):
                 why = "it is bound to %s, not by this driver (an operator's passthrough?)" % (driver or "no driver")
             else:
                 scope = [device.gpu] + pci.PciDevice(self.sysfs, device.gpu).virtfns()

@@ -184,3 +184,121 @@ def test_a_gpu_an_operator_bound_to_vfio_pci_is_not_taken_nor_called_ours(env):
     assert "it is bound to vfio-pci, not by this driver" in answer.error
     [gpu] = [g for g in e.reconcile()["claim_time"] if g["address"] == GPU1]
     assert "reserved" in gpu and "held_whole" not in gpu
+
+
+# --- a crash (kill -9) at every step, then a restart ----------------------------------------------------------------
+
+class Crash(BaseException):
+    """The agent is killed here: nothing after it runs (no rollback, no record)."""
+
+
+class Dying:
+    """The preparer's sysfs, its set_vfs and its step recorder as seen by a process killed at `point`: after the
+    point every call raises Crash, so nothing else is written or recorded."""
+
+    def __init__(self, e, point):
+        self.e, self.kind, self.target = e, point[0], point[1]
+        self.dead = False
+        real_sysfs, real_set_vfs, real_step = e.driver.whole.sysfs, e.driver.whole._set_vfs, e.driver._whole_step
+        this = self
+
+        class Sysfs:
+            def __getattr__(self, name):
+                this.alive()
+                return getattr(real_sysfs, name)
+
+            def write(self, path, value):
+                this.alive()
+                real_sysfs.write(path, value)
+                this.maybe("write", path.endswith(this.target))
+
+        def set_vfs(pf, count):
+            this.alive()
+            real_set_vfs(pf, count)
+            this.maybe("vfs", count == this.target)
+
+        def whole_step(ref_, name):
+            step = real_step(ref_, name)
+
+            def recorded(value):
+                this.alive()
+                step(value)
+                this.maybe("step", value == this.target)
+            return recorded
+        e.driver.whole.sysfs, e.driver.whole._set_vfs, e.driver._whole_step = Sysfs(), set_vfs, whole_step
+
+    def alive(self):
+        if self.dead:
+            raise Crash()
+
+    def maybe(self, kind, hit):
+        if kind == self.kind and hit:
+            self.dead = True
+            raise Crash()
+
+
+PREPARE_POINTS = [("step", node_whole.STEP_DISABLE), ("vfs", 0), ("step", node_whole.STEP_BIND),
+                  ("write", "driver_override"), ("write", "nvidia/unbind"), ("step", node_whole.STEP_BOUND)]
+UNPREPARE_POINTS = [("step", node_whole.STEP_RETURN), ("write", "driver_override"), ("write", "vfio-pci/unbind"),
+                    ("step", node_whole.STEP_ENABLE), ("vfs", "max")]
+
+
+def whole_state(e):
+    return e.pf_driver(), e.numvfs()
+
+
+@pytest.mark.parametrize("point", PREPARE_POINTS, ids=["%s-%s" % p for p in PREPARE_POINTS])
+@pytest.mark.parametrize("then", ["retried", "deleted"])
+def test_a_crash_at_each_prepare_step_is_recovered_forward_by_the_retry_or_back_once_the_claim_is_gone(env, point,
+                                                                                                    then):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    Dying(e, point)
+    with pytest.raises(Crash):
+        e.driver.prepare([ref(one)])
+    entry = e.record(UIDS[0])
+    assert entry["state"] == checkpoint.STARTED and entry["devices"][0]["whole"]["step"] in node_whole.PREPARE_STEPS
+    left = whole_state(e)
+    result = e.reconcile()      # the restarted agent's first reconcile: the GPU is the claim's, left as it is
+    assert whole_state(e) == left and "reserved" not in [g for g in result["claim_time"] if g["address"] == GPU1][0]
+    e.driver = e.start()
+    if then == "retried":       # the kubelet's retry: forward
+        assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+        assert whole_state(e) == ("vfio-pci", 0) and e.record(UIDS[0])["state"] == checkpoint.COMPLETED
+        assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""}
+    else:                       # deleted meanwhile: clean_stale gives the GPU back
+        e.store.objects.clear()
+        assert e.driver.clean_stale(lambda line: None, min_age=0) == [UIDS[0]]
+    assert whole_state(e) == ("nvidia", 32) and e.record(UIDS[0]) is None
+
+
+@pytest.mark.parametrize("point", UNPREPARE_POINTS, ids=["%s-%s" % p for p in UNPREPARE_POINTS])
+def test_a_crash_at_each_unprepare_step_is_recovered_forward_by_the_retry(env, point):
+    one, two = claim("vm-whole", UIDS[0], [WHOLE], NODE), claim("vm-24q", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    Dying(e, point)
+    with pytest.raises(Crash):
+        e.driver.unprepare([ref(one)])
+    assert e.record(UIDS[0])["devices"][0]["whole"]["step"] in (node_whole.STEP_RETURN, node_whole.STEP_ENABLE)
+    left = whole_state(e)
+    e.reconcile()
+    assert whole_state(e) == left
+    e.driver = e.start()
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""}
+    assert whole_state(e) == ("nvidia", 32) and e.record(UIDS[0]) is None
+    assert e.driver.prepare([ref(two)])[UIDS[1]].error == ""
+
+
+def test_after_a_reboot_the_reconcile_leaves_the_gpu_to_the_claim_and_the_kubelet_prepares_it_again(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("reboot")        # the PF is on nvidia again, without VFs; the record stays (the kubelet dir)
+    assert whole_state(e) == ("nvidia", 0)
+    e.reconcile()               # the boot unit / agent apply with enable_vfs: not this GPU's VFs
+    assert whole_state(e) == ("nvidia", 0)
+    e.driver = e.start()
+    e.driver.checkpoint.boot_id = "another-boot"
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    assert whole_state(e) == ("vfio-pci", 0)
