@@ -302,3 +302,57 @@ def test_after_a_reboot_the_reconcile_leaves_the_gpu_to_the_claim_and_the_kubele
     e.driver.checkpoint.boot_id = "another-boot"
     assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
     assert whole_state(e) == ("vfio-pci", 0)
+
+
+# --- the scheduler double over a seeded sequence: one GPU is never whole and vGPUs at once ---------------------------
+
+CLASS = {"metadata": {"name": "vgpu.accelops.io"},
+         "spec": {"selectors": [{"cel": {"expression": 'device.driver == "vgpu.accelops.io"'}}]}}
+KINDS = {"whole": "whole", "24q": "L40S-24Q", "12q": "L40S-12Q"}
+
+
+def scheduled(name, uid, profile):
+    """A claim as a VMI template makes it: one request selecting a profile (`whole`: the whole GPU) by CEL."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "vms", "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "vgpu.accelops.io", "allocationMode": "ExactCount", "count": 1, "selectors": [
+                    {"cel": {"expression": 'device.attributes["vgpu.accelops.io"].profile == "%s"' % profile}}]}}]}}}
+
+
+def test_a_seeded_sequence_of_claims_never_gets_one_gpu_whole_and_as_vgpus_and_every_allocation_prepares(env):
+    """kube-scheduler's allocation (tests/fakes/vmi_controller.py DraAllocator: counters, shared devices) over the
+    slices the node publishes, each allocation prepared for real on gpusim, releases unprepared: the whole device and
+    the profile devices draw on one counter, so the allocator never hands out both, and no Prepare is refused."""
+    import random
+    from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DraAllocator, Unallocatable
+    e = env()
+    rnd = random.Random(4215)
+    live, kinds, refused, n = {}, {}, 0, 0
+    for step in range(36):
+        if live and (rnd.random() < 0.4 or len(live) >= 4):
+            name = rnd.choice(sorted(live))
+            body = live.pop(name)
+            assert e.driver.unprepare([ref(body)]) == {body["metadata"]["uid"]: ""}
+            del e.store.objects["vms", name]
+        else:
+            n += 1
+            kind = rnd.choice(sorted(KINDS))
+            body = scheduled("vm-%d" % n, "%08d-bbbb-4ccc-8ddd-000000000000" % n, KINDS[kind])
+            published = slices.desired_slices(NODE, e.offer(), 1)
+            allocator = DraAllocator([CLASS], published, {("vms", k): v for k, v in live.items()})
+            try:
+                body["status"] = {"allocation": allocator.allocate(body, NODE)}
+            except Unallocatable:
+                refused += 1
+                continue
+            e.store.objects["vms", body["metadata"]["name"]] = body
+            answer = e.driver.prepare([ref(body)])[body["metadata"]["uid"]]
+            assert answer.error == "", "step %d: %s" % (step, answer.error)
+            live[body["metadata"]["name"]], kinds[body["metadata"]["name"]] = body, kind
+        now = {kinds[name] for name in live}
+        assert not ("whole" in now and now - {"whole"}), "step %d: GPU %s whole and as vGPUs: %s" % (step, GPU1, now)
+        assert whole_state(e) == (("vfio-pci", 0) if "whole" in now else ("nvidia", 32))
+        if step % 9 == 8:       # a reconcile now and then: what it offers does not change under the claims
+            e.result = e.reconcile()
+    assert refused and {kinds[name] for name in kinds} == set(KINDS)
