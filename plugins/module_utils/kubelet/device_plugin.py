@@ -34,7 +34,7 @@ import threading
 from collections import namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci, programmed, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci, programmed, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
 
 PCI_PREFIX, MDEV_PREFIX = "PCI_RESOURCE", "MDEV_PCI_RESOURCE"   # KubeVirt's v1.PCIResourcePrefix, MDevResourcePrefix
@@ -80,7 +80,7 @@ def _device(sysfs, resource, address, type_id, uuid=None):
 
 
 def devices_from_apply(sysfs, result, serves=None):
-    """[VgpuDevice] from an apply result (`gpus[].vgpus[]` and `resources[]`, read by node/programmed.py), every one
+    """[VgpuDevice] from an apply result (`gpus[].vgpus[]` and `resources[]`, read by node/hw/programmed.py), every one
     Healthy (just verified), in the result's GPU order; `serves(gpu address)`: whether this plugin serves that GPU's
     vGPUs (None: every GPU)."""
     order = dict((gpu.get("address"), n) for n, gpu in enumerate(result.get("gpus") or ()))
@@ -97,7 +97,7 @@ def devices_programmed(sysfs, found, gpus=None, serves=None):
     """[VgpuDevice] of the vGPUs sysfs shows programmed, each as healthy as the node says now: what the plugin
     serves when no apply succeeded since the agent started (a layout refused because a VM holds a VF).
 
-    `found`: the DRA driver's read of the node (kubelet/dra/devices.inventory, i.e. node/programmed.py's answer
+    `found`: the DRA driver's read of the node (kubelet/dra/devices.inventory, i.e. node/hw/programmed.py's answer
     for node facts: one entry per typed VF or mdev, with
     its parent GPU, type name and ID); `gpus`: the GPU addresses the layout selects (None: every GPU);
     `serves(gpu address)` as for devices_from_apply. Same devices, IDs and type IDs as devices_from_apply gives

@@ -55,9 +55,9 @@ from collections import namedtuple
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, claims, metadata, slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, STARTED, Checkpoint
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import HOLDER
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import NodeLockError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.claim_holders import HOLDER
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import NodeLockError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import VfHeld
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
