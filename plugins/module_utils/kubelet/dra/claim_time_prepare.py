@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import VgpuDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DraDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.pci import PciDevice
@@ -71,7 +71,7 @@ class ClaimTimePreparer:
         return name in self.devices
 
     def choose(self, ref, name, earlier=None, taken=()):
-        """The VgpuDevice (named as allocated, its address the chosen VF) for device `name` of claim `ref`.
+        """The DraDevice (named as allocated, its address the chosen VF) for device `name` of claim `ref`.
 
         `earlier`: this claim's checkpoint record of that device from an earlier, unfinished prepare;
         `taken`: VFs other devices of this call or other prepared claims have, and VFs found held at the write.
@@ -100,10 +100,10 @@ class ClaimTimePreparer:
 
     @staticmethod
     def _device(name, offer, vf):
-        return VgpuDevice(name=name, framework=claim_time.FRAMEWORK, address=vf, parent_gpu=offer.gpu,
-                          profile=offer.profile, type_name=offer.type_name, type_id=offer.type_id,
-                          pcie_root=offer.pcie_root, numa_node=offer.numa_node, product=offer.product,
-                          framebuffer_mib=offer.size_mib)
+        return DraDevice(name=name, framework=claim_time.FRAMEWORK, address=vf, parent_gpu=offer.gpu,
+                         profile=offer.profile, type_name=offer.type_name, type_id=offer.type_id,
+                         pcie_root=offer.pcie_root, numa_node=offer.numa_node, product=offer.product,
+                         framebuffer_mib=offer.size_mib)
 
     def write(self, ref, device):
         """Type the chosen VF (nothing to do when it has the type already) and read it back; VfHeld, nothing

@@ -32,7 +32,7 @@ class Clock:
 
 
 def vf(address):
-    return device_plugin.VgpuDevice(address, R24, device_plugin.PCI, address, 1155, True, (), "12", ())
+    return device_plugin.PluginDevice(address, R24, device_plugin.PCI, address, 1155, True, (), "12", ())
 
 
 @pytest.fixture

@@ -65,9 +65,9 @@ def test_device_names_are_dns_labels_and_unique(tmp_path):
 
 
 def test_mig_backed_profiles_say_so():
-    device = devices.VgpuDevice(name="h100-1-20c-0000-41-00-4", framework="vendor-vfio", address="0000:41:00.4",
-                                parent_gpu="0000:41:00.0", profile="H100-1-20C", type_name="NVIDIA H100-1-20C",
-                                type_id=1093, mig_backed=True, framebuffer_mib=20480)
+    device = devices.DraDevice(name="h100-1-20c-0000-41-00-4", framework="vendor-vfio", address="0000:41:00.4",
+                               parent_gpu="0000:41:00.0", profile="H100-1-20C", type_name="NVIDIA H100-1-20C",
+                               type_id=1093, mig_backed=True, framebuffer_mib=20480)
     assert device.attributes()["migBacked"] == {"bool": True}
 
 
