@@ -35,9 +35,9 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims i
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import NodeView  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher  # noqa: E402
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, vgpu_apply, vgpu_layout  # noqa: E402
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration  # noqa: E402
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner  # noqa: E402
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import VmiController  # noqa: E402
 from demo import wait_for  # noqa: E402  (tools/demo.py, this script's directory)

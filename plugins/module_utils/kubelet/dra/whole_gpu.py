@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Whole GPU or vGPUs on one counter (issue 42 item 1): the whole-GPU device of a claim-time GPU, and its Prepare.
 
-A claim-time GPU declared `whole-gpu: true` (node/claim_time_layout.py) publishes, beside its profile devices, one
+A claim-time GPU declared `whole-gpu: true` (node/engine/claim_time_layout.py) publishes, beside its profile devices, one
 device `whole-gpu-<address>` that consumes EVERY counter of the GPU's counter set at its full value (today the one
 counter `gpu: 1`; a counter set with more counters is consumed whole too). The counting argument (docs/design.md
 "Whole GPU or vGPUs"): a profile device draws `gpu: 1` while it has any allocation; the whole device draws all of
@@ -18,7 +18,7 @@ claim-time profile devices carry too, so a selector written for those evaluates 
 Prepare (`WholeGpuPreparer`, called by driver.py under the node lock): `check` refuses while any VF has a type, or
 the PF or a VF is held (a VM, a prepared claim, a device plugin allocation: every in-use holder source), or the PF
 is bound to another driver than nvidia that no record of this claim explains (an operator's passthrough); then the
-driver records the claim, and `take` runs node/whole_gpu.py's steps, each recorded before it is taken.
+driver records the claim, and `take` runs node/engine/whole_gpu.py's steps, each recorded before it is taken.
 Unprepare: `give_back` (back to nvidia, VFs enabled and verified); the profile devices stay published throughout,
 so the GPU's vGPUs are offered again as soon as the counter is free.
 """
@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, pci, whole_gpu
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import whole_gpu
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
 
 FRAMEWORK = whole_gpu.VFIO_DRIVER
 PROFILE = "whole"
@@ -141,7 +143,7 @@ class WholeGpuPreparer:
         self.engine.set_vfs([pf], count)
 
     def take(self, ref, device, step):
-        """Prepare's steps (node/whole_gpu.take); `step(name)` records each before it is taken."""
+        """Prepare's steps (node/engine/whole_gpu.take); `step(name)` records each before it is taken."""
         try:
             whole_gpu.take(self.sysfs, device.gpu, self._set_vfs, step)
         except (whole_gpu.WholeGpuError, SysfsError) as exc:
@@ -153,7 +155,7 @@ class WholeGpuPreparer:
             raise ClaimError("%s: GPU %s cannot be given whole: %s" % (ref, device.gpu, exc)) from None
 
     def give_back(self, ref, gpu, step):
-        """Unprepare's steps (node/whole_gpu.give_back) for the PF `gpu`; a ClaimError naming it when they fail."""
+        """Unprepare's steps (node/engine/whole_gpu.give_back) for the PF `gpu`; a ClaimError naming it when they fail."""
         self.engine = self.make_engine()
         try:
             whole_gpu.give_back(self.sysfs, gpu, self._set_vfs, step, self.engine.in_use.held([gpu]))

@@ -14,12 +14,13 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import c
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices, whole_gpu
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, pod_allocations, vgpu_apply
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import whole_gpu as node_whole
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import whole_gpu as node_whole
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 
 NODE = "gpu-node-1"
