@@ -97,13 +97,7 @@ class ProfileDevice:
                  "typeID": {"int": self.type_id}, "series": {"string": self.series},
                  "framebuffer": {"int": self.size_mib}, "framework": {"string": FRAMEWORK},
                  "parentGPU": {"string": self.gpu}, "claimTime": {"bool": True}}
-        if self.pcie_root:
-            attrs[dra_devices.PCIE_ROOT] = {"string": self.pcie_root}
-        if self.numa_node is not None:
-            attrs["numaNode"] = {"int": self.numa_node}
-        if self.product:
-            attrs["productName"] = {"string": self.product[:dra_devices.MAX_STRING]}
-        return attrs
+        return dra_devices.placed(attrs, self.pcie_root, self.numa_node, self.product)
 
     def to_api(self):
         entry = {"name": self.name, "attributes": self.attributes(), "allowMultipleAllocations": True,

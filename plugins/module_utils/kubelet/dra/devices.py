@@ -76,13 +76,7 @@ class DraDevice:
             attrs["typeID"] = {"int": self.type_id}
         if self.mdev_uuid:
             attrs[MDEV_UUID] = {"string": self.mdev_uuid}
-        if self.pcie_root:
-            attrs[PCIE_ROOT] = {"string": self.pcie_root}
-        if self.numa_node is not None:
-            attrs["numaNode"] = {"int": self.numa_node}
-        if self.product:
-            attrs["productName"] = {"string": self.product[:MAX_STRING]}
-        return attrs
+        return placed(attrs, self.pcie_root, self.numa_node, self.product)
 
     def capacity(self):
         # canonical (24Gi, not 24576Mi): the API server stores it so, and a listing publish compares with it
@@ -94,6 +88,17 @@ class DraDevice:
         if self.framebuffer_mib:
             entry["capacity"] = self.capacity()
         return entry
+
+
+def placed(attrs, root, numa, product):
+    """`attrs` with where the GPU sits and what it is, where known: pcieRoot, numaNode, productName."""
+    if root:
+        attrs[PCIE_ROOT] = {"string": root}
+    if numa is not None:
+        attrs["numaNode"] = {"int": numa}
+    if product:
+        attrs["productName"] = {"string": product[:MAX_STRING]}
+    return attrs
 
 
 def device_name(profile, ident):

@@ -75,13 +75,7 @@ class WholeGpuDevice:
                  "parentGPU": {"string": self.gpu}}
         if self.framebuffer_mib:
             attrs["framebuffer"] = {"int": self.framebuffer_mib}
-        if self.pcie_root:
-            attrs[dra_devices.PCIE_ROOT] = {"string": self.pcie_root}
-        if self.numa_node is not None:
-            attrs["numaNode"] = {"int": self.numa_node}
-        if self.product:
-            attrs["productName"] = {"string": self.product[:dra_devices.MAX_STRING]}
-        return attrs
+        return dra_devices.placed(attrs, self.pcie_root, self.numa_node, self.product)
 
     def to_api(self):
         return {"name": self.name, "attributes": self.attributes(),
