@@ -12,6 +12,7 @@ from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, checkpoint, claim_time, devices, metadata
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices, whole_gpu
+from ansible_collections.accelops.vgpu.plugins.module_utils import node_cli
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
@@ -114,7 +115,7 @@ def test_the_whole_gpu_is_published_beside_its_profiles_and_draws_every_counter(
         assert_valid(body)
 
 
-def test_prepare_gives_the_gpu_whole_and_unprepare_gives_its_vgpus_back(env):
+def test_prepare_gives_the_gpu_whole_and_unprepare_gives_its_vgpus_back(env, capsys):
     one, two = claim("vm-whole", UIDS[0], [WHOLE], NODE), claim("vm-24q", UIDS[1], [D24], NODE)
     e = env(one, two)
     assert e.pf_driver() == "nvidia" and e.numvfs() == 32
@@ -142,6 +143,9 @@ def test_prepare_gives_the_gpu_whole_and_unprepare_gives_its_vgpus_back(env):
     assert "reserved" not in gpu and gpu["held_whole"]["by"] == "DRA claim vms/vm-whole" and gpu["profiles"]
     assert e.pf_driver() == "vfio-pci" and e.numvfs() == 0
     assert {i.name for i in claim_time.offers(e.engine.sysfs, result["claim_time"])} == {i.name for i in e.offer()}
+    node_cli._print_apply(result, True)     # accelops-vgpu apply --check says so, not "reserved"
+    assert "%s (L40S, claim-time): given whole to DRA claim vms/vm-whole (on vfio-pci, VFs off; step bound)" % GPU1 \
+        in capsys.readouterr().out
     # unprepare: back to nvidia, VFs again, and a vGPU claim of the GPU is prepared
     assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""}
     assert e.pf_driver() == "nvidia" and e.numvfs() == 32 and e.record(UIDS[0]) is None
