@@ -117,7 +117,7 @@ def offers(sysfs, claim_time_result):
     (node/engine/claim_time_layout Modes.result); a GPU that offers no profile (no VFs yet) publishes nothing."""
     sets, found = [], []
     for gpu in claim_time_result or ():
-        if not gpu.get("profiles"):
+        if not gpu.get("profiles") and not gpu.get("held_whole"):   # a GPU given whole keeps its counter published
             continue
         address = gpu["address"]
         root, numa = dra_devices.pcie_root(sysfs, address), dra_devices.numa_node(sysfs, address)
@@ -151,6 +151,7 @@ def from_slices(items):
                     _attribute(attrs, "productName"), bool(entry.get("taints"))))
             except (KeyError, TypeError, ValueError):
                 continue    # not one of ours as we write them: nothing to keep
+    found += whole_gpu.from_slices(items)
     sets = sorted({(device.counter_set, device.gpu) for device in found})
     return [CounterSet(name, gpu) for name, gpu in sets] + sorted(found, key=lambda device: device.name)
 

@@ -93,6 +93,27 @@ def device_for(counter_set, gpu, pcie_root=None, numa_node=None):
                           max(sizes) if sizes else None, pcie_root, numa_node, gpu.get("model"), offer)
 
 
+def from_slices(items):
+    """The whole-GPU devices ResourceSlices (`items`, API objects) publish, as to_api wrote them: what a restarted agent
+    published before (kept while its first applies fail: a whole device dropped under its claim frees the counter)."""
+    found = []
+    for item in items or ():
+        for entry in (item.get("spec") or {}).get("devices") or ():
+            attrs = entry.get("attributes") or {}
+            try:
+                if not (attrs.get("wholeGPU") or {}).get("bool"):
+                    continue
+                [draws] = entry["consumesCounters"]
+                found.append(WholeGpuDevice(
+                    entry["name"], attrs["parentGPU"]["string"], draws["counterSet"],
+                    tuple(sorted((name, value["value"]) for name, value in draws["counters"].items())),
+                    (attrs.get("framebuffer") or {}).get("int"), (attrs.get(dra_devices.PCIE_ROOT) or {}).get("string"),
+                    (attrs.get("numaNode") or {}).get("int"), (attrs.get("productName") or {}).get("string")))
+            except (KeyError, TypeError, ValueError):
+                continue    # not one of ours as we write them
+    return found
+
+
 class WholeGpuPreparer:
     """`sysfs`; `make_engine()` -> a node engine (vgpu_apply.NodeEngine: `in_use`, `set_vfs`) per prepare."""
 

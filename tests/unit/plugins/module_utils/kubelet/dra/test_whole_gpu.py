@@ -115,6 +115,17 @@ def test_the_whole_gpu_is_published_beside_its_profiles_and_draws_every_counter(
         assert_valid(body)
 
 
+def test_a_restarted_agent_reads_the_whole_device_back_from_the_slices(env):
+    """claim_time.from_slices (a restarted agent whose first applies fail keeps what it published): the whole device
+    too, as published, with its GPU's counter set."""
+    e = env()
+    items = e.offer()
+    again = claim_time.from_slices(slices.desired_slices(NODE, items, 1))
+    assert [i.to_api() for i in again if isinstance(i, whole_gpu.WholeGpuDevice)] == [
+        i.to_api() for i in items if isinstance(i, whole_gpu.WholeGpuDevice)]
+    assert [i.name for i in again if isinstance(i, claim_time.CounterSet)] == ["gpu-0000-42-00-0"]
+
+
 def test_prepare_gives_the_gpu_whole_and_unprepare_gives_its_vgpus_back(env, capsys):
     one, two = claim("vm-whole", UIDS[0], [WHOLE], NODE), claim("vm-24q", UIDS[1], [D24], NODE)
     e = env(one, two)
