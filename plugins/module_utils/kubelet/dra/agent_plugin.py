@@ -54,7 +54,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoi
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.whole_gpu import WholeGpuPreparer
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.whole_gpu import WholeGpuDevice, WholeGpuPreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_keeper import SliceKeeper
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
@@ -253,12 +253,12 @@ class VgpuDraPlugin:
             return None
 
     def _still_used(self, offers, allocated):
-        """The profile devices published before that `offers` no longer has, kept withdrawn (tainted NoSchedule) with
+        """The profile and whole-GPU devices published before that `offers` no longer has, kept withdrawn (tainted NoSchedule) with
         the counter sets of their GPUs while a claim may use them: a prepared one (the checkpoint) or an allocated one
         (the API, asked only for a device no prepared claim keeps); each stays at least WITHDRAW_GRACE s."""
         offered = {item.name for item in offers}
         gone = [item for item in self.claim_time or self._published_before()
-                if isinstance(item, claim_time.ProfileDevice) and item.name not in offered]
+                if isinstance(item, (claim_time.ProfileDevice, WholeGpuDevice)) and item.name not in offered]
         now = self.clock()
         prepared = {name for dummy, name in claims.prepared_devices(self.driver.prepared_claims(), self.driver.pools)}
         kept = []
@@ -321,7 +321,8 @@ class VgpuDraPlugin:
     def _save_published(self):
         """PUBLISHED_FILE holds the claim-time profile devices, when they changed (rarely: an allow-list edit, a
         claim-time GPU added, a device withdrawn for good)."""
-        devices = [item.to_api() for item in self.claim_time if isinstance(item, claim_time.ProfileDevice)]
+        devices = [item.to_api() for item in self.claim_time
+                   if isinstance(item, (claim_time.ProfileDevice, WholeGpuDevice))]
         if devices == self.saved:
             return
         try:

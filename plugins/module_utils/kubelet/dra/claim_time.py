@@ -39,9 +39,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import w
 COUNTER = "gpu"                     # the one counter of a GPU's counter set
 INSTANCES = "instances"             # the consumable capacity of a profile device
 FRAMEWORK = "vendor-vfio"
-# the taint of a withdrawn profile device: NoSchedule keeps its allocated claims and stops new allocations (KEP-5055,
-# DRADeviceTaints: beta and on by default in 1.36, GA in 1.37; kubernetes pkg/features/kube_features.go)
-WITHDRAWN_TAINT = {"key": dra_devices.DRIVER + "/withdrawn", "effect": "NoSchedule"}
+WITHDRAWN_TAINT = dra_devices.WITHDRAWN_TAINT    # a withdrawn profile device's (devices.py says why)
 
 
 def counter_set_name(address):

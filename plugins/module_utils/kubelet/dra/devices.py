@@ -40,6 +40,10 @@ PCI_BUS_ID, PCIE_ROOT = STANDARD + "pciBusID", STANDARD + "pcieRoot"
 MDEV_UUID = "mdevUUID"          # unqualified: KubeVirt's key (pkg/dra/metadata/types.go)
 MAX_NAME = 63                   # a device name is a DNS label
 MAX_STRING = 64                 # an attribute's string value (resource.k8s.io/v1 DeviceAttribute)
+# the taint of a claim-time device no longer offered while claims may use it: NoSchedule keeps its allocated claims and
+# stops new allocations (KEP-5055, DRADeviceTaints: beta and on by default in 1.36, GA in 1.37; kubernetes
+# pkg/features/kube_features.go)
+WITHDRAWN_TAINT = {"key": DRIVER + "/withdrawn", "effect": "NoSchedule"}
 _LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
 
 

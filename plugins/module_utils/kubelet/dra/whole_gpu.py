@@ -26,7 +26,7 @@ so the GPU's vGPUs are offered again as soon as the counter is free.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
@@ -56,6 +56,7 @@ class WholeGpuDevice:
     numa_node: int | None = None
     product: str | None = None
     offer: dict = field(default=None, compare=False, hash=False)   # the GPU's claim-time offers, kept in the record
+    withdrawn: bool = False     # no longer offered, published while claims may use it: tainted (agent_plugin._still_used)
 
     consumes_counters = True        # slices.py: at most 64 such devices per slice
     type_id = None                  # no vGPU type: nothing to restore or clear
@@ -78,9 +79,15 @@ class WholeGpuDevice:
         return dra_devices.placed(attrs, self.pcie_root, self.numa_node, self.product)
 
     def to_api(self):
-        return {"name": self.name, "attributes": self.attributes(),
-                "consumesCounters": [{"counterSet": self.counter_set,
-                                      "counters": {name: {"value": value} for name, value in self.counters}}]}
+        entry = {"name": self.name, "attributes": self.attributes(),
+                 "consumesCounters": [{"counterSet": self.counter_set,
+                                       "counters": {name: {"value": value} for name, value in self.counters}}]}
+        if self.withdrawn:
+            entry["taints"] = [dict(dra_devices.WITHDRAWN_TAINT)]
+        return entry
+
+    def withdraw(self):
+        return replace(self, withdrawn=True)
 
 
 def device_for(counter_set, gpu, pcie_root=None, numa_node=None):
@@ -108,7 +115,8 @@ def from_slices(items):
                     entry["name"], attrs["parentGPU"]["string"], draws["counterSet"],
                     tuple(sorted((name, value["value"]) for name, value in draws["counters"].items())),
                     (attrs.get("framebuffer") or {}).get("int"), (attrs.get(dra_devices.PCIE_ROOT) or {}).get("string"),
-                    (attrs.get("numaNode") or {}).get("int"), (attrs.get("productName") or {}).get("string")))
+                    (attrs.get("numaNode") or {}).get("int"), (attrs.get("productName") or {}).get("string"),
+                    withdrawn=bool(entry.get("taints"))))
             except (KeyError, TypeError, ValueError):
                 continue    # not one of ours as we write them
     return found

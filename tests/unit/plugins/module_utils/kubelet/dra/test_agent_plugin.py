@@ -279,6 +279,23 @@ def test_a_profile_no_longer_offered_stays_published_tainted_while_a_claim_uses_
     assert sorted(stored_devices(plugin.api)) == [D24] and not plugin.dra.driver.claim_time.owns(D12)
 
 
+def test_a_whole_device_no_longer_declared_stays_published_tainted_while_a_claim_has_it_allocated(plugin):
+    """whole-gpu dropped from the declaration while a whole-GPU claim is allocated: withdrawing the device would free
+    the GPU's counter for vGPU claims (kubernetes#140806); it stays, tainted, like a profile no longer offered."""
+    whole = claim_time_result(plugin.node, ["L40S-24Q"])
+    whole["claim_time"][0]["whole_gpu"] = True
+    plugin.dra.reconciled("uid-1", plugin.sysfs, whole)
+    plugin.api.claims = [allocated("whole-gpu-0000-41-00-0")]
+    plugin.clock[0] += agent_plugin.WITHDRAW_GRACE
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"]))
+    found = stored_devices(plugin.api)
+    assert found["whole-gpu-0000-41-00-0"]["taints"] == [{"key": "vgpu.accelops.io/withdrawn", "effect": "NoSchedule"}]
+    assert found["whole-gpu-0000-41-00-0"]["consumesCounters"] and plugin.dra.driver.whole.owns("whole-gpu-0000-41-00-0")
+    plugin.api.claims, plugin.clock[0] = [], plugin.clock[0] + agent_plugin.WITHDRAW_GRACE
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"]))
+    assert sorted(stored_devices(plugin.api)) == [D24]
+
+
 def test_a_profile_no_longer_offered_goes_after_the_grace_when_no_claim_uses_it(plugin):
     plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q", "L40S-12Q"]))
     narrowed = claim_time_result(plugin.node, ["L40S-24Q"])
