@@ -102,10 +102,10 @@ class WholeScene(Scene):
             else:
                 drawn = ", ".join("%s=%s" % (k, v["value"]) for c in item.to_api()["consumesCounters"]
                                   for k, v in c["counters"].items())
-                print("  device %-28s profile %-8s draws %s%s" % (item.name, item.to_api()["attributes"]["profile"]
-                                                                   ["string"], drawn, " (the whole GPU, pciBusID %s)"
-                                                                   % item.gpu if isinstance(
-                                                                       item, whole_gpu.WholeGpuDevice) else ""))
+                whole = isinstance(item, whole_gpu.WholeGpuDevice)
+                print("  device %-28s profile %-8s draws %s%s" % (
+                    item.name, item.to_api()["attributes"]["profile"]["string"], drawn,
+                    " (the whole GPU, pciBusID %s)" % item.gpu if whole else ""))
         print("GPU %s: driver %s, %d VFs" % ((self.gpu,) + self.state()))
         return any(isinstance(i, whole_gpu.WholeGpuDevice) for i in self.offers) and self.state()[0] == "nvidia"
 

@@ -120,8 +120,8 @@ def give_back(sysfs, pf, set_vfs, step, found):
     if dev.driver != HOST_DRIVER:
         holders = [h for h in inuse.holders(found, pf, {}) if not claim_holders.is_claim_holder(h)]
         if holders:
-            raise WholeGpuError("GPU %s: still held by %s; not given back to %s" % (pf, inuse.describe(holders),
-                                                                                  HOST_DRIVER))
+            raise WholeGpuError("GPU %s: still held by %s; not given back to %s"
+                                % (pf, inuse.describe(holders), HOST_DRIVER))
         step(STEP_RETURN)
         bind(sysfs, pf, HOST_DRIVER)
     if not dev.sriov_numvfs:

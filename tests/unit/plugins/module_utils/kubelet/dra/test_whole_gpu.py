@@ -139,8 +139,9 @@ def test_prepare_gives_the_gpu_whole_and_unprepare_gives_its_vgpus_back(env, cap
     # the writes in order: VFs off first (sriov-manage -d), then override, unbind, bind
     writes = [(w["path"], w["value"]) for w in e.node.log() if w["result"] == "ok"]
     numvfs = writes.index(("bus/pci/devices/%s/sriov_numvfs" % GPU1, "0"))
-    assert numvfs < len(writes) - 3 and writes[-3:] == [("bus/pci/devices/%s/driver_override" % GPU1, "vfio-pci"),
-                                   ("bus/pci/drivers/nvidia/unbind", GPU1), ("bus/pci/drivers/vfio-pci/bind", GPU1)]
+    assert numvfs < len(writes) - 3 and writes[-3:] == [
+        ("bus/pci/devices/%s/driver_override" % GPU1, "vfio-pci"), ("bus/pci/drivers/nvidia/unbind", GPU1),
+        ("bus/pci/drivers/vfio-pci/bind", GPU1)]
     with open(cdi.spec_path(e.cdi_dir, devices.DRIVER, UIDS[0])) as handle:
         nodes = [n["path"] for n in json.load(handle)["devices"][0]["containerEdits"]["deviceNodes"]]
     group = os.path.basename(os.readlink(os.path.join(e.node.root, "bus/pci/devices", GPU1, "iommu_group")))
@@ -265,8 +266,8 @@ def whole_state(e):
 
 @pytest.mark.parametrize("point", PREPARE_POINTS, ids=["%s-%s" % p for p in PREPARE_POINTS])
 @pytest.mark.parametrize("then", ["retried", "deleted"])
-def test_a_crash_at_each_prepare_step_is_recovered_forward_by_the_retry_or_back_once_the_claim_is_gone(env, point,
-                                                                                                    then):
+def test_a_crash_at_each_prepare_step_is_recovered_forward_by_the_retry_or_back_once_the_claim_is_gone(
+        env, point, then):
     one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
     e = env(one)
     Dying(e, point)
