@@ -36,12 +36,12 @@ MDEV_DIR = "bus/mdev/devices/%s"
 class ManagerProbe:
     """Sentinels of the last applied layout; `check()` says which GPUs lost their vGPUs."""
 
-    def __init__(self, sysfs, interval, clock=time.monotonic):
+    def __init__(self, sysfs, interval, clock=time.monotonic, claimed=None):
         self.sysfs, self.interval, self.clock = sysfs, float(interval), clock
         self.sentinels = OrderedDict()    # GPU address -> (path, expected text or None for "exists")
         self.next_due = None
         self.reads = 0                    # sysfs reads the probe made
-        self.claimed = None               # () -> {GPU address: [(VF, type ID)]} of prepared claim-time claims
+        self.claimed = claimed            # () -> {GPU address: [(VF, type ID)]} of prepared claim-time claims
         self.passed = set()               # claim-time (VF, type ID) without their type after the last apply
 
     def arm(self, result):

@@ -213,7 +213,8 @@ class NodeEngine:
     layout and writes it (`apply()` runs the whole flow)."""
 
     def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None,
-                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR, take_over=()):
+                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR, take_over=(), claim_time=None,
+                 before_writes=None):
         self.sysfs, self.runner = sysfs, runner
         # GPUs passed through (not on nvidia) are skipped, never rebound, unless listed here (node/pf_driver.py)
         self.take_over, self.skipped = tuple(take_over or ()), []
@@ -227,15 +228,15 @@ class NodeEngine:
         self.names = TypeNames(sysfs, runner, cache_dir)
         self.planned_held = {}  # what plan() saw held: a device held since then stops its GPU
         self.holders = None     # inuse.Holders of the apply under way (held() makes one)
-        # GPUs whose profile DRA claims choose (node/claim_time_layout.py): the agent sets the declaration;
-        # plan() leaves those GPUs out and records the modes in `modes`
-        self.claim_time = None
+        # GPUs whose profile DRA claims choose (node/claim_time_layout.py): the agent's declaration; plan() leaves
+        # those GPUs out and records the modes in `modes`. None: a caller without one keeps the recorded modes
+        self.claim_time = claim_time
         self.modes_file = claim_time_layout.modes_path(kubelet_dir)
         self.boot_id = claim_holders.read_boot_id(proc_root)   # claim-time types are restored for this boot's claims
         self.modes = claim_time_layout.Modes()
         # before_writes(names): told which VFs and mdevs the writes will touch, before the first (the agent's device
         # plugin stops serving them: VgpuDevicePlugin.withdraw)
-        self.before_writes = None
+        self.before_writes = before_writes
         # plan() got as far as the claim-time GPUs' offers (modes.offers): true also when the layout's plan or writes
         # fail after them (the agent still serves those GPUs: agent_plugin.reconciled `planned`)
         self.offers_planned = False

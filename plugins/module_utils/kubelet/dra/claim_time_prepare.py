@@ -4,14 +4,15 @@
 """NodePrepareResources for a claim-time device (kubelet/dra/claim_time.py): the VF is chosen and typed now.
 
 The DRA driver (driver.py) calls this under the node lock (the one every layout apply takes):
-0. `begin()`: one in-use engine (inuse.Holders) for this claim's prepare: what cannot change while the node lock is
-   held (the VFs' IOMMU groups, their VFIO identities) is read once, who holds a group is asked each time;
+0. `begin()`: the holders (an inuse.Holders asking every holder source, node/kubelet_holders.node_holders) forget
+   what they read for the last claim: what cannot change while the node lock is held (the VFs' IOMMU groups, their
+   VFIO identities) is read once per claim, who holds a group is asked each time;
 1. `choose(ref, name, earlier, taken)`: a VF of the allocated GPU that has no type, that no other prepared claim
    or other device of this call took (`taken`) and whose creatable list has the profile's type: sysfs reads only.
    A claim prepared before (a retry after a crash: its record says which VF) gets the same VF back when that
    still has the type or none (adopted);
 2. the driver records the claim PrepareStarted with that VF (durably) before any write;
-3. `write(device)`: right before the write, and only there, the VF is asked of the in-use engine (its group's
+3. `write(device)`: right before the write, and only there, the VF is asked of the holders (its group's
    EBUSY probe and every holder source: VFIO group users, prepared claims, kubelet allocations); one held by
    anything but this claim raises VfHeld with nothing written (the driver records the next candidate and tries
    that); else the type is written and read back, by the node's vGPU writer (node/vgpu_writer.py, which also
@@ -42,25 +43,27 @@ class VfHeld(ClaimError):
 
 
 class ClaimTimePreparer:
-    """`holders()` -> a fresh in-use engine for one prepare (an inuse.Holders: the agent's engine's `in_use`, every
-    holder source); `begin()` asks for it, once per claim prepared or unprepared under the node lock."""
+    """`holders`: which VFs are held and by whom (an inuse.Holders asking every holder source:
+    node/kubelet_holders.node_holders), used under the node lock only; `begin()` once per claim prepared or
+    unprepared. `record`: the allocation record's path (pod_allocations.record_path)."""
 
     def __init__(self, sysfs, holders, record=None):
-        self.sysfs, self.holders, self.record = sysfs, holders, record   # record: pod_allocations.record_path
-        self.in_use = None      # the inuse.Holders of the prepare under way (begin)
+        self.sysfs, self.holders, self.record = sysfs, holders, record
+        self.begun = False
         self.devices = {}       # published device name -> claim_time.ProfileDevice
         self.vf_lists = {}      # PF address -> its VF addresses (_vfs)
 
     def begin(self):
-        """A new prepare or unprepare: the devices' facts are read again once, by a new in-use engine."""
-        self.in_use = self.holders()
-        return self.in_use
+        """A new prepare or unprepare: the devices' facts are read again, once."""
+        self.holders.forget()
+        self.begun = True
+        return self.holders
 
     def _writer(self):
-        """This prepare's vGPU writer (node/vgpu_writer.py): its re-check is the in-use engine's."""
-        if self.in_use is None:
+        """This prepare's vGPU writer (node/vgpu_writer.py): its re-check is the holders'."""
+        if not self.begun:
             self.begin()
-        return VgpuWriter(self.sysfs, self.in_use.recheck, self.record)
+        return VgpuWriter(self.sysfs, self.holders.recheck, self.record)
 
     def update(self, items):
         """The claim-time devices as last published (claim_time.offers)."""

@@ -72,9 +72,10 @@ CALL_BUDGET = 25.0      # seconds one NodePrepareResources may wait in all (+ on
 class DraDriver:
     def __init__(self, node_name, get_claim, node_view, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
                  boot_id=None, lock_wait=LOCK_WAIT, call_budget=CALL_BUDGET, clock=time.monotonic, ready=True,
-                 ready_wait=READY_WAIT, wall=time.time):
+                 ready_wait=READY_WAIT, wall=time.time, claim_time=None):
         """`node_lock(timeout)`: a context manager holding the node lock, NodeLockError after `timeout` s.
-        `ready=False`: new claims wait for `inventory_known()` (module docstring, "Start")."""
+        `ready=False`: new claims wait for `inventory_known()` (module docstring, "Start").
+        `claim_time`: a claim_time_prepare.ClaimTimePreparer (devices whose VF Prepare chooses and types), or None."""
         self.node_name, self.get_claim, self.node_view = node_name, get_claim, node_view   # devices.NodeView
         self.plugin_dir, self.cdi_dir, self.driver = plugin_dir, cdi_dir, driver
         self.node_lock = node_lock or (lambda timeout: contextlib.nullcontext())
@@ -90,7 +91,7 @@ class DraDriver:
         self.pool = self.pools[0]         # the pool published now (the agent's plugin sets it: agent_plugin.py)
         self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting
         self._preparing = set()           # UIDs a call is preparing now
-        self.claim_time = None      # claim_time_prepare.ClaimTimePreparer: devices whose VF Prepare chooses and types
+        self.claim_time = claim_time
 
     # --- the kubelet's calls ---------------------------------------------------------------------
     def prepare(self, refs):
