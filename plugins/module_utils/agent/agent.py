@@ -428,7 +428,7 @@ class Agent:
         if not path:
             return
         try:
-            document = vgpu_layout.load_document(self.config.text or "", self.settings.config_file)
+            document = self.config.document()
             configs = document.get("vgpu-configs") if isinstance(document, dict) else None
             if isinstance(configs, dict) and name in configs:
                 handover.write(path, name, configs[name])  # False: no boot unit on this node, nothing to hand over
