@@ -23,8 +23,9 @@ VGPUManagerRestarted, then the re-apply at once (retried with backoff while it f
 A layout refused because something holds a vGPU (a VM's open VFIO group, a pod the device plugin allocated it to,
 a prepared DRA claim) is tried again within seconds of its last holder going away, not at the resync: while the
 last reconcile was refused for holders, every HOLDER_POLL seconds the allocation record is synced with the kubelet's
-PodResources and the devices the refusal named are asked again, cheaply (inuse.Holders.recheck: their VFIO groups'
-EBUSY probes and the holder sources, no /proc walk); once one is free, the agent reconciles.
+PodResources and the devices the refusal was for (the error's `held`) are asked again, cheaply, by that reconcile's
+inuse.Holders (their VFIO groups' EBUSY probes and the holder sources, no /proc walk, no new engine); once one is
+free, the agent reconciles.
 Any error becomes state `failed` with its reason; API errors are retried with backoff. The agent
 exits only on SIGTERM/SIGINT (0).
 """
@@ -189,12 +190,15 @@ class Agent:
             return False
         self.next_holder_check = self.clock() + HOLDER_POLL
         try:
-            engine = self.engine()
+            # the refused reconcile's holders (every holder source), not a new engine per check; their device facts
+            # (groups, VFIO identities) read again, a few reads per device: VFs may have been re-enabled since
+            holders = (self.reconcile_engine or self.engine()).in_use
+            holders.forget()
             if self.device_plugin is not None:   # the record only: the served devices' health waits for the reconcile
                 self.device_plugin.allocations.sync()
             else:
                 self._prune_allocations()
-            still = engine.in_use.recheck(sorted(self.refused_by), name_holders=False)
+            still = holders.recheck(sorted(self.refused_by), name_holders=False)
         except (EngineError, OSError) as exc:
             if str(exc) != self.holder_error:
                 log("config %s: cannot tell whether the vGPUs that refused it are free: %s" % (name, exc))
@@ -313,7 +317,7 @@ class Agent:
         except EngineError as exc:
             self.probe.disarm()
             reason = vdm.reason_text(exc)
-            self._watch_holders(name, engine, exc)
+            self._watch_holders(name, exc)
         except Exception as exc:  # a bug must not crash-loop the pod: report it like any failure
             log(traceback.format_exc().rstrip())
             self.probe.disarm()
@@ -339,11 +343,11 @@ class Agent:
                      config=name)
         return vdm.FAILED, None, reason, False, None
 
-    def _watch_holders(self, name, engine, exc):
-        """After a failed reconcile: the held devices its error names (the plan's holders, or the one that became
-        held since: HeldSincePlan.device) are watched (_holders_freed); none named: nothing is watched."""
-        held = set(getattr(engine, "planned_held", None) or ()) | {getattr(exc, "device", None)} - {None}
-        refused = set(device for device in held if device in str(exc))
+    def _watch_holders(self, name, exc):
+        """After a failed reconcile: the held devices its error was refused for (`EngineError.held`: a VF or mdev
+        the plan found held, or one that became held since, HeldSincePlan) are watched (_holders_freed); none:
+        nothing is watched."""
+        refused = set(exc.held)
         if refused and refused != self.refused_by:
             log("config %s: refused for held vGPU(s) %s; checking every %g s whether they are freed"
                 % (name, ", ".join(sorted(refused)), HOLDER_POLL))

@@ -41,7 +41,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, pci, pf_driver, vgpu_layout, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import VgpuTypeError, parse_profile
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuHeld, VgpuWriter
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuWriter, attempt
 
 VDM_KEY, LAYOUT_KEY = "claim-time", "claim_time"
 VDM_ENTRY_KEYS = ("devices", "device-filter", "profiles")
@@ -188,7 +188,8 @@ def check_moves(sysfs, before, after, held, vfs_of):
             if found:
                 direction = "into" if address in after else "out of"
                 raise LayoutError("GPU %s: cannot move %s claim-time mode while VF %s is held by %s; move it once "
-                                  "nothing uses its vGPUs" % (address, direction, vf, inuse.describe(found)))
+                                  "nothing uses its vGPUs" % (address, direction, vf, inuse.describe(found)),
+                                  held=[vf])
 
 
 class Modes:
@@ -328,11 +329,11 @@ def finish(sysfs, modes, modes_file, record=None):
         if why:
             modes.warnings.append("VF %s: %s; its type is left as it is" % (vf, why))
             continue
-        try:   # a restore acts for the claims that hold the VF (plan), a clear for nobody
-            writer.set_type(vf, value, acting_for=modes.claims.get(vf, ()) if value else ())
-        except VgpuHeld as exc:
-            modes.warnings.append("VF %s: held by %s since the plan; its type is left as it is"
-                                  % (vf, inuse.describe(exc.holders)))
+        # a restore acts for the claims that hold the VF (plan), a clear for nobody
+        warning = attempt(lambda: writer.set_type(vf, value, acting_for=modes.claims.get(vf, ()) if value else ()),
+                          held=lambda who: "VF %s: held by %s since the plan; its type is left as it is" % (vf, who))
+        if warning:
+            modes.warnings.append(warning)
     if modes.gpus or modes.before:
         write_modes(modes_file, list(modes.gpus))
 

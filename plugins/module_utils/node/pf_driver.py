@@ -114,4 +114,4 @@ def check_take_over(sysfs, addresses, held):
             if holders:
                 raise ReservedError("take_over: %s is held (%s%s); not rebinding a GPU a VM uses"
                                     % (address, "" if name == address else "VF %s: " % name,
-                                       inuse.describe(holders)))
+                                       inuse.describe(holders)), held=[name])

@@ -46,7 +46,7 @@ from typing import List, Optional
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import device_selection, inuse, pci, pf_driver, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuWriteError, VgpuWriter
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuWriter, attempt
 
 SRIOV_MANAGE = "sriov-manage"
 SRIOV_MANAGE_PATHS = ("/usr/lib/nvidia/sriov-manage",)
@@ -276,7 +276,7 @@ def _check_removals(sysfs, plans, held, force):
 
 def _held_error(plan, vf, found, since=""):
     return SriovError("%s: VF %s is held by a VM (%s)%s; refusing to change %d -> %d VFs"
-                      % (plan.address, vf, inuse.describe(found), since, plan.current, plan.desired))
+                      % (plan.address, vf, inuse.describe(found), since, plan.current, plan.desired), held=[vf])
 
 
 def _recheck_removal(sysfs, plan):
@@ -342,15 +342,15 @@ def _discard_profiles(sysfs, plan, record):
         return
     writer = VgpuWriter(sysfs, plan.recheck, record)
     parents = inuse.mdev_parents(sysfs)
-    try:
+
+    def discard():
         for vf in plan.discard:
             for uuid, parent in sorted(parents.items()):
                 if parent == vf:
                     writer.remove_mdev(uuid, vf)
             if vgpu_types.read_current(sysfs, vf):
                 writer.clear_type(vf)
-    except VgpuWriteError as exc:
-        raise SriovError("%s: %s; its VFs were not removed" % (plan.address, exc)) from None
+    attempt(discard, failed=lambda exc: SriovError("%s: %s; its VFs were not removed" % (plan.address, exc)))
 
 
 def _write_numvfs(sysfs, plan, count):

@@ -556,7 +556,7 @@ class HeldSincePlan(LayoutError):
                   else "nothing was written to GPU %s" % gpu)
         super().__init__("GPU %s: %s %s became held by a VM (%s) after the plan; %s (changed: %s; not changed: %s)"
                          % (gpu, kind, device, inuse.describe(found), spared, ", ".join(done) or "none",
-                            ", ".join(not_done) or "none"))
+                            ", ".join(not_done) or "none"), held=[device])
 
 
 def _touched(sysfs, address, plan, parents):

@@ -106,7 +106,7 @@ def plan(view, entries, mixed_size=False, absent=False):
         elif mdev.held:
             raise LayoutError("mdev %s (%s) on %s of GPU %s is held by a VM (%s); the layout needs it removed"
                               % (mdev.uuid, mdev.type.short, mdev.parent, gpu.address,
-                                 describe(mdev.held)))
+                                 describe(mdev.held)), held=[mdev.uuid])
     creates = _place(view, wanted, remaining, kept)
     after = [m.type for m in kept] + [t for dummy, t, dummy2 in creates]
     if not absent:

@@ -190,7 +190,7 @@ def _assign(address, view, before, wanted, absent, result):
             else:
                 raise LayoutError("VF %s of GPU %s is held by a VM (%s) and has %s; the layout needs it changed"
                                   % (vf, address, describe(view.held[vf]),
-                                     current.short if current else "type %d" % view.current[vf]))
+                                     current.short if current else "type %d" % view.current[vf]), held=[vf])
     for vf, type_id in sorted(view.restorable.items()):
         if not absent and after[vf] is None and remaining.get(type_id, 0) > 0:
             after[vf] = view.type_of(type_id)

@@ -28,10 +28,10 @@ from __future__ import annotations
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import VgpuDevice
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuHeld, VgpuWriteError, VgpuWriter
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuWriter, attempt
 
 
 class VfHeld(ClaimError):
@@ -112,16 +112,12 @@ class ClaimTimePreparer:
         written, when anything but the claim holds it now (asked right before the write, the one holder check)."""
         if (vgpu_types.read_current(self.sysfs, device.address) or 0) == device.type_id:
             return
-        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-        try:
-            self._writer().set_type(device.address, device.type_id, acting_for=(mine,))
-        except VgpuHeld as exc:
-            raise VfHeld("%s: VF %s of GPU %s is held by %s; nothing written" % (
-                ref, device.address, device.parent_gpu, inuse.describe([h for h in exc.holders if h != mine])),
-                device.address) from None
-        except VgpuWriteError as exc:
-            raise ClaimError("%s: GPU %s, %s (type %d): %s" % (
-                ref, device.parent_gpu, device.profile, device.type_id, exc)) from None
+        mine = (claim_holders.HOLDER % (ref.namespace, ref.name),)
+        attempt(lambda: self._writer().set_type(device.address, device.type_id, acting_for=mine),
+                held=lambda who: VfHeld("%s: VF %s of GPU %s is held by %s; nothing written" % (
+                    ref, device.address, device.parent_gpu, who), device.address),
+                failed=lambda exc: ClaimError("%s: GPU %s, %s (type %d): %s" % (
+                    ref, device.parent_gpu, device.profile, device.type_id, exc)), acting_for=mine)
 
     def release(self, ref, record):
         """Clear the VF of a claim-time record (unprepare, a prepare that failed, a stale record) when nothing but the
@@ -137,9 +133,6 @@ class ClaimTimePreparer:
             return None
         if current != record.get("typeID"):
             return "it has type %s now, not the claim's %s" % (current, record.get("typeID"))   # never ours to clear
-        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-        try:
-            self._writer().clear_type(vf, acting_for=(mine,))
-        except VgpuHeld as exc:
-            return "held by %s" % inuse.describe([h for h in exc.holders if h != mine])
-        return None
+        mine = (claim_holders.HOLDER % (ref.namespace, ref.name),)
+        return attempt(lambda: self._writer().clear_type(vf, acting_for=mine), held=lambda who: "held by %s" % who,
+                       acting_for=mine)
