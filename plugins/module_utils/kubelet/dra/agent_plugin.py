@@ -57,7 +57,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publishe
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_keeper import SliceKeeper
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, facts, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout, facts
 
 
 def node_view(sysfs, type_names, serves=None):
@@ -93,10 +94,10 @@ SERVE_WITHOUT_INVENTORY = 20.0
 class VgpuDraPlugin:
     def __init__(self, settings, api, node_lock, log, sysfs, holders, type_names, watch_interval=1.0,
                  clock=time.monotonic, serves=None, serve_without_inventory=SERVE_WITHOUT_INVENTORY):
-        """`node_lock(timeout)`: the node's apply lock (node/node_lock.py), waited for at most `timeout` s.
+        """`node_lock(timeout)`: the node's apply lock (node/holders/node_lock.py), waited for at most `timeout` s.
         `holders`: which VFs are held and by whom, for claim-time Prepare and Unprepare (an inuse.Holders asking every
-        holder source: node/kubelet_holders.node_holders); `type_names()`: a vgpu_apply.TypeNames for a full read of
-        the node (node_view)."""
+        holder source: node/holders/kubelet_holders.node_holders); `type_names()`: a vgpu_apply.TypeNames for a full
+        read of the node (node_view)."""
         self.settings, self.api, self.log = settings, api, log
         self.paths = KubeletPaths(settings.kubelet_dir)
         self.publisher = SlicePublisher(api, settings.node_name)
@@ -348,7 +349,7 @@ class VgpuDraPlugin:
         self.pool_settled = not used
 
     def _recorded_claim_time(self):
-        """The GPUs the last apply recorded as claim-time (node/claim_time_layout.py's modes file); None when the
+        """The GPUs the last apply recorded as claim-time (node/engine/claim_time_layout.py's modes file); None when the
         record cannot be read (then no fixed device is offered: a prepared claim-time VF must not be offered twice)."""
         try:
             return set(claim_time_layout.read_modes(claim_time_layout.modes_path(self.settings.kubelet_dir)))

@@ -4,9 +4,9 @@
 """NodePrepareResources for a claim-time device (kubelet/dra/claim_time.py): the VF is chosen and typed now.
 
 The DRA driver (driver.py) calls this under the node lock (the one every layout apply takes):
-0. `begin()`: the holders (an inuse.Holders asking every holder source, node/kubelet_holders.node_holders) forget
-   what they read for the last claim: what cannot change while the node lock is held (the VFs' IOMMU groups, their
-   VFIO identities) is read once per claim, who holds a group is asked each time;
+0. `begin()`: the holders (an inuse.Holders asking every holder source, node/holders/kubelet_holders.node_holders)
+   forget what they read for the last claim: what cannot change while the node lock is held (the VFs' IOMMU groups,
+   their VFIO identities) is read once per claim, who holds a group is asked each time;
 1. `choose(ref, name, earlier, taken)`: a VF of the allocated GPU that has no type, that no other prepared claim
    or other device of this call took (`taken`) and whose creatable list has the profile's type: sysfs reads only.
    A claim prepared before (a retry after a crash: its record says which VF) gets the same VF back when that
@@ -15,7 +15,7 @@ The DRA driver (driver.py) calls this under the node lock (the one every layout 
 3. `write(device)`: right before the write, and only there, the VF is asked of the holders (its group's
    EBUSY probe and every holder source: VFIO group users, prepared claims, kubelet allocations); one held by
    anything but this claim raises VfHeld with nothing written (the driver records the next candidate and tries
-   that); else the type is written and read back, by the node's vGPU writer (node/vgpu_writer.py, which also
+   that); else the type is written and read back, by the node's vGPU writer (node/engine/vgpu_writer.py, which also
    orders the write against a device plugin Allocate). A VF that has the type already
    (adopted) is not written and not asked;
 4. the driver writes the CDI spec and the KEP-5304 metadata (`resource.kubernetes.io/pciBusID`: the VF).
@@ -27,11 +27,12 @@ from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import VgpuDevice
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, vgpu_types
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuWriter, attempt
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DraDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.pci import PciDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuWriter, attempt
 
 
 class VfHeld(ClaimError):
@@ -44,7 +45,7 @@ class VfHeld(ClaimError):
 
 class ClaimTimePreparer:
     """`holders`: which VFs are held and by whom (an inuse.Holders asking every holder source:
-    node/kubelet_holders.node_holders), used under the node lock only; `begin()` once per claim prepared or
+    node/holders/kubelet_holders.node_holders), used under the node lock only; `begin()` once per claim prepared or
     unprepared. `record`: the allocation record's path (pod_allocations.record_path)."""
 
     def __init__(self, sysfs, holders, record=None):
@@ -60,7 +61,7 @@ class ClaimTimePreparer:
         return self.holders
 
     def _writer(self):
-        """This prepare's vGPU writer (node/vgpu_writer.py): its re-check is the holders'."""
+        """This prepare's vGPU writer (node/engine/vgpu_writer.py): its re-check is the holders'."""
         if not self.begun:
             self.begin()
         return VgpuWriter(self.sysfs, self.holders.recheck, self.record)
@@ -73,7 +74,7 @@ class ClaimTimePreparer:
         return name in self.devices
 
     def choose(self, ref, name, earlier=None, taken=()):
-        """The VgpuDevice (named as allocated, its address the chosen VF) for device `name` of claim `ref`.
+        """The DraDevice (named as allocated, its address the chosen VF) for device `name` of claim `ref`.
 
         `earlier`: this claim's checkpoint record of that device from an earlier, unfinished prepare;
         `taken`: VFs other devices of this call or other prepared claims have, and VFs found held at the write.
@@ -102,10 +103,10 @@ class ClaimTimePreparer:
 
     @staticmethod
     def _device(name, offer, vf):
-        return VgpuDevice(name=name, framework=claim_time.FRAMEWORK, address=vf, parent_gpu=offer.gpu,
-                          profile=offer.profile, type_name=offer.type_name, type_id=offer.type_id,
-                          pcie_root=offer.pcie_root, numa_node=offer.numa_node, product=offer.product,
-                          framebuffer_mib=offer.size_mib)
+        return DraDevice(name=name, framework=claim_time.FRAMEWORK, address=vf, parent_gpu=offer.gpu,
+                         profile=offer.profile, type_name=offer.type_name, type_id=offer.type_id,
+                         pcie_root=offer.pcie_root, numa_node=offer.numa_node, product=offer.product,
+                         framebuffer_mib=offer.size_mib)
 
     def write(self, ref, device):
         """Type the chosen VF (nothing to do when it has the type already) and read it back; VfHeld, nothing

@@ -8,7 +8,7 @@ import argparse
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent as agent_module
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import settings as agent_settings
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
 
 VF = "0000:41:00.4"
 
