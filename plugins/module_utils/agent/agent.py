@@ -9,7 +9,8 @@ reconciled, or when RESYNC_INTERVAL has passed (a failed layout is retried then;
 re-asserted, which reads sysfs but writes nothing when the node still matches). Changes that
 arrive while an apply runs are not lost: the latest one is reconciled next (last change wins).
 
-One reconcile (VDM's flow, domain brief 12, through the engine `accelops-vgpu apply` uses):
+One reconcile (VDM's flow, NVIDIA/vgpu-device-manager `cmd/nvidia-k8s-vgpu-dm/main.go`, through the engine
+`accelops-vgpu apply` uses):
 1. the config is parsed and, under the node lock, the engine plans and validates: errors (unknown
    config, broken file, a VF a VM holds) fail before any sysfs or label write;
 2. already applied: no `pending`, no pause; leftover paused operands are restored, state `success`;

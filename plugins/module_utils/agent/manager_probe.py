@@ -4,9 +4,10 @@
 """Notice a vGPU-manager restart between reconciles, with one sysfs read per GPU per probe.
 
 A restart of the vGPU manager (its pod: `sriov-manage -d ALL`, modules reloaded, `sriov-manage -e ALL`,
-domain brief 6; or a driver reload) leaves every GPU without its vGPU types: the VFs come back with
-`current_vgpu_type` 0, or are gone for a while; mdevs are gone. The agent would otherwise notice only at
-its next resync (RESYNC_INTERVAL, 300 s by default) while VMs cannot start and the node says `success`.
+NVIDIA/gpu-driver-container `vgpu-manager/<os>/nvidia-driver`; or a driver reload) leaves every GPU without its
+vGPU types: the VFs come back with `current_vgpu_type` 0, or are gone for a while; mdevs are gone. The agent would
+otherwise notice only at its next resync (RESYNC_INTERVAL, 300 s by default) while VMs cannot start and the node
+says `success`.
 
 After each successful apply the agent arms the probe from the apply's result: per GPU that has vGPUs,
 one sentinel, the GPU's last vGPU (a VF: its `nvidia/current_vgpu_type` must still read the type ID the

@@ -329,10 +329,10 @@ class VgpuDraPlugin:
 
     def _choose_pool(self, allocated):
         """Publish as `<node>/<driver>` (slices.pool_name) unless a claim may still use the pool named after the node
-        (before issue 40): a prepared one (the checkpoint) or an allocated one (the API; unknown counts as used).
-        Moving the pool under such a claim would hide its device from kube-scheduler, which would then hand the
-        device (or its GPU's counter) to another claim (kubernetes#140806): the old name stays until they are gone,
-        and the move deletes its slices (slices.plan). Once moved, it is not asked again."""
+        (earlier releases published that one): a prepared one (the checkpoint) or an allocated one (the API; unknown
+        counts as used). Moving the pool under such a claim would hide its device from kube-scheduler, which would then
+        hand the device (or its GPU's counter) to another claim (kubernetes#140806): the old name stays until they are
+        gone, and the move deletes its slices (slices.plan). Once moved, it is not asked again."""
         if self.pool_settled:
             return
         new, legacy = self.driver.pools

@@ -86,7 +86,7 @@ class DraDriver:
             self._ready.set()
         self._first_seen = {}             # UID -> wall time clean_stale first saw a record without startedAt
         self.checkpoint = Checkpoint(plugin_dir, boot_id)
-        # the pools a claim may name: `<node>/<driver>`, and the node's name (claims allocated before issue 40)
+        # the pools a claim may name: `<node>/<driver>`, and the node's name (claims allocated from earlier releases)
         self.pools = slices.pools(node_name, driver)
         self.pool = self.pools[0]         # the pool published now (the agent's plugin sets it: agent_plugin.py)
         self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting

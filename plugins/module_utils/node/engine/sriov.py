@@ -7,7 +7,7 @@ Kernel rules (drivers/pci/iov.c, sriov_numvfs_store): more than sriov_totalvfs i
 driver without sriov_configure answers ENOENT; going from N to M VFs (both non-zero) is EBUSY, so
 it takes N -> 0 -> M. NVIDIA's sriov-manage always enables sriov_totalvfs VFs and can exit 0
 without enabling anything (vGPU 17.2), so its result is checked in sysfs and it is retried, as
-NVIDIA's gpu-driver-container does (domain brief 1.5, 3).
+NVIDIA's gpu-driver-container does (`vgpu-manager/ubuntu24.04/nvidia-driver`, _enable_vfs).
 
 Selection (`devices`): `all` = every SR-IOV PF of PCI base class 0x03 (GPUs; NICs and NVMe are
 never selected by `all`, and a node without any is an empty, unchanged plan), or a list of PCI

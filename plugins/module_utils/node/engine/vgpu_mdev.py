@@ -4,7 +4,8 @@
 """Legacy mdev backend: Turing (T4: the PF is the mdev parent) and Ampere SR-IOV (A2/A16: each VF
 is a parent holding at most one mdev).
 
-Facts (domain brief 2): parents are `class/mdev_bus/<BDF>`, mdevs `bus/mdev/devices/<UUID>`;
+Facts (kernel `Documentation/driver-api/vfio-mediated-device.rst`; NVIDIA/go-nvlib `pkg/nvmdev/nvmdev.go`):
+parents are `class/mdev_bus/<BDF>`, mdevs `bus/mdev/devices/<UUID>`;
 `<parent>/mdev_supported_types/nvidia-<N>/{name,available_instances,description,create}`; create by
 writing a UUID to `create`, remove by writing `1` to `bus/mdev/devices/<UUID>/remove`. VDM spreads
 instances across a GPU's VF parents up to each `available_instances`.
