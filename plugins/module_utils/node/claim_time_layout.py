@@ -37,8 +37,8 @@ import re
 from collections import OrderedDict, namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, pci, pf_driver, vgpu_layout, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_mig
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import VgpuTypeError, parse_profile
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuHeld, VgpuWriter
@@ -97,12 +97,13 @@ def _profiles(value, origin):
             parsed = parse_profile(item)
         except VgpuTypeError as exc:
             raise LayoutError("%s: %s" % (origin, exc)) from None
-        if parsed.mig_backed:
-            raise LayoutError("%s: profile %s is MIG-backed; claim-time mode offers time-sliced profiles only"
-                              % (origin, shown(item)))
-        name = "%s-%d%s" % (parsed.model, parsed.size_gb, parsed.series)
+        if parsed.mig_backed:   # placed at Prepare (node/claim_time_mig.py)
+            name = "%s-%d-%d%s%s" % (parsed.model, parsed.slices, parsed.size_gb, parsed.series, parsed.suffix or "")
+        else:
+            name = "%s-%d%s" % (parsed.model, parsed.size_gb, parsed.series)
         if name not in names:
             names.append(name)
+    claim_time_mig.check_allow(names, origin)
     return tuple(names)
 
 
@@ -226,6 +227,8 @@ class Modes:
                           "vfs": offer["vfs"], "profiles": offer["profiles"]})
             if address in reserved:
                 found[-1]["reserved"] = reserved[address]
+            if offer.get("mig"):     # a MIG claim-time GPU: placements (node/claim_time_mig.py)
+                found[-1]["mig"] = offer["mig"]
         return found
 
 

@@ -73,8 +73,9 @@ def claim_time_preparer(make_engine):
     unprepared one engine and its in-use answers (inuse.Holders, every holder source): what cannot change under the
     node lock (the VFs' groups and VFIO identities) read once, the chosen VF asked the O(1) way (its group's EBUSY
     probe and the holder sources) once, right before its type is written, never by a /proc walk per candidate."""
-    return ClaimTimePreparer(make_engine().sysfs, lambda: make_engine().in_use,
-                             pod_allocations.record_path(make_engine().kubelet_dir))
+    engine = make_engine()
+    return ClaimTimePreparer(engine.sysfs, lambda: make_engine().in_use, pod_allocations.record_path(engine.kubelet_dir),
+                             runner=engine.runner)   # nvidia-smi for MIG-backed placements (claim_time_mig.py)
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed

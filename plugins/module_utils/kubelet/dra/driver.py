@@ -173,6 +173,7 @@ class DraDriver:
                     self.checkpoint.save()
                 raise
             self.checkpoint.set(ref.uid, ref.namespace, ref.name, COMPLETED, devices)
+            self._with_mig(ref)      # the GI unprepare destroys
             self.checkpoint.save()
             return Prepared(_answer_devices(self.checkpoint.get(ref.uid)), "")
 
@@ -242,7 +243,7 @@ class DraDriver:
         for index, device in enumerate(typed):
             while True:
                 try:
-                    self.claim_time.write(ref, device)
+                    self.claim_time.write(ref, device, note=lambda: self._save_mig(ref))
                     break
                 except VfHeld as exc:
                     held_now.add(exc.vf)
@@ -256,6 +257,19 @@ class DraDriver:
     def _record_started(self, ref, entries, typed):
         self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries, typed))
         self.checkpoint.get(ref.uid)["startedAt"] = int(self.wall())     # clean_stale's age, across restarts
+        self._with_mig(ref)
+
+    def _with_mig(self, ref):
+        """Copy the MIG-backed devices' GI records (claim_time_mig.py) into the claim's checkpoint record."""
+        for record in (self.checkpoint.get(ref.uid) or {}).get("devices") or ():
+            found = self.claim_time.mig_record(ref.uid, record["device"]) if record.get("claimTime") else None
+            if found is not None:
+                record["mig"] = dict(found)
+
+    def _save_mig(self, ref):
+        """Before each GI step of a MIG-backed prepare: its record, durably (a crash finds what it was doing)."""
+        self._with_mig(ref)
+        self.checkpoint.save()
 
     def _chosen_now(self, item):
         return self.claim_time is not None and self.claim_time.owns(item.device)

@@ -1,0 +1,160 @@
+"""MIG-backed vGPUs placed at claim time (issue 42.2) against gpusim: the DynamicMIG shape for vGPU
+(kubelet/dra/claim_time_mig.py, node/claim_time_mig.py), Prepare creating the GI at the allocated placement and typing
+a VF on it, each step recorded before it is taken, Unprepare destroying only what the claim created."""
+
+import os
+import random
+
+import pytest
+from claim_data import ClaimStore, claim, ref
+from schemas import assert_valid
+
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, claim_time, claim_time_mig
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices, slices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, mig, vgpu_apply, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_mig as node_mig
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+
+NODE = "gpu-node-1"
+PF = "0000:41:00.0"
+PROFILES = ["H100-1-10C", "H100-1-10CME", "H100-1-20C", "H100-2-20C", "H100-3-40C", "H100-4-40C", "H100-7-80C"]
+DOC = {"version": "v1", "vgpu-configs": {"default": [{"devices": "all", "vgpu-devices": {}}]},
+       "claim-time": [{"devices": "all", "profiles": PROFILES}]}
+UIDS = ["%08d-aaaa-4bbb-8ccc-000000000000" % n for n in range(1, 40)]
+TYPE_3G = 1122
+
+
+def name(profile, start, pf=PF):
+    return claim_time_mig.device_name(profile, pf, start)
+
+
+class Env:
+    def __init__(self, node, monkeypatch, tmp_path, mig_on=True):
+        for key in ("PATH", "GPUSIM_ROOT"):
+            monkeypatch.setenv(key, node.env[key])
+        self.node, self.tmp = node, tmp_path
+        self.kubelet = str(tmp_path / "kubelet")
+        self.engine = vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc",
+                                            cache_dir=str(tmp_path), kubelet_dir=self.kubelet)
+        vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
+        if mig_on:
+            for pf in node.pfs():
+                node.ctl("mig", pf, "1")      # MIG mode is set beforehand (the claim-time path never toggles it)
+        self.engine.claim_time = declaration(DOC)
+        self.store = ClaimStore()
+        self.plugin_dir, self.cdi_dir = claim_holders.plugin_dir(self.kubelet), str(tmp_path / "cdi")
+        self.smi = mig.Smi(CommandRunner())
+        self.offers = self.reconcile()
+        self.driver = self.start()
+        node.clear_log()
+
+    def reconcile(self):
+        self.result = vgpu_apply.apply(self.engine, vgpu_layout.from_document(DOC, "default"))
+        return claim_time.offers(self.engine.sysfs, self.result["claim_time"])
+
+    def start(self):
+        sysfs = self.engine.sysfs
+        driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
+                           self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id)
+        driver.claim_time = ClaimTimePreparer(sysfs, self.engine.begin, runner=CommandRunner())
+        driver.claim_time.update(self.offers)
+        return driver
+
+    def add(self, uid, *device_names):
+        obj = claim("vm-%s" % uid[:8], uid, list(device_names), NODE)
+        self.store.objects[("vms", obj["metadata"]["name"])] = obj
+        return ref(obj)
+
+    def gis(self, pf=PF):
+        return self.smi.instances(pf)
+
+    def current(self, vf):
+        return int(open(os.path.join(self.node.root, "bus/pci/devices", vf, "nvidia/current_vgpu_type")).read())
+
+    def record(self, uid):
+        return (checkpoint.Checkpoint(self.plugin_dir).get(uid) or {}).get("devices", [{}])[0]
+
+
+@pytest.fixture
+def env(gpusim_node, monkeypatch, tmp_path):
+    def make(spec="h100-pcie:1", **kwargs):
+        return Env(gpusim_node(spec), monkeypatch, tmp_path, **kwargs)
+    return make
+
+
+def test_a_gpu_in_mig_mode_publishes_one_counter_set_and_one_device_per_type_and_placement(env):
+    e = env()
+    [counters] = [item for item in e.offers if isinstance(item, claim_time_mig.MigCounterSet)]
+    assert counters.to_api()["counters"] == dict([("memory-slice-%d" % i, {"value": "1"}) for i in range(8)]
+                                                 + [("compute-slices", {"value": "7"}), ("gi-profile-20", {"value": "1"})])
+    placements = [item for item in e.offers if isinstance(item, claim_time_mig.PlacementDevice)]
+    assert len(placements) == 7 + 7 + 4 + 3 + 2 + 1 + 1
+    three = {d.name: d.to_api() for d in placements}[name("H100-3-40C", 4)]
+    assert three["consumesCounters"] == [{"counterSet": "gpu-0000-41-00-0", "counters": dict(
+        [("memory-slice-%d" % i, {"value": "1"}) for i in range(4, 8)] + [("compute-slices", {"value": "3"})])}]
+    assert "allowMultipleAllocations" not in three and "resource.kubernetes.io/pciBusID" not in three["attributes"]
+    assert (three["attributes"]["placementStart"], three["attributes"]["giProfile"]) == ({"int": 4}, {"int": 9})
+    me = {d.name: d.to_api() for d in placements}[name("H100-1-10CME", 6)]
+    assert me["consumesCounters"][0]["counters"]["gi-profile-20"] == {"value": "1"}
+
+
+def test_a_gpu_not_in_mig_mode_offers_nothing_and_says_so(env):
+    e = env(mig_on=False)
+    assert e.offers == [] and any("need MIG mode, which is off" in w for w in e.result["warnings"])
+
+
+def test_prepare_creates_the_gi_at_the_placement_types_a_vf_on_it_and_unprepare_destroys_it(env):
+    e = env()
+    one = e.add(UIDS[0], name("H100-3-40C", 0))
+    answer = e.driver.prepare([one])[UIDS[0]]
+    assert answer.error == ""
+    [gi] = e.gis()
+    record = e.record(UIDS[0])
+    assert (gi.profile_id, gi.start, gi.size) == (9, 0, 4)
+    assert record["mig"] == {"gpu": PF, "giProfile": 9, "start": 0, "size": 4, "before": [], "ci": True, "gi": gi.gi_id}
+    vf = record["key"]
+    assert e.current(vf) == TYPE_3G and node_mig.landed_on(e.engine.sysfs, vf) == gi.gi_id
+    assert e.driver.unprepare([one]) == {UIDS[0]: ""}
+    assert e.gis() == [] and e.current(vf) == 0
+
+
+def test_a_placement_an_operators_gi_overlaps_is_not_offered_refused_at_prepare_and_that_gi_never_destroyed(env):
+    e = env()
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "14:2", "-C"], "operator")      # not ours: 2g at 2..3
+    [theirs] = e.gis()
+    offered = {item.name for item in e.reconcile()}
+    assert name("H100-3-40C", 0) not in offered and name("H100-3-40C", 4) in offered
+    assert name("H100-2-20C", 2) not in offered and name("H100-1-10C", 3) not in offered
+    one = e.add(UIDS[0], name("H100-3-40C", 0))     # allocated before the operator's GI appeared
+    answer = e.driver.prepare([one])[UIDS[0]]
+    assert "placement 0:4 is taken by GPU instance %d" % theirs.gi_id in answer.error
+    assert e.gis() == [theirs] and checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0]) is None
+    assert e.driver.unprepare([one]) == {UIDS[0]: ""} and e.gis() == [theirs]
+
+
+def test_eight_h100_fit_the_limits_and_the_slices_are_valid_against_the_schemas(monkeypatch):
+    monkeypatch.setattr(devices, "pcie_root", lambda sysfs, address: "pci0000:%s" % address[5:7])
+    monkeypatch.setattr(devices, "numa_node", lambda sysfs, address: 0)
+    gpu = {"address": PF, "model": "H100", "vfs": 32, "mig": {"memory_slices": 8, "compute_slices": 7,
+                                                               "limits": {"20": 1}}, "profiles": []}
+    shapes = [("H100-1-10C", 19, 1, 1, range(7)), ("H100-1-10CME", 20, 1, 1, range(7)),
+              ("H100-1-20C", 15, 1, 2, (0, 2, 4, 6)), ("H100-2-20C", 14, 2, 2, (0, 2, 4)),
+              ("H100-3-40C", 9, 3, 4, (0, 4)), ("H100-4-40C", 5, 4, 4, (0,)), ("H100-7-80C", 0, 7, 8, (0,))]
+    gpu["profiles"] = [{"profile": p, "type_name": "NVIDIA " + p, "type_id": 1118 + i, "size_mib": 10240,
+                        "gi_profile": g, "compute": c, "size": s, "starts": list(starts)}
+                       for i, (p, g, c, s, starts) in enumerate(shapes)]
+    result = [dict(gpu, address="0000:%02x:00.0" % (0x41 + n)) for n in range(8)]
+    items = claim_time.offers(None, result)
+    body = slices.desired_slices(NODE, items, 1)
+    counters = [s["spec"]["sharedCounters"] for s in body if "sharedCounters" in s["spec"]]
+    device_lists = [s["spec"]["devices"] for s in body if "devices" in s["spec"]]
+    assert [len(c) for c in counters] == [8] and sum(len(d) for d in device_lists) == 8 * 25
+    assert all(len(d) <= 64 for d in device_lists) and all(len(s["counters"]) <= 32 for c in counters for s in c)
+    names = [d["name"] for ds in device_lists for d in ds]
+    assert len(set(names)) == len(names) and all(len(n) <= 63 for n in names)
+    for item in body:
+        assert_valid(item)
