@@ -18,6 +18,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_ti
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
+from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DraAllocator, Unallocatable
 
 NODE = "gpu-node-1"
 PF = "0000:41:00.0"
@@ -158,3 +159,57 @@ def test_eight_h100_fit_the_limits_and_the_slices_are_valid_against_the_schemas(
     assert len(set(names)) == len(names) and all(len(n) <= 63 for n in names)
     for item in body:
         assert_valid(item)
+
+
+CLASS = {"metadata": {"name": "vgpu.accelops.io"},
+         "spec": {"selectors": [{"cel": {"expression": 'device.driver == "vgpu.accelops.io"'}}]}}
+
+
+def mig_claim(uid, profile):
+    selector = 'device.attributes["vgpu.accelops.io"].profile == "%s"' % profile
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "vm-%s" % uid[:8], "namespace": "vms", "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "vgpu.accelops.io", "selectors": [{"cel": {"expression": selector}}]}}]}}}
+
+
+def overlapping(gis):
+    return [(a.gi_id, b.gi_id) for a in gis for b in gis
+            if a.gi_id < b.gi_id and set(range(a.start, a.start + a.size)) & set(range(b.start, b.start + b.size))]
+
+
+def test_the_scheduler_double_over_a_seeded_sequence_never_places_two_gis_on_one_memory_slice(env, seed=42):
+    """Each allocation of the allocator double (which charges the counters) is prepared for real on gpusim."""
+    e = env()
+    published = slices.desired_slices(NODE, e.offers, 1)
+    rng, prepared, claims, placed, refused = random.Random(seed), {}, {}, 0, 0
+    for step in range(24):
+        if prepared and rng.random() < 0.35:
+            uid = rng.choice(sorted(prepared))
+            assert e.driver.unprepare([prepared.pop(uid)]) == {uid: ""}
+            del claims[("vms", "vm-%s" % uid[:8])]
+            continue
+        uid = UIDS[step % len(UIDS)].replace("aaaa", "%04d" % step)
+        body = mig_claim(uid, rng.choice(PROFILES))
+        try:
+            allocation = DraAllocator([CLASS], published, claims).allocate(body, NODE)
+        except Unallocatable:
+            refused += 1
+            continue
+        body["status"] = {"allocation": allocation}
+        claims[("vms", body["metadata"]["name"])] = body
+        e.store.objects[("vms", body["metadata"]["name"])] = body
+        answer = e.driver.prepare([ref(body)])[uid]
+        assert answer.error == "", (step, answer.error)
+        prepared[uid] = ref(body)
+        placed += 1
+        gis = e.gis()
+        assert overlapping(gis) == [] and len(gis) == len(prepared)
+        device = allocation["devices"]["results"][0]["device"]
+        record = e.record(uid)
+        [gi] = [g for g in gis if g.gi_id == record["mig"]["gi"]]
+        assert device.endswith("-at-%d" % gi.start) and node_mig.landed_on(e.engine.sysfs, record["key"]) == gi.gi_id
+    assert placed >= 8 and refused >= 2    # the GPU filled up: the counters, not luck, kept them apart
+    for uid, claim_ref in sorted(prepared.items()):
+        assert e.driver.unprepare([claim_ref]) == {uid: ""}
+    assert e.gis() == []
