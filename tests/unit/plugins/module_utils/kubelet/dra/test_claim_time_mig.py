@@ -10,11 +10,12 @@ from claim_data import ClaimStore, claim, ref
 from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, claim_time, claim_time_mig
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices, slices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices, metadata, slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_mig as node_mig
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_writer
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
@@ -213,3 +214,114 @@ def test_the_scheduler_double_over_a_seeded_sequence_never_places_two_gis_on_one
     for uid, claim_ref in sorted(prepared.items()):
         assert e.driver.unprepare([claim_ref]) == {uid: ""}
     assert e.gis() == []
+
+
+# --- crashes: a kill -9 at each step of Prepare and Unprepare (a forked child exits at the step), then a restart ---
+
+CRASHED = 86
+
+
+def _after(monkeypatch, target, attr, when):
+    """Exit the process right after `target.attr` returns when `when(*args)` says so: a crash between two steps."""
+    original = getattr(target, attr)
+
+    def wrapper(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if when(*args, **kwargs):
+            os._exit(CRASHED)
+        return result
+    monkeypatch.setattr(target, attr, wrapper)
+
+
+def _mig_of(saved):
+    return [d.get("mig") for entry in saved.claims.values() for d in entry.get("devices") or () if d.get("mig")]
+
+
+def _smi_args(args):
+    return args[2] if len(args) > 2 else []
+
+
+PREPARE_STEPS = {   # point -> (object, attribute, when): the step just taken when the process dies
+    "recorded": (checkpoint.Checkpoint, "save", lambda cp: any("before" not in m for m in _mig_of(cp))),
+    "before-noted": (checkpoint.Checkpoint, "save", lambda cp: any(m.get("before") is not None and m.get("gi") is None
+                                                                  for m in _mig_of(cp))),
+    "gi-created": (mig.Smi, "run", lambda *a, **k: "-cgi" in _smi_args(a)),
+    "gi-noted": (checkpoint.Checkpoint, "save", lambda cp: any(m.get("gi") for m in _mig_of(cp))),
+    "typed": (vgpu_writer.VgpuWriter, "set_type", lambda *a, **k: True),
+    "files-written": (metadata, "write_request", lambda *a, **k: True),
+}
+UNPREPARE_STEPS = {
+    "cleared": (vgpu_writer.VgpuWriter, "clear_type", lambda *a, **k: True),
+    "ci-destroyed": (mig.Smi, "run", lambda *a, **k: "-dci" in _smi_args(a)),
+    "gi-destroyed": (mig.Smi, "run", lambda *a, **k: "-dgi" in _smi_args(a)),
+}
+
+
+def crash(e, monkeypatch, step, call):
+    """Run `call(driver)` in a child that dies right after `step`; the parent then has the node as the crash left it."""
+    pid = os.fork()
+    if pid == 0:     # the child: never returns into pytest
+        try:
+            with monkeypatch.context() as patch:
+                _after(patch, *step)
+                call(e.driver)
+            os._exit(0)
+        except BaseException:   # pylint: disable=broad-exception-caught
+            os._exit(1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == CRASHED, step
+    e.driver = e.start()     # the agent restarts: a new driver on the same checkpoint
+
+
+def ours(e, placement):
+    return [gi for gi in e.gis() if (gi.profile_id, gi.start) == placement]
+
+
+def test_a_crash_at_each_prepare_step_recovers_forward_back_or_by_stale_cleanup_and_spares_the_operators_gi(
+        env, monkeypatch):
+    e = env()
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "19:6", "-C"], "operator")      # not ours: 1g at 6
+    [theirs] = e.gis()
+    device = name("H100-3-40C", 0)
+    for point, step in PREPARE_STEPS.items():
+        # stale cleanup runs unprepare's release: checked where the GI exists but its ID is not recorded yet
+        for path in ("forward", "back") + (("stale",) if point == "gi-created" else ()):
+            uid = UIDS[0].replace("aaaa", point[:2] + path[:2])
+            claim_ref = e.add(uid, device)
+            crash(e, monkeypatch, step, lambda driver: driver.prepare([claim_ref]))
+            if path == "forward":    # the kubelet prepares it again
+                assert e.driver.prepare([claim_ref])[uid].error == "", (point, path)
+                [gi] = ours(e, (9, 0))
+                assert node_mig.landed_on(e.engine.sysfs, e.record(uid)["key"]) == gi.gi_id, (point, path)
+                assert e.driver.unprepare([claim_ref]) == {uid: ""}
+            elif path == "back":     # the kubelet unprepares it (the pod went)
+                assert e.driver.unprepare([claim_ref]) == {uid: ""}, (point, path)
+            else:                    # the claim is gone from the API: the stale record is cleaned
+                del e.store.objects[("vms", "vm-%s" % uid[:8])]
+                e.driver.clean_stale(lambda line: None, min_age=0)
+            assert e.gis() == [theirs], (point, path)
+            assert all(e.current(vf) == 0 for vf in e.node.vfs(PF)), (point, path)
+            assert checkpoint.Checkpoint(e.plugin_dir).claims == {}, (point, path)
+
+
+def test_a_crash_at_each_unprepare_step_is_finished_by_the_next_unprepare(env, monkeypatch):
+    e = env()
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "19:6", "-C"], "operator")
+    [theirs] = e.gis()
+    for point, step in UNPREPARE_STEPS.items():
+        uid = UIDS[1].replace("aaaa", point[:4])
+        claim_ref = e.add(uid, name("H100-2-20C", 2))
+        assert e.driver.prepare([claim_ref])[uid].error == ""
+        crash(e, monkeypatch, step, lambda driver: driver.unprepare([claim_ref]))
+        assert e.driver.unprepare([claim_ref]) == {uid: ""}, point
+        assert e.gis() == [theirs] and all(e.current(vf) == 0 for vf in e.node.vfs(PF)), point
+
+
+def test_a_vgpu_the_driver_puts_on_a_gi_we_did_not_create_is_cleared_and_that_gi_kept(env):
+    e = env()
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "9:4", "-C"], "operator")      # a free 3g of the same profile, not ours
+    [theirs] = e.gis()
+    one = e.add(UIDS[2], name("H100-3-40C", 0))
+    answer = e.driver.prepare([one])[UIDS[2]]
+    assert "landed on GPU instance %d, not on GPU instance" % theirs.gi_id in answer.error
+    assert e.gis() == [theirs] and all(e.current(vf) == 0 for vf in e.node.vfs(PF))
+    assert checkpoint.Checkpoint(e.plugin_dir).claims == {}
