@@ -22,8 +22,13 @@ record names its ID at that profile and start, or, for a create that a crash cut
 
 from __future__ import annotations
 
+import re
+
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import mig, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
+
+
+_CREATED = re.compile(r"created GPU instance ID\s+(\d+)")
 
 
 def wanted(allow):
@@ -140,9 +145,15 @@ def create(smi, address, record, compute_instance, note):
     record["ci"] = bool(compute_instance)
     note()
     # NVML nvmlDeviceCreateGpuInstanceWithPlacement; the nvidia-smi form `<ID>:<start>` is UNCONFIRMED
-    smi.run(address, ["mig", "-i", address, "-cgi", "%d:%d" % (record["giProfile"], start)]
-            + (["-C"] if compute_instance else []), "mig -cgi %d:%d" % (record["giProfile"], start))
-    found = find_created(smi, address, record)
+    dummy, out = smi.run(address, ["mig", "-i", address, "-cgi", "%d:%d" % (record["giProfile"], start)]
+                         + (["-C"] if compute_instance else []), "mig -cgi %d:%d" % (record["giProfile"], start))
+    said = _CREATED.search(out or "")
+    if said and int(said.group(1)) not in record["before"]:
+        # the ID nvidia-smi names (MIG user guide wording); Prepare checks the VF's gpu_instance_id against it
+        record["gi"] = int(said.group(1))
+        note()
+        return mig.GpuInstance(record["gi"], record["giProfile"], "", start, size)
+    found = find_created(smi, address, record)     # another wording: list the GIs again
     if found is None:
         raise LayoutError("GPU %s: after nvidia-smi mig -cgi %d:%d no new GPU instance is at %d:%d"
                           % (address, record["giProfile"], start, start, size))

@@ -75,7 +75,7 @@ def claim_time_preparer(make_engine):
     probe and the holder sources) once, right before its type is written, never by a /proc walk per candidate."""
     engine = make_engine()
     return ClaimTimePreparer(engine.sysfs, lambda: make_engine().in_use, pod_allocations.record_path(engine.kubelet_dir),
-                             runner=engine.runner)   # nvidia-smi for MIG-backed placements (claim_time_mig.py)
+                             runner=getattr(engine, "runner", None))   # nvidia-smi: MIG-backed placements (claim_time_mig.py)
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed
