@@ -74,8 +74,12 @@ def claim_time_preparer(make_engine):
     node lock (the VFs' groups and VFIO identities) read once, the chosen VF asked the O(1) way (its group's EBUSY
     probe and the holder sources) once, right before its type is written, never by a /proc walk per candidate."""
     engine = make_engine()
-    return ClaimTimePreparer(engine.sysfs, lambda: make_engine().in_use, pod_allocations.record_path(engine.kubelet_dir),
-                             runner=getattr(engine, "runner", None))   # nvidia-smi: MIG-backed placements (claim_time_mig.py)
+    preparer = ClaimTimePreparer(engine.sysfs, lambda: make_engine().in_use,
+                                 pod_allocations.record_path(engine.kubelet_dir),
+                                 runner=getattr(engine, "runner", None))   # nvidia-smi: MIG-backed placements
+    if preparer.mig is not None and getattr(engine, "mig_options", None) is not None:
+        preparer.mig.compute_instances = engine.mig_options.compute_instances    # as the layout's GIs (mig.MigOptions)
+    return preparer
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed

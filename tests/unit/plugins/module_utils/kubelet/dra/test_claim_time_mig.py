@@ -58,10 +58,10 @@ class Env:
         self.result = vgpu_apply.apply(self.engine, vgpu_layout.from_document(DOC, "default"))
         return claim_time.offers(self.engine.sysfs, self.result["claim_time"])
 
-    def start(self):
+    def start(self, boot_id=None):
         sysfs = self.engine.sysfs
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
-                           self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id)
+                           self.plugin_dir, self.cdi_dir, boot_id=boot_id or self.engine.boot_id)
         driver.claim_time = ClaimTimePreparer(sysfs, self.engine.begin, runner=CommandRunner())
         driver.claim_time.update(self.offers)
         return driver
@@ -325,3 +325,19 @@ def test_a_vgpu_the_driver_puts_on_a_gi_we_did_not_create_is_cleared_and_that_gi
     assert "landed on GPU instance %d, not on GPU instance" % theirs.gi_id in answer.error
     assert e.gis() == [theirs] and all(e.current(vf) == 0 for vf in e.node.vfs(PF))
     assert checkpoint.Checkpoint(e.plugin_dir).claims == {}
+
+
+def test_after_a_reboot_a_gi_at_the_claims_old_placement_and_id_is_not_adopted_nor_destroyed(env):
+    e = env()
+    one = e.add(UIDS[3], name("H100-3-40C", 0))
+    assert e.driver.prepare([one])[UIDS[3]].error == ""
+    [old] = e.gis()
+    e.node.ctl("reboot")     # GIs, VFs and MIG mode are gone; the kubelet prepares its claims again
+    vgpu_apply.apply(e.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
+    e.node.ctl("mig", PF, "1")
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "9:0", "-C"], "operator")    # same profile, placement and ID as ours was
+    [theirs] = e.gis()
+    assert (theirs.gi_id, theirs.start) == (old.gi_id, old.start)
+    e.driver = e.start(boot_id="the-next-boot")
+    assert "placement 0:4 is taken by GPU instance %d" % theirs.gi_id in e.driver.prepare([one])[UIDS[3]].error
+    assert e.driver.unprepare([one]) == {UIDS[3]: ""} and e.gis() == [theirs]
