@@ -124,18 +124,23 @@ def run(args):
     return result
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.claim_time", description=__doc__.split("\n\n")[1])
+def cli(argv, module, measure, name):
+    """`python -m tests.bench.<name> [--gpus N] [--runs N] [--out DIR]`: `measure(args)` written to <out>/<name>.json."""
+    parser = argparse.ArgumentParser(prog="python -m tests.bench." + name, description=module.__doc__.split("\n\n")[1])
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
-    result = run(args)
+    result = measure(args)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "claim_time.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / (name + ".json")).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
+
+
+def main(argv=None):
+    return cli(argv, sys.modules[__name__], run, "claim_time")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,8 @@ Python process reading the simulator's state: an upper bound). Writes <out>/clai
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import pathlib
 import shutil
 import sys
 import tempfile
@@ -35,7 +33,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver i
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
-from ansible_collections.accelops.vgpu.tests.bench.claim_time import claim, limits
+from ansible_collections.accelops.vgpu.tests.bench.claim_time import claim, cli, limits
 from ansible_collections.accelops.vgpu.tests.bench.dra import latency
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import NODE, NodeRunner
 
@@ -113,17 +111,7 @@ def run(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.claim_time_mig", description=__doc__.split("\n\n")[1])
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--out", default="bench-results")
-    args = parser.parse_args(argv)
-    result = run(args)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "claim_time_mig.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return 0
+    return cli(argv, sys.modules[__name__], run, "claim_time_mig")
 
 
 if __name__ == "__main__":

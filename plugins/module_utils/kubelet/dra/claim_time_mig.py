@@ -151,9 +151,9 @@ class MigSteps:
         landed = claim_time_mig.landed_on(self.sysfs, device.address)
         if landed != record.get("gi"):
             raise ClaimError("%s: VF %s of GPU %s: its %s vGPU landed on GPU instance %s, not on GPU instance %s "
-                             "this claim created at %d:%d" % (ref, device.address, device.parent_gpu, device.profile,
-                                                               landed, record.get("gi"), record["start"],
-                                                               record["size"]))
+                             "this claim created at %d:%d" % (
+                                 ref, device.address, device.parent_gpu, device.profile, landed, record.get("gi"),
+                                 record["start"], record["size"]))
 
     def destroy(self, record):
         """None when the claim's GI is gone or destroyed, else why it stays (never another GI)."""

@@ -141,8 +141,8 @@ def test_a_placement_an_operators_gi_overlaps_is_not_offered_refused_at_prepare_
 def test_eight_h100_fit_the_limits_and_the_slices_are_valid_against_the_schemas(monkeypatch):
     monkeypatch.setattr(devices, "pcie_root", lambda sysfs, address: "pci0000:%s" % address[5:7])
     monkeypatch.setattr(devices, "numa_node", lambda sysfs, address: 0)
-    gpu = {"address": PF, "model": "H100", "vfs": 32, "mig": {"memory_slices": 8, "compute_slices": 7,
-                                                               "limits": {"20": 1}}, "profiles": []}
+    gpu = {"address": PF, "model": "H100", "vfs": 32, "profiles": [],
+           "mig": {"memory_slices": 8, "compute_slices": 7, "limits": {"20": 1}}}
     shapes = [("H100-1-10C", 19, 1, 1, range(7)), ("H100-1-10CME", 20, 1, 1, range(7)),
               ("H100-1-20C", 15, 1, 2, (0, 2, 4, 6)), ("H100-2-20C", 14, 2, 2, (0, 2, 4)),
               ("H100-3-40C", 9, 3, 4, (0, 4)), ("H100-4-40C", 5, 4, 4, (0,)), ("H100-7-80C", 0, 7, 8, (0,))]
@@ -243,8 +243,8 @@ def _smi_args(args):
 
 PREPARE_STEPS = {   # point -> (object, attribute, when): the step just taken when the process dies
     "recorded": (checkpoint.Checkpoint, "save", lambda cp: any("before" not in m for m in _mig_of(cp))),
-    "before-noted": (checkpoint.Checkpoint, "save", lambda cp: any(m.get("before") is not None and m.get("gi") is None
-                                                                  for m in _mig_of(cp))),
+    "before-noted": (checkpoint.Checkpoint, "save",
+                     lambda cp: any(m.get("before") is not None and m.get("gi") is None for m in _mig_of(cp))),
     "gi-created": (mig.Smi, "run", lambda *a, **k: "-cgi" in _smi_args(a)),
     "gi-noted": (checkpoint.Checkpoint, "save", lambda cp: any(m.get("gi") for m in _mig_of(cp))),
     "typed": (vgpu_writer.VgpuWriter, "set_type", lambda *a, **k: True),
