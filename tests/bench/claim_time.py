@@ -64,6 +64,28 @@ def limits(bodies):
         assert all(len(d.get("attributes") or {}) + len(d.get("capacity") or {}) <= 32 for d in devices)
 
 
+def rounds(driver, refs, runs, prepared, unprepared=lambda: None):
+    """`runs` times: every claim prepared, one per call, `prepared()` (raises when the node is not as it should be),
+    every claim unprepared, `unprepared()`; ([prepare s], [unprepare s]). A claim's error raises RuntimeError."""
+    prepare, unprepare = [], []
+    for dummy in range(runs):
+        for ref in refs:
+            start = time.perf_counter()
+            answer = driver.prepare([ref])[ref.uid]
+            prepare.append(time.perf_counter() - start)
+            if answer.error:
+                raise RuntimeError(answer.error)
+        prepared()
+        for ref in refs:
+            start = time.perf_counter()
+            error = driver.unprepare([ref])[ref.uid]
+            unprepare.append(time.perf_counter() - start)
+            if error:
+                raise RuntimeError(error)
+        unprepared()
+    return prepare, unprepare
+
+
 def run(args):
     work = tempfile.mkdtemp(prefix="p9-", dir="/tmp")
     result = {"gpus": args.gpus, "profiles": PROFILES}
@@ -97,24 +119,13 @@ def run(args):
                                               cache_dir=work, kubelet_dir=work))
             driver.claim_time.update(items)
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]
-            prepare, unprepare = [], []
-            for dummy in range(args.runs):
-                for ref in refs:
-                    start = time.perf_counter()
-                    answer = driver.prepare([ref])[ref.uid]
-                    prepare.append(time.perf_counter() - start)
-                    if answer.error:
-                        raise RuntimeError(answer.error)
+
+            def check_typed():
                 typed = [vf for gpu in applied["claim_time"] for vf in gpu_node.vfs(gpu["address"])
                          if int(gpu_node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf)) == 1153]
                 if len(typed) != len(refs):
                     raise RuntimeError("%d VFs typed L40S-12Q for %d claims" % (len(typed), len(refs)))
-                for ref in refs:
-                    start = time.perf_counter()
-                    error = driver.unprepare([ref])[ref.uid]
-                    unprepare.append(time.perf_counter() - start)
-                    if error:
-                        raise RuntimeError(error)
+            prepare, unprepare = rounds(driver, refs, args.runs, check_typed)
             result["prepare_with_type_write"] = latency(prepare)
             result["unprepare_clearing_type"] = latency(unprepare)
             result["target_p99_ms"] = TARGET_P99_MS

@@ -21,7 +21,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 from gpusim.testing import GpuSimNode
 
@@ -33,7 +32,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver i
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, mig, vgpu_apply, vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
-from ansible_collections.accelops.vgpu.tests.bench.claim_time import claim, cli, limits
+from ansible_collections.accelops.vgpu.tests.bench.claim_time import claim, cli, limits, rounds
 from ansible_collections.accelops.vgpu.tests.bench.dra import latency
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import NODE, NodeRunner
 
@@ -82,24 +81,15 @@ def run(args):
             driver.claim_time.update(items)
             smi = mig.Smi(NodeRunner(gpu_node))
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]
-            prepare, unprepare = [], []
-            for dummy in range(args.runs):
-                for ref in refs:
-                    start = time.perf_counter()
-                    answer = driver.prepare([ref])[ref.uid]
-                    prepare.append(time.perf_counter() - start)
-                    if answer.error:
-                        raise RuntimeError(answer.error)
+
+            def placed():
                 if _gis(smi, gpus) != expected:
                     raise RuntimeError("GIs after prepare: %s, expected %s" % (sorted(_gis(smi, gpus)), sorted(expected)))
-                for ref in refs:
-                    start = time.perf_counter()
-                    error = driver.unprepare([ref])[ref.uid]
-                    unprepare.append(time.perf_counter() - start)
-                    if error:
-                        raise RuntimeError(error)
+
+            def gone():
                 if _gis(smi, gpus):
                     raise RuntimeError("GIs left after unprepare: %s" % sorted(_gis(smi, gpus)))
+            prepare, unprepare = rounds(driver, refs, args.runs, placed, gone)
             result["prepare_gi_created_vf_typed"] = latency(prepare)
             result["unprepare_gi_destroyed"] = latency(unprepare)
             result["targets"] = {"prepare_p99_ms": TARGET_PREPARE_P99_MS, "unprepare_p99_ms": TARGET_UNPREPARE_P99_MS}
