@@ -52,16 +52,13 @@ def device_name(profile, address, start):
 
 
 @dataclass(frozen=True)
-class MigCounterSet:
-    """One MIG claim-time GPU's counters (a `spec.sharedCounters[]` entry)."""
+class MigCounterSet(claim_time.CounterSet):
+    """One MIG claim-time GPU's counters (a `spec.sharedCounters[]` entry); a CounterSet, so whatever knows a
+    claim-time GPU by its counter set (claim_time.gpus_of, agent_plugin._still_used) knows this one."""
 
-    name: str
-    gpu: str
-    memory_slices: int
-    compute_slices: int
+    memory_slices: int = mig.MEMORY_SLICES
+    compute_slices: int = mig.COMPUTE_SLICES
     limits: tuple = ()              # ((GI profile ID, instances), ...)
-
-    shared_counters = True          # slices.py puts these in counter slices
 
     def counters(self):
         found = {MEMORY_SLICE % index: 1 for index in range(self.memory_slices)}
@@ -114,8 +111,8 @@ def offers(sysfs, gpu):
     address, facts = gpu["address"], gpu["mig"]
     limits = {int(profile): count for profile, count in (facts.get("limits") or {}).items()}
     root, numa = dra_devices.pcie_root(sysfs, address), dra_devices.numa_node(sysfs, address)
-    found = [MigCounterSet(claim_time.counter_set_name(address), address, facts["memory_slices"],
-                           facts["compute_slices"], tuple(sorted(limits.items())))]
+    found = [MigCounterSet(claim_time.counter_set_name(address), address, memory_slices=facts["memory_slices"],
+                           compute_slices=facts["compute_slices"], limits=tuple(sorted(limits.items())))]
     for offer in gpu.get("profiles") or ():
         for start in offer["starts"]:
             found.append(PlacementDevice(

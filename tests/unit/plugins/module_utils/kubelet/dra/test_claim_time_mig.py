@@ -138,9 +138,13 @@ def test_a_placement_an_operators_gi_overlaps_is_not_offered_refused_at_prepare_
     assert e.driver.unprepare([one]) == {UIDS[0]: ""} and e.gis() == [theirs]
 
 
-def test_eight_h100_fit_the_limits_and_the_slices_are_valid_against_the_schemas(monkeypatch):
+@pytest.fixture
+def no_sysfs(monkeypatch):
     monkeypatch.setattr(devices, "pcie_root", lambda sysfs, address: "pci0000:%s" % address[5:7])
     monkeypatch.setattr(devices, "numa_node", lambda sysfs, address: 0)
+
+
+def test_eight_h100_fit_the_limits_and_the_slices_are_valid_against_the_schemas(no_sysfs):
     gpu = {"address": PF, "model": "H100", "vfs": 32, "profiles": [],
            "mig": {"memory_slices": 8, "compute_slices": 7, "limits": {"20": 1}}}
     shapes = [("H100-1-10C", 19, 1, 1, range(7)), ("H100-1-10CME", 20, 1, 1, range(7)),
@@ -341,3 +345,11 @@ def test_after_a_reboot_a_gi_at_the_claims_old_placement_and_id_is_not_adopted_n
     e.driver = e.start(boot_id="the-next-boot")
     assert "placement 0:4 is taken by GPU instance %d" % theirs.gi_id in e.driver.prepare([one])[UIDS[3]].error
     assert e.driver.unprepare([one]) == {UIDS[3]: ""} and e.gis() == [theirs]
+
+
+def test_a_mig_gpu_whose_placements_are_all_taken_is_still_known_as_claim_time_by_its_counter_set(no_sysfs):
+    gpu = {"address": PF, "model": "H100", "vfs": 32, "mig": {"memory_slices": 8, "compute_slices": 0, "limits": {}},
+           "profiles": [{"profile": "H100-7-80C", "type_name": "NVIDIA H100-7-80C", "type_id": 1124,
+                         "size_mib": 81920, "gi_profile": 0, "compute": 7, "size": 8, "starts": []}]}
+    items = claim_time.offers(None, [gpu])
+    assert [type(i).__name__ for i in items] == ["MigCounterSet"] and claim_time.gpus_of(items) == {PF}
