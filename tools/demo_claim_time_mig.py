@@ -35,10 +35,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_ti
     ClaimTimePreparer)
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver  # noqa: E402
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import (  # noqa: E402
-    claim_holders, claim_time_mig as node_mig, facts, mig, vgpu_apply, vgpu_layout)
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration  # noqa: E402
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import (  # noqa: E402
+    claim_time_mig as node_mig, facts, mig, vgpu_apply)
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner  # noqa: E402
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DraAllocator, Unallocatable  # noqa: E402
 

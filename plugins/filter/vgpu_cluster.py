@@ -76,7 +76,7 @@ from ansible.errors import AnsibleFilterError
 
 def profile_resource(profile):
     """A resource dict like vgpu_profile's from {type_name, pci_vendor_selector[, framework]}."""
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import resource_name, short_name
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.vgpu_types import resource_name, short_name
     type_name = str(profile["type_name"]).strip()
     out = {"profile": short_name(type_name), "type_name": type_name, "resource_name": resource_name(type_name),
            "pci_vendor_selector": str(profile["pci_vendor_selector"]).upper(),

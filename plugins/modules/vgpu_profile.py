@@ -450,8 +450,9 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
-    boot_entries, boot_files, boot_unit, boot_unit_file, handover, mig, vgpu_apply, vgpu_layout)
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import mig, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.boot import boot_entries, boot_files, boot_unit, boot_unit_file, handover
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, addresses, engine_errors, exit_with_diff, node_argspec)
 

@@ -29,9 +29,11 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import s
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import NodeView
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, mig, vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, mig, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.bench.claim_time import claim, cli, limits, rounds
 from ansible_collections.accelops.vgpu.tests.bench.dra import latency
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import NODE, NodeRunner

@@ -50,18 +50,21 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent.http_endpoint 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.telemetry import Telemetry, node_vgpu_counts
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, handover, pod_allocations
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV, node_lock
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.boot import handover
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import LOCK_KEY_ENV, node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.roots import check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import profiles_in_use
 
 COMPONENT = "accelops-vgpu-agent"
 EVENT_FAILED, EVENT_APPLIED = "VGPUConfigFailed", "VGPUConfigApplied"
 EVENT_MANAGER_RESTART = "VGPUManagerRestarted"
-EVENT_SKIPPED = "VGPUPassthroughSkipped"    # GPUs passed through that the layout leaves alone (node/pf_driver.py)
+EVENT_SKIPPED = "VGPUPassthroughSkipped"    # GPUs passed through that the layout leaves alone (node/holders/pf_driver.py)
 CONFLICT_RETRIES = 5
 HOLDER_POLL = 2.0   # seconds between checks of the holders a refused layout named
 DESCRIPTION = ("Reconcile this node's vGPU layout with its nvidia.com/vgpu.config label (vgpu-device-manager's "
@@ -412,7 +415,7 @@ class Agent:
         return found
 
     def hand_over_to_boot(self, name):
-        """The boot unit and the vGPU manager image re-apply what this agent last applied (node/handover.py):
+        """The boot unit and the vGPU manager image re-apply what this agent last applied (node/boot/handover.py):
         the config goes to the hand-over file after each success. A failure to write is logged, never fatal."""
         path = self.settings.handover_file
         if not path:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
 
 
 class ConfigSource:
@@ -64,7 +65,7 @@ class ConfigSource:
         return vgpu_layout.from_document(document, selected, self.path)
 
     def claim_time(self):
-        """The file's claim-time Declaration (node/claim_time_layout.py; empty when it declares none)."""
+        """The file's claim-time Declaration (node/engine/claim_time_layout.py; empty when it declares none)."""
         if self.error:
             raise vgpu_layout.LayoutError(self.error)
         return claim_time_layout.declaration(vgpu_layout.load_document(self.text, self.path), self.path)

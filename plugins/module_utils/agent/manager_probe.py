@@ -14,7 +14,7 @@ apply set; an mdev: its directory under `bus/mdev/devices` must still exist). Ev
 (MANAGER_PROBE_INTERVAL, 5 s: two reads per GPU per 10 s) `check()` reads each sentinel once and returns
 the GPUs whose sentinel changed, or is gone; the agent then re-applies at once and reports it. GPUs
 without vGPUs cost nothing: there is nothing a restart could take from them.
-Claim-time GPUs (node/claim_time_layout.py) get no vGPU from the apply; their VFs are typed by the DRA driver's
+Claim-time GPUs (node/engine/claim_time_layout.py) get no vGPU from the apply; their VFs are typed by the DRA driver's
 Prepare between reconciles. `claimed()` (the agent wires the DRA plugin's `claim_time_vfs`) names, per claim-time
 GPU, the VFs of prepared claims and the types they were prepared with, asked at every check (claims come and go
 between reconciles). One of them per GPU is its sentinel, one read per check; `arm` reads each once and passes over
@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
 
 VFIO_TYPE = "bus/pci/devices/%s/nvidia/current_vgpu_type"
 MDEV_DIR = "bus/mdev/devices/%s"

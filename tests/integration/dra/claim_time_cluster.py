@@ -16,9 +16,11 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_ti
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import NODE, NODE_UID, client, dra_state
 

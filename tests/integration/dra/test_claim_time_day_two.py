@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, claim_time
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DraAllocator, Unallocatable
 from ansible_collections.accelops.vgpu.tests.integration.dra.claim_time_cluster import (
     CLAIMS, VGPU_CLASS, ClaimTimeNode, api_call, cluster_state, create, document, listed, ref)

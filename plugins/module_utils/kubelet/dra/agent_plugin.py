@@ -57,7 +57,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publishe
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_keeper import SliceKeeper
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, facts, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout, facts
 
 
 def node_view(make_engine, serves=None):
@@ -100,7 +101,7 @@ SERVE_WITHOUT_INVENTORY = 20.0
 class VgpuDraPlugin:
     def __init__(self, settings, api, make_engine, node_lock, log, watch_interval=1.0, clock=time.monotonic,
                  serves=None, serve_without_inventory=SERVE_WITHOUT_INVENTORY):
-        """`node_lock(timeout)`: the node's apply lock (node/node_lock.py), waited for at most `timeout` s."""
+        """`node_lock(timeout)`: the node's apply lock (node/holders/node_lock.py), waited for at most `timeout` s."""
         self.settings, self.api, self.make_engine, self.log = settings, api, make_engine, log
         self.paths = KubeletPaths(settings.kubelet_dir)
         self.publisher = SlicePublisher(api, settings.node_name)
@@ -352,7 +353,7 @@ class VgpuDraPlugin:
         self.pool_settled = not used
 
     def _recorded_claim_time(self):
-        """The GPUs the last apply recorded as claim-time (node/claim_time_layout.py's modes file); None when the
+        """The GPUs the last apply recorded as claim-time (node/engine/claim_time_layout.py's modes file); None when the
         record cannot be read (then no fixed device is offered: a prepared claim-time VF must not be offered twice)."""
         try:
             return set(claim_time_layout.read_modes(claim_time_layout.modes_path(self.settings.kubelet_dir)))

@@ -4,7 +4,7 @@
 """MIG-backed vGPUs placed at claim time (issue 42.2) as DRA devices, and their Prepare / Unprepare steps.
 
 The shape is NVIDIA's DynamicMIG for containers (dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin partitions.go,
-docs/guides/gpu-allocation/mig.md), for vGPU; node/claim_time_mig.py reads what the GPU offers. Per MIG claim-time
+docs/guides/gpu-allocation/mig.md), for vGPU; node/engine/claim_time_mig.py reads what the GPU offers. Per MIG claim-time
 GPU:
 - one counter set `gpu-<address>` (in a counter slice, like every claim-time GPU's) with `memory-slice-<i>` = 1
   for each of the GPU's memory slices, `compute-slices` = the compute slices no foreign GI takes, and
@@ -25,12 +25,12 @@ claim's checkpoint record (`mig` of the device record) BEFORE it is taken:
    start, size};
 2. `before` = the GI IDs that exist now, then `nvidia-smi mig -i <PF> -cgi <ID>:<start> [-C]`, then `gi` = the new
    GI (found at that profile and start, not in `before`);
-3. the type written to the VF (node/vgpu_writer.py, the one writer) and read back;
+3. the type written to the VF (node/engine/vgpu_writer.py, the one writer) and read back;
 4. `nvidia/gpu_instance_id` of the VF must be our GI (the driver picks the GI itself: a free GI of the same
    profile that is not ours could take the vGPU): otherwise the type is cleared and the claim fails;
 5. CDI, metadata, PrepareCompleted (driver.py).
 Unprepare / a failed Prepare / a stale record: clear the VF's type when nothing but the claim holds it, then
-destroy the recorded GI (compute instance first) when it is still ours (node/claim_time_mig.is_ours); a GI the
+destroy the recorded GI (compute instance first) when it is still ours (node/engine/claim_time_mig.is_ours); a GI the
 claim did not create is never destroyed. A VF that keeps its type (held) keeps its GI.
 """
 
@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_mig, mig, vgpu_types
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_mig, mig
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
 
 MEMORY_SLICE, COMPUTE, LIMITED = "memory-slice-%d", "compute-slices", "gi-profile-%d"
 
@@ -102,7 +103,7 @@ class PlacementDevice(claim_time.ProfileDevice):
         return entry
 
     def record(self):
-        """The static part of the claim's `mig` record (node/claim_time_mig.py)."""
+        """The static part of the claim's `mig` record (node/engine/claim_time_mig.py)."""
         return {"gpu": self.gpu, "giProfile": self.gi_profile, "start": self.start, "size": self.size}
 
 

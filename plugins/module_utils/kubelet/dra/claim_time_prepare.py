@@ -14,7 +14,7 @@ The DRA driver (driver.py) calls this under the node lock (the one every layout 
 3. `write(device)`: right before the write, and only there, the VF is asked of the in-use engine (its group's
    EBUSY probe and every holder source: VFIO group users, prepared claims, kubelet allocations); one held by
    anything but this claim raises VfHeld with nothing written (the driver records the next candidate and tries
-   that); else the type is written and read back, by the node's vGPU writer (node/vgpu_writer.py, which also
+   that); else the type is written and read back, by the node's vGPU writer (node/engine/vgpu_writer.py, which also
    orders the write against a device plugin Allocate). A VF that has the type already
    (adopted) is not written and not asked;
 4. the driver writes the CDI spec and the KEP-5304 metadata (`resource.kubernetes.io/pciBusID`: the VF).
@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, claim_time_mig
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import VgpuDevice
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, vgpu_types
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuHeld, VgpuWriteError, VgpuWriter
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DraDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.pci import PciDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuHeld, VgpuWriteError, VgpuWriter
 
 
 class VfHeld(ClaimError):
@@ -59,7 +60,7 @@ class ClaimTimePreparer:
         return self.in_use
 
     def _writer(self):
-        """This prepare's vGPU writer (node/vgpu_writer.py): its re-check is the in-use engine's."""
+        """This prepare's vGPU writer (node/engine/vgpu_writer.py): its re-check is the in-use engine's."""
         if self.in_use is None:
             self.begin()
         return VgpuWriter(self.sysfs, self.in_use.recheck, self.record)
@@ -72,7 +73,7 @@ class ClaimTimePreparer:
         return name in self.devices
 
     def choose(self, ref, name, earlier=None, taken=()):
-        """The VgpuDevice (named as allocated, its address the chosen VF) for device `name` of claim `ref`.
+        """The DraDevice (named as allocated, its address the chosen VF) for device `name` of claim `ref`.
 
         `earlier`: this claim's checkpoint record of that device from an earlier, unfinished prepare;
         `taken`: VFs other devices of this call or other prepared claims have, and VFs found held at the write.
@@ -122,10 +123,10 @@ class ClaimTimePreparer:
 
     @staticmethod
     def _device(name, offer, vf):
-        return VgpuDevice(name=name, framework=claim_time.FRAMEWORK, address=vf, parent_gpu=offer.gpu,
-                          profile=offer.profile, type_name=offer.type_name, type_id=offer.type_id,
-                          pcie_root=offer.pcie_root, numa_node=offer.numa_node, product=offer.product,
-                          framebuffer_mib=offer.size_mib)
+        return DraDevice(name=name, framework=claim_time.FRAMEWORK, address=vf, parent_gpu=offer.gpu,
+                         profile=offer.profile, type_name=offer.type_name, type_id=offer.type_id,
+                         pcie_root=offer.pcie_root, numa_node=offer.numa_node, product=offer.product,
+                         framebuffer_mib=offer.size_mib)
 
     def write(self, ref, device, note=None):
         """Type the chosen VF (nothing to do when it has the type already) and read it back; VfHeld, nothing

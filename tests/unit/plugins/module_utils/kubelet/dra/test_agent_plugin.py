@@ -12,8 +12,8 @@ from dra_node import L40S, build, node_facts
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices, slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.fakes import kube_api_rules as rules
 
 NODE = "gpu-node-1"
@@ -159,7 +159,7 @@ def test_the_api_is_asked_only_when_something_changed_after_an_error_or_at_the_f
 
 
 def test_a_claim_time_gpu_is_published_as_profile_devices_and_a_counter_set_never_as_its_vfs(plugin):
-    """The apply result's claim_time (node/claim_time_layout.py): the GPU's typed VFs are Prepare's, not fixed devices;
+    """The apply result's claim_time (node/engine/claim_time_layout.py): the GPU's typed VFs are Prepare's, not fixed devices;
     the failed reconcile after it keeps both apart too."""
     result = apply_result(plugin.node)
     result["gpus"] = []    # the reconcile left the claim-time GPU out

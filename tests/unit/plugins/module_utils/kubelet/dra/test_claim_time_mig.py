@@ -13,11 +13,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import c
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices, metadata, slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, mig, vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_mig as node_mig
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_writer
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, mig, vgpu_apply, vgpu_writer
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_mig as node_mig
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DraAllocator, Unallocatable
 

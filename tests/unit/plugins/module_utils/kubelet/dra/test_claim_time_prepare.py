@@ -11,10 +11,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import K
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, checkpoint, claim_time, devices, metadata
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, inuse, vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 
 NODE = "gpu-node-1"
