@@ -103,8 +103,8 @@ def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
             "p9": {"gpus": 8, "profiles": ["L40S-12Q"] * 5, "published": {"slices": 2, "counter_sets": 8, "devices": 40},
                    "prepare_with_type_write": latency, "unprepare_clearing_type": latency, "target_p99_ms": 100.0,
                    "met": False},
-            "p11": {"gpus": 8, "profiles": ["H100-1-10C"] * 7, "published": {"slices": 5, "counter_sets": 8,
-                                                                              "devices": 200},
+            "p11": {"gpus": 8, "profiles": ["H100-1-10C"] * 7,
+                    "published": {"slices": 5, "counter_sets": 8, "devices": 200},
                     "prepare_gi_created_vf_typed": latency, "unprepare_gi_destroyed": latency,
                     "targets": {"prepare_p99_ms": 1000.0, "unprepare_p99_ms": 2000.0}, "met": True}}})
     lines = dict((line.split("|")[1].strip(), line) for line in text.splitlines() if line.startswith("| P"))

@@ -253,8 +253,8 @@ def create_instances(snapshot, pairs, items, with_ci):
                 return 2
             before = {gi["id"] for gi in _gpu(gpu["address"])["gis"]}
             try:
-                control("gi-create %s %d %d%s" % (gpu["address"], profile_id, 1 if with_ci else 0,
-                                                   " " + start if start else ""))
+                at = " " + start if start else ""
+                control("gi-create %s %d %d%s" % (gpu["address"], profile_id, 1 if with_ci else 0, at))
             except OSError as exc:
                 print("Unable to create a GPU instance on GPU %2d using profile %s: %s" % (index, item, _reason(exc)))
                 return 1
