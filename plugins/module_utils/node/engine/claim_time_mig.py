@@ -76,7 +76,8 @@ def offers(smi, view, allow, records):
     """(mig facts, [offer]) of a claim-time GPU in MIG mode, or (None, []) with a warning string when it is not.
 
     mig facts: {memory_slices, compute_slices, limits {GI profile ID: instances}} after what foreign GIs take;
-    offer: {profile, type_name, type_id, size_mib, gi_profile, compute, size, starts [free placements]}."""
+    offer: {profile, type_name, type_id, size_mib, gi_profile, compute, size, starts [free placements],
+    max_instances (of this type alone: its free placements, at most what the driver allows)}."""
     address = view.gpu.address
     mode = smi.mode(address)
     if not mode:
@@ -111,7 +112,7 @@ def offers(smi, view, allow, records):
         gib = vgpu_types.parse_profile(found.name).size_gb
         result.append({"profile": found.short, "type_name": found.name, "type_id": found.type_id,
                        "size_mib": gib * 1024, "gi_profile": mig_type.gi_profile, "compute": cores, "size": size,
-                       "starts": free})
+                       "starts": free, "max_instances": min(len(free), total - taken)})
     facts = {"memory_slices": mig.MEMORY_SLICES, "compute_slices": max(compute, 0),
              "limits": {str(k): v for k, v in sorted(limits.items())}}
     return facts, result, None

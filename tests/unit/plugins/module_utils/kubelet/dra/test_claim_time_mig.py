@@ -354,3 +354,11 @@ def test_a_mig_gpu_whose_placements_are_all_taken_is_still_known_as_claim_time_b
                          "size_mib": 81920, "gi_profile": 0, "compute": 7, "size": 8, "starts": []}]}
     items = claim_time.offers(None, [gpu])
     assert [type(i).__name__ for i in items] == ["MigCounterSet"] and claim_time.gpus_of(items) == {PF}
+
+
+def test_the_node_cli_says_what_a_mig_claim_time_gpu_offers(env, capsys):
+    from ansible_collections.accelops.vgpu.plugins.module_utils import node_cli   # pylint: disable=import-outside-toplevel
+    e = env()
+    node_cli._print_apply(e.result, True)    # pylint: disable=protected-access
+    out = capsys.readouterr().out
+    assert "offers H100-1-10C (up to 7), H100-1-10CME (up to 1), H100-1-20C (up to 4)" in out
