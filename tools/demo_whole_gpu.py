@@ -37,6 +37,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver i
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.kubelet_holders import node_holders  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner  # noqa: E402
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import VmiController  # noqa: E402
@@ -74,10 +76,6 @@ class WholeScene(Scene):
                                             "/proc", cache_dir=args.work, kubelet_dir=self.engine.kubelet_dir)
         self.gpu = None
 
-    def make_engine(self):
-        return vgpu_apply.NodeEngine(self.sysfs, CommandRunner(), os.path.join(self.args.sys, ".gpusim", "dev"),
-                                     "/proc", cache_dir=self.args.work, kubelet_dir=self.engine.kubelet_dir)
-
     def state(self):
         base = os.path.join(self.args.sys, "bus", "pci", "devices", self.gpu)
         with open(os.path.join(base, "sriov_numvfs"), encoding="utf-8") as handle:
@@ -111,11 +109,12 @@ class WholeScene(Scene):
 
     def driver_for(self):
         """The DRA driver as the agent wires it: profile devices and whole GPUs."""
+        holders = node_holders(self.sysfs, self.engine.dev_root, self.engine.proc_root, self.engine.kubelet_dir)
         driver = DraDriver(self.node, lambda ns, name: self.client.get_resource_claim(ns, name, timeout=10),
                            NodeView(self.sysfs, lambda: facts.gather(self.sysfs, {})), self.plugin_dir, self.cdi_dir,
-                           boot_id="demo")
-        driver.claim_time = ClaimTimePreparer(self.sysfs, self.engine.begin)
-        driver.whole = whole_gpu.WholeGpuPreparer(self.sysfs, self.make_engine)
+                           boot_id="demo", claim_time=ClaimTimePreparer(self.sysfs, holders),
+                           whole=whole_gpu.WholeGpuPreparer(self.sysfs, holders, CommandRunner(),
+                                                            pod_allocations.record_path(self.engine.kubelet_dir)))
         for preparer in (driver.claim_time, driver.whole):
             preparer.update(self.offers)
         return driver

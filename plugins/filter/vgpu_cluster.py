@@ -71,7 +71,7 @@ from ansible.errors import AnsibleFilterError
 
 # The engine is imported when the filter runs, not with this file: ansible-core loads every filter file of
 # the collection in each forked worker that uses any accelops.vgpu filter (the node play's vdm_document on
-# every host), and this file's imports were most of that cost (issue 34, P4b).
+# every host), and importing the engine with this file would be most of that cost (issue 34, P4b).
 
 
 def profile_resource(profile):

@@ -4,7 +4,7 @@
 """The one table of known NVIDIA GPU PCI IDs and their model names.
 
 Source: NVIDIA/vgpu-device-manager `examples/config-example.yaml` (`default` config, device filters
-`0x<device><vendor>`) at acb7270, cross-checked as noted in the domain brief section 9
+`0x<device><vendor>`) at acb7270, cross-checked against
 (L40S: public `lspci` output; H200 SXM: gpu-operator#2594; RTX PRO 6000: cubecos#312; A2: the
 harvester/pcidevices fixture). On NVIDIA SR-IOV GPUs a VF reports its PF's ID, so the table names
 VFs too. A2 and A16 share 0x25b6 and cannot be told apart by ID.

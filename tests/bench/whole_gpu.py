@@ -31,7 +31,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.kubelet_holders import node_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
 from ansible_collections.accelops.vgpu.tests.bench.claim_time import limits
@@ -61,10 +62,8 @@ def run(args):
     result = {"gpus": args.gpus}
     try:
         with GpuSimNode("l40s:%d" % args.gpus) as gpu_node:
-            def make_engine():
-                return vgpu_apply.NodeEngine(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
-                                             cache_dir=work, kubelet_dir=work)
-            engine = make_engine()
+            engine = vgpu_apply.NodeEngine(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
+                                           cache_dir=work, kubelet_dir=work)
             vgpu_apply.apply(engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True, lock_timeout=60)
             doc = {"layout": [{"device_filter": "0x1234ABCD", "profiles": {}}],
                    "claim_time": [{"devices": "all", "profiles": ["L40S-24Q", "L40S-12Q"], "whole_gpu": True}]}
@@ -83,8 +82,10 @@ def run(args):
                 refs.append((device.gpu, ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"])))
             driver = DraDriver(NODE, lambda ns, name: json.loads(json.dumps(objects[ns, name])),
                                NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {})),
-                               claim_holders.plugin_dir(work), os.path.join(work, "cdi"), boot_id="bench")
-            driver.whole = whole_gpu.WholeGpuPreparer(engine.sysfs, make_engine)   # as agent_plugin wires it
+                               claim_holders.plugin_dir(work), os.path.join(work, "cdi"), boot_id="bench",
+                               whole=whole_gpu.WholeGpuPreparer(   # as agent_plugin wires it
+                                   engine.sysfs, node_holders(engine.sysfs, gpu_node.dev_root, "/proc", work),
+                                   NodeRunner(gpu_node), pod_allocations.record_path(work)))
             driver.whole.update(items)
             prepare, unprepare = [], []
             for dummy in range(args.runs):

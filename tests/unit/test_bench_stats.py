@@ -48,7 +48,7 @@ def test_defaults_full_and_quick(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     full = parse_args([])
     assert full.runs == FULL["runs"] and full.fleet == [4, 16, 32] and full.forks_ratio == 4
-    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10"] and full.gpus == 8 and full.latency_ms == 1000
+    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10", "p11"] and full.gpus == 8 and full.latency_ms == 1000
     assert (full.idle_p5, full.resync_p5) == (30, 10)
     quick = parse_args(["--quick", "--parts", "p3,p1", "--runs-p1", "2"])
     assert quick.parts == ["p1", "p3"] and quick.runs["p1"] == 2 and quick.runs["p3"] == QUICK["runs"]["p3"]
@@ -106,7 +106,11 @@ def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
                    "met": False},
             "p10": {"gpus": 2, "prepare_whole": {"p50_ms": 400.0, "p99_ms": 900.0},
                     "unprepare_to_vgpus": {"p50_ms": 700.0, "p99_ms": 1500.0}, "target_prepare_p99_ms": 1000.0,
-                    "target_unprepare_p99_ms": 2000.0, "met": True}}})
+                    "target_unprepare_p99_ms": 2000.0, "met": True},
+            "p11": {"gpus": 8, "profiles": ["H100-1-10C"] * 7,
+                    "published": {"slices": 5, "counter_sets": 8, "devices": 200},
+                    "prepare_gi_created_vf_typed": latency, "unprepare_gi_destroyed": latency,
+                    "targets": {"prepare_p99_ms": 1000.0, "unprepare_p99_ms": 2000.0}, "met": True}}})
     lines = dict((line.split("|")[1].strip(), line) for line in text.splitlines() if line.startswith("| P"))
     assert "3.00×" in lines["P1 cold converge, uniform"] and "**no**" in lines["P1 cold converge, uniform"]
     assert "incomplete (pid 1" in lines["P1 cold converge, uniform"]
@@ -118,6 +122,8 @@ def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
     assert "p99 120.00 ms" in claim_time and "p99 ≤ 100 ms" in claim_time and "**no**" in claim_time
     whole = lines["P10 whole-GPU NodePrepareResources"]
     assert "p99 900 ms" in whole and "unprepare" in whole and "p99 1500 ms" in whole and whole.rstrip(" |").endswith("yes")
+    mig = lines["P11 MIG-backed claim-time NodePrepareResources"]
+    assert "200 devices" in mig and "p99 ≤ 1000 ms, unprepare ≤ 2000 ms" in mig and mig.rstrip(" |").endswith("yes")
 
 
 def test_changed_tasks_from_the_default_callback():

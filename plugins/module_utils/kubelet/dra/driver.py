@@ -72,9 +72,11 @@ CALL_BUDGET = 25.0      # seconds one NodePrepareResources may wait in all (+ on
 class DraDriver:
     def __init__(self, node_name, get_claim, node_view, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
                  boot_id=None, lock_wait=LOCK_WAIT, call_budget=CALL_BUDGET, clock=time.monotonic, ready=True,
-                 ready_wait=READY_WAIT, wall=time.time):
+                 ready_wait=READY_WAIT, wall=time.time, claim_time=None, whole=None):
         """`node_lock(timeout)`: a context manager holding the node lock, NodeLockError after `timeout` s.
-        `ready=False`: new claims wait for `inventory_known()` (module docstring, "Start")."""
+        `ready=False`: new claims wait for `inventory_known()` (module docstring, "Start").
+        `claim_time`: a claim_time_prepare.ClaimTimePreparer (devices whose VF Prepare chooses and types), or None;
+        `whole`: a whole_gpu.WholeGpuPreparer (claim-time GPUs given whole to one claim), or None."""
         self.node_name, self.get_claim, self.node_view = node_name, get_claim, node_view   # devices.NodeView
         self.plugin_dir, self.cdi_dir, self.driver = plugin_dir, cdi_dir, driver
         self.node_lock = node_lock or (lambda timeout: contextlib.nullcontext())
@@ -85,13 +87,13 @@ class DraDriver:
             self._ready.set()
         self._first_seen = {}             # UID -> wall time clean_stale first saw a record without startedAt
         self.checkpoint = Checkpoint(plugin_dir, boot_id)
-        # the pools a claim may name: `<node>/<driver>`, and the node's name (claims allocated before issue 40)
+        # the pools a claim may name: `<node>/<driver>`, and the node's name (claims allocated from earlier releases)
         self.pools = slices.pools(node_name, driver)
         self.pool = self.pools[0]         # the pool published now (the agent's plugin sets it: agent_plugin.py)
         self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting
         self._preparing = set()           # UIDs a call is preparing now
-        self.claim_time = None      # claim_time_prepare.ClaimTimePreparer: devices whose VF Prepare chooses and types
-        self.whole = None           # whole_gpu.WholeGpuPreparer: claim-time GPUs given whole (issue 42 item 1)
+        self.claim_time = claim_time
+        self.whole = whole          # whole_gpu.WholeGpuPreparer: claim-time GPUs given whole (issue 42 item 1)
 
     # --- the kubelet's calls ---------------------------------------------------------------------
     def prepare(self, refs):
@@ -176,6 +178,7 @@ class DraDriver:
                 raise
             _carry_whole(self.checkpoint.get(ref.uid), devices)
             self.checkpoint.set(ref.uid, ref.namespace, ref.name, COMPLETED, devices)
+            self._with_mig(ref)      # the GI unprepare destroys
             self.checkpoint.save()
             return Prepared(_answer_devices(self.checkpoint.get(ref.uid)), "")
 
@@ -203,7 +206,7 @@ class DraDriver:
                                                      if not (self._chosen_now(item) or self._whole(item.device))}))
             held = self.checkpoint.holders()
             mine = HOLDER % (ref.namespace, ref.name)
-            earlier = {d["device"]: d for d in (self.checkpoint.get(ref.uid) or {}).get("devices") or ()}
+            earlier = {d["device"]: d for d in _gis_this_boot(self.checkpoint.get(ref.uid), self.checkpoint.boot_id)}
             entries, typed = [], []
             others = {key for key, names in held.items() if set(names) - {mine}}
             for item in allocated:
@@ -255,7 +258,7 @@ class DraDriver:
         for index, device in enumerate(typed):
             while True:
                 try:
-                    self.claim_time.write(ref, device)
+                    self.claim_time.write(ref, device, note=lambda: self._save_mig(ref))
                     break
                 except VfHeld as exc:
                     held_now.add(exc.vf)
@@ -273,8 +276,21 @@ class DraDriver:
         self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries, typed))
         for record, entry in zip(self.checkpoint.get(ref.uid)["devices"], entries):
             if self._whole(entry.device.name):
-                record["whole"] = (kept.get(entry.device.name) or {}).get("whole") or self.whole.record(entry.device)
+                record["whole"] = (kept.get(entry.device.name) or {}).get("whole") or self.whole.record_of(entry.device)
         self.checkpoint.get(ref.uid)["startedAt"] = int(self.wall())     # clean_stale's age, across restarts
+        self._with_mig(ref)
+
+    def _with_mig(self, ref):
+        """Copy the MIG-backed devices' GI records (claim_time_mig.py) into the claim's checkpoint record."""
+        for record in (self.checkpoint.get(ref.uid) or {}).get("devices") or ():
+            found = self.claim_time.mig_record(ref.uid, record["device"]) if record.get("claimTime") else None
+            if found is not None:
+                record["mig"] = dict(found)
+
+    def _save_mig(self, ref):
+        """Before each GI step of a MIG-backed prepare: its record, durably (a crash finds what it was doing)."""
+        self._with_mig(ref)
+        self.checkpoint.save()
 
     # --- whole GPUs (whole_gpu.py): every step recorded in the claim's record before it is taken ----------------
     def _whole(self, name):
@@ -311,7 +327,7 @@ class DraDriver:
         node lock. [(VF, why it keeps its type)]. `unsure_kept`: a VF whose holders cannot be read keeps its type
         (else the error goes to the caller). (A prepare that fails after the type write keeps its PrepareStarted
         record, VF typed: the kubelet's retry adopts the VF, its unprepare clears it.)"""
-        records = [d for d in (entry or {}).get("devices") or () if d.get("claimTime")]
+        records = [d for d in _gis_this_boot(entry, self.checkpoint.boot_id) if d.get("claimTime")]
         kept = []
         if records and self.claim_time is not None:
             # the in-use engine knows claims by name: a claim re-created under this name (another UID) is told
@@ -474,6 +490,15 @@ def _carry_whole(entry, devices):
     for record in devices:
         if record["device"] in whole:
             record["whole"] = whole[record["device"]]
+
+
+def _gis_this_boot(entry, boot_id):
+    """The entry's device records; a MIG-backed one recorded in another boot without its GI record (claim_time_mig.py):
+    a reboot removes every GI, so its GI ID may name another's GI now, never to be adopted or destroyed."""
+    devices = (entry or {}).get("devices") or ()
+    if (entry or {}).get("bootID") == boot_id:
+        return list(devices)
+    return [{k: v for k, v in d.items() if k != "mig"} for d in devices]
 
 
 def _answer_devices(entry):

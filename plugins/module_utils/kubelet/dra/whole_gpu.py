@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import whole_gpu
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import sriov, whole_gpu
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
@@ -123,12 +123,13 @@ def from_slices(items):
 
 
 class WholeGpuPreparer:
-    """`sysfs`; `make_engine()` -> a node engine (vgpu_apply.NodeEngine: `in_use`, `set_vfs`) per prepare."""
+    """`holders`: which devices are held and by whom (an inuse.Holders asking every holder source:
+    node/holders/kubelet_holders.node_holders), used under the node lock only; `runner`: sriov-manage's;
+    `record`: the allocation record's path (pod_allocations.record_path)."""
 
-    def __init__(self, sysfs, make_engine):
-        self.sysfs, self.make_engine = sysfs, make_engine
+    def __init__(self, sysfs, holders, runner, record=None):
+        self.sysfs, self.holders, self.runner, self.record = sysfs, holders, runner, record
         self.devices = {}
-        self.engine = None
 
     def update(self, items):
         """The whole-GPU devices as last published (claim_time.offers)."""
@@ -141,7 +142,7 @@ class WholeGpuPreparer:
         """The WholeGpuDevice `name` of claim `ref` when the GPU may be given whole now, else a ClaimError naming the
         GPU and what holds it (nothing written). `earlier`: this claim's record of it (a retry after a crash)."""
         device = self.devices[name]
-        self.engine = self.make_engine()
+        self.holders.forget()       # a new prepare: the devices' facts are read again
         mine = claim_holders.HOLDER % (ref.namespace, ref.name)
         try:
             driver = pci.PciDevice(self.sysfs, device.gpu).driver
@@ -150,7 +151,7 @@ class WholeGpuPreparer:
                 why = "it is bound to %s, not by this driver (an operator's passthrough?)" % (driver or "no driver")
             else:
                 scope = [device.gpu] + pci.PciDevice(self.sysfs, device.gpu).virtfns()
-                why = whole_gpu.busy(self.sysfs, device.gpu, self.engine.in_use.held(scope), (mine,))
+                why = whole_gpu.busy(self.sysfs, device.gpu, self.holders.held(scope), (mine,))
         except (SysfsError, OSError) as exc:
             why = "it cannot be read (%s)" % exc
         if why:
@@ -158,12 +159,12 @@ class WholeGpuPreparer:
                 ref, name, device.gpu, why))
         return device
 
-    def record(self, device):
+    def record_of(self, device):
         """The checkpoint record's `whole` field for the device (its offers are published while VFs are off)."""
         return {"step": whole_gpu.STEP_CHECKED, "offers": copy.deepcopy(device.offer)}
 
     def _set_vfs(self, pf, count):
-        self.engine.set_vfs([pf], count)
+        sriov.set_count(self.sysfs, self.runner, [pf], count, self.holders, self.record)
 
     def take(self, ref, device, step):
         """Prepare's steps (node/engine/whole_gpu.take); `step(name)` records each before it is taken."""
@@ -179,9 +180,9 @@ class WholeGpuPreparer:
 
     def give_back(self, ref, gpu, step):
         """Unprepare's steps (node/engine/whole_gpu.give_back) for the PF `gpu`; a ClaimError naming it when they fail."""
-        self.engine = self.make_engine()
+        self.holders.forget()
         try:
-            whole_gpu.give_back(self.sysfs, gpu, self._set_vfs, step, self.engine.in_use.held([gpu]))
+            whole_gpu.give_back(self.sysfs, gpu, self._set_vfs, step, self.holders.held([gpu]))
         except Exception as exc:  # pylint: disable=broad-exception-caught
             raise ClaimError("%s: GPU %s is not given back to vGPUs yet: %s; the kubelet retries" % (
                 ref, gpu, exc)) from None

@@ -42,9 +42,10 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse, pf_driver
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_mig
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.vgpu_types import VgpuTypeError, parse_profile
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuHeld, VgpuWriter
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuWriter, attempt
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import whole_gpu
 
 VDM_KEY, LAYOUT_KEY = "claim-time", "claim_time"
@@ -100,9 +101,12 @@ class Declaration:
         return [address for address, whole in found.items() if whole]
 
 
-def _whole(value, origin, key):
+def _whole(value, origin, key, profiles):
     if not isinstance(value, bool):
         raise LayoutError("%s: %s must be true or false, not %s" % (origin, key, shown(value)))
+    if value and any(vgpu_types.mig_backed(profile) for profile in profiles or ()):
+        # in MIG mode the GPU's VFs and instances stay: passing it through whole is not offered there (yet)
+        raise LayoutError("%s: %s is for time-sliced claim-time GPUs; this entry's profiles are MIG-backed" % (origin, key))
     return value
 
 
@@ -117,12 +121,13 @@ def _profiles(value, origin):
             parsed = parse_profile(item)
         except VgpuTypeError as exc:
             raise LayoutError("%s: %s" % (origin, exc)) from None
-        if parsed.mig_backed:
-            raise LayoutError("%s: profile %s is MIG-backed; claim-time mode offers time-sliced profiles only"
-                              % (origin, shown(item)))
-        name = "%s-%d%s" % (parsed.model, parsed.size_gb, parsed.series)
+        if parsed.mig_backed:   # placed at Prepare (node/engine/claim_time_mig.py)
+            name = "%s-%d-%d%s%s" % (parsed.model, parsed.slices, parsed.size_gb, parsed.series, parsed.suffix or "")
+        else:
+            name = "%s-%d%s" % (parsed.model, parsed.size_gb, parsed.series)
         if name not in names:
             names.append(name)
+    claim_time_mig.check_allow(names, origin)
     return tuple(names)
 
 
@@ -142,8 +147,9 @@ def _entries(value, key, origin_prefix):
             devices = vgpu_layout._layout_devices(item["devices"], origin)  # pylint: disable=protected-access
         filters = vgpu_layout._filters(item.get("device-filter" if vdm else "device_filter"), origin)  # pylint: disable=protected-access
         whole_key = "whole-gpu" if vdm else "whole_gpu"
-        found.append(ClaimTimeEntry(origin, devices, filters, _profiles(item.get("profiles"), origin),
-                                    _whole(item.get(whole_key, False), origin, whole_key)))
+        profiles = _profiles(item.get("profiles"), origin)
+        found.append(ClaimTimeEntry(origin, devices, filters, profiles,
+                                    _whole(item.get(whole_key, False), origin, whole_key, profiles)))
     return found
 
 
@@ -210,7 +216,8 @@ def check_moves(sysfs, before, after, held, vfs_of):
             if found:
                 direction = "into" if address in after else "out of"
                 raise LayoutError("GPU %s: cannot move %s claim-time mode while VF %s is held by %s; move it once "
-                                  "nothing uses its vGPUs" % (address, direction, vf, inuse.describe(found)))
+                                  "nothing uses its vGPUs" % (address, direction, vf, inuse.describe(found)),
+                                  held=[vf])
 
 
 def _check_whole_moves(before, after, given):
@@ -259,6 +266,8 @@ class Modes:
                           "vfs": offer["vfs"], "profiles": offer["profiles"]})
             if address in reserved:
                 found[-1]["reserved"] = reserved[address]
+            if offer.get("mig"):     # a MIG claim-time GPU: placements (node/engine/claim_time_mig.py)
+                found[-1]["mig"] = offer["mig"]
             if address in self.whole:
                 found[-1]["whole_gpu"] = True
             if address in self.held_whole:
@@ -375,11 +384,11 @@ def finish(sysfs, modes, modes_file, record=None):
         if why:
             modes.warnings.append("VF %s: %s; its type is left as it is" % (vf, why))
             continue
-        try:   # a restore acts for the claims that hold the VF (plan), a clear for nobody
-            writer.set_type(vf, value, acting_for=modes.claims.get(vf, ()) if value else ())
-        except VgpuHeld as exc:
-            modes.warnings.append("VF %s: held by %s since the plan; its type is left as it is"
-                                  % (vf, inuse.describe(exc.holders)))
+        # a restore acts for the claims that hold the VF (plan), a clear for nobody
+        warning = attempt(lambda: writer.set_type(vf, value, acting_for=modes.claims.get(vf, ()) if value else ()),
+                          held=lambda who: "VF %s: held by %s since the plan; its type is left as it is" % (vf, who))
+        if warning:
+            modes.warnings.append(warning)
     if modes.gpus or modes.before:
         write_modes(modes_file, list(modes.gpus))
 

@@ -278,7 +278,7 @@ def plan(state, gpu_plan, view, smi):
         if view.held:
             vf, pids = sorted(view.held.items())[0]
             raise LayoutError("GPU %s: MIG mode must be enabled for %s, but VF %s is held by a VM (%s)"
-                              % (address, mig_after[0].short, vf, describe(pids)))
+                              % (address, mig_after[0].short, vf, describe(pids)), held=[vf])
         state.mode_after = True
     for mig_type in mig_after:
         state.names[state.types[mig_type.type_id].gi_profile] = gi_profile_name(mig_type.name)
@@ -315,7 +315,7 @@ def _leave(state, gpu_plan, view, timesliced):
     if view.held:
         vf, pids = sorted(view.held.items())[0]
         raise LayoutError("GPU %s is in MIG mode; time-sliced %s needs it off, which needs its VFs disabled, but VF "
-                          "%s is held by a VM (%s)" % (state.address, timesliced, vf, describe(pids)))
+                          "%s is held by a VM (%s)" % (state.address, timesliced, vf, describe(pids)), held=[vf])
     state.leave, state.mode_after, state.destroy = True, False, sorted(state.gis_before, key=lambda g: g.gi_id)
     clears = [s for s in gpu_plan.steps if s[0] == "clear"]
     gpu_plan.mig = state

@@ -7,7 +7,7 @@ Kernel rules (drivers/pci/iov.c, sriov_numvfs_store): more than sriov_totalvfs i
 driver without sriov_configure answers ENOENT; going from N to M VFs (both non-zero) is EBUSY, so
 it takes N -> 0 -> M. NVIDIA's sriov-manage always enables sriov_totalvfs VFs and can exit 0
 without enabling anything (vGPU 17.2), so its result is checked in sysfs and it is retried, as
-NVIDIA's gpu-driver-container does (domain brief 1.5, 3).
+NVIDIA's gpu-driver-container does (`vgpu-manager/ubuntu24.04/nvidia-driver`, _enable_vfs).
 
 Selection (`devices`): `all` = every SR-IOV PF of PCI base class 0x03 (GPUs; NICs and NVMe are
 never selected by `all`, and a node without any is an empty, unchanged plan), or a list of PCI
@@ -48,7 +48,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import device_selection
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuWriteError, VgpuWriter
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuWriter, attempt
 
 SRIOV_MANAGE = "sriov-manage"
 SRIOV_MANAGE_PATHS = ("/usr/lib/nvidia/sriov-manage",)
@@ -278,7 +278,7 @@ def _check_removals(sysfs, plans, held, force):
 
 def _held_error(plan, vf, found, since=""):
     return SriovError("%s: VF %s is held by a VM (%s)%s; refusing to change %d -> %d VFs"
-                      % (plan.address, vf, inuse.describe(found), since, plan.current, plan.desired))
+                      % (plan.address, vf, inuse.describe(found), since, plan.current, plan.desired), held=[vf])
 
 
 def _recheck_removal(sysfs, plan):
@@ -344,15 +344,15 @@ def _discard_profiles(sysfs, plan, record):
         return
     writer = VgpuWriter(sysfs, plan.recheck, record)
     parents = inuse.mdev_parents(sysfs)
-    try:
+
+    def discard():
         for vf in plan.discard:
             for uuid, parent in sorted(parents.items()):
                 if parent == vf:
                     writer.remove_mdev(uuid, vf)
             if vgpu_types.read_current(sysfs, vf):
                 writer.clear_type(vf)
-    except VgpuWriteError as exc:
-        raise SriovError("%s: %s; its VFs were not removed" % (plan.address, exc)) from None
+    attempt(discard, failed=lambda exc: SriovError("%s: %s; its VFs were not removed" % (plan.address, exc)))
 
 
 def _write_numvfs(sysfs, plan, count):
@@ -483,6 +483,20 @@ def _apply_pf(sysfs, runner, plan, timeout, poll_interval, retries, retry_delay,
         if plan.desired:
             _write_numvfs(sysfs, plan, plan.desired)
     _wait_ready(sysfs, plan, timeout, poll_interval, numvfs)
+
+
+def set_count(sysfs, runner, addresses, num_vfs, held, record=None, timeout=120.0, sriov_manage_path=None, take_over=()):
+    """`num_vfs` VFs on the PFs `addresses` (0 disables them), planned and applied, verified within `timeout` s;
+    sriov-manage where it can (all or no VFs), sysfs for another count. `held`: an inuse.Holders (asked before VFs go;
+    forgotten after: the devices and their groups changed). The node engine's set_vfs, and a whole-GPU Prepare's."""
+    method = "auto" if num_vfs in (0, "max") else "sysfs"
+    plan = plan_vfs(sysfs, runner, devices=list(addresses), num_vfs=num_vfs, method=method,
+                    state="present" if num_vfs else "absent", held=held, sriov_manage_path=sriov_manage_path,
+                    take_over=take_over)
+    try:
+        return apply_vfs(sysfs, runner, plan, timeout=timeout, record=record)
+    finally:
+        held.forget()
 
 
 def apply_vfs(sysfs, runner, plan, timeout=120.0, poll_interval=0.2, retries=3, retry_delay=2.0, record=None):

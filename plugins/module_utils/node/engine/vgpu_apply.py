@@ -32,7 +32,7 @@ import os
 from collections import OrderedDict, namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse, kubelet_holders
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout, claim_time_mig
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import layout_fit
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import mig, sriov
@@ -216,7 +216,8 @@ class NodeEngine:
     layout and writes it (`apply()` runs the whole flow)."""
 
     def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None,
-                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR, take_over=()):
+                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR, take_over=(), claim_time=None,
+                 before_writes=None):
         self.sysfs, self.runner = sysfs, runner
         # GPUs passed through (not on nvidia) are skipped, never rebound, unless listed here (node/holders/pf_driver.py)
         self.take_over, self.skipped = tuple(take_over or ()), []
@@ -230,15 +231,15 @@ class NodeEngine:
         self.names = TypeNames(sysfs, runner, cache_dir)
         self.planned_held = {}  # what plan() saw held: a device held since then stops its GPU
         self.holders = None     # inuse.Holders of the apply under way (held() makes one)
-        # GPUs whose profile DRA claims choose (node/engine/claim_time_layout.py): the agent sets the declaration;
-        # plan() leaves those GPUs out and records the modes in `modes`
-        self.claim_time = None
+        # GPUs whose profile DRA claims choose (node/engine/claim_time_layout.py): the agent's declaration; plan()
+        # leaves those GPUs out and records the modes in `modes`. None: a caller without one keeps the recorded modes
+        self.claim_time = claim_time
         self.modes_file = claim_time_layout.modes_path(kubelet_dir)
         self.boot_id = claim_holders.read_boot_id(proc_root)   # claim-time types are restored for this boot's claims
         self.modes = claim_time_layout.Modes()
         # before_writes(names): told which VFs and mdevs the writes will touch, before the first (the agent's device
         # plugin stops serving them: VgpuDevicePlugin.withdraw)
-        self.before_writes = None
+        self.before_writes = before_writes
         # plan() got as far as the claim-time GPUs' offers (modes.offers): true also when the layout's plan or writes
         # fail after them (the agent still serves those GPUs: agent_plugin.reconciled `planned`)
         self.offers_planned = False
@@ -414,9 +415,26 @@ class NodeEngine:
             raise LayoutError("GPU %s: claim-time mode needs a vendor-VFIO GPU (vGPU 17+ on Ada, Hopper or Blackwell); "
                               "this one is an mdev GPU" % gpu.address)
         view = self.view(gpu, framework, {}, vfs)
+        if claim_time_mig.wanted(allow):     # MIG-backed: placed at Prepare (node/engine/claim_time_mig.py)
+            self.modes.offers[gpu.address] = self._claim_time_mig_offers(view, allow)
+            return
         self.modes.offers[gpu.address] = {
             "model": view.model or model_name(gpu.vendor, gpu.device), "vfs": len(view.vfs),
             "profiles": claim_time_layout.offers(view, allow, claim_time_layout.max_instances(self.runner, gpu.address))}
+
+    def _claim_time_mig_offers(self, view, allow):
+        """A MIG claim-time GPU's offers: its free placements per allowed type, GIs our claims did not make left
+        alone (claim_time_mig.offers); not in MIG mode: nothing, and a warning."""
+        records = claim_time_mig.recorded(claim_holders.read_claims(
+            claim_holders.checkpoint_path(os.path.dirname(self.modes_file)))).get(view.gpu.address, [])
+        facts, profiles, warning = claim_time_mig.offers(self.smi, view, allow, records)
+        if warning:
+            self.modes.warnings.append(warning)
+        offer = {"model": view.model or model_name(view.gpu.vendor, view.gpu.device), "vfs": len(view.vfs),
+                 "profiles": profiles}
+        if facts is not None:
+            offer["mig"] = facts
+        return offer
 
     def _taking_over(self, selection):
         """The take_over PFs this plan selects that are not on the vGPU host driver yet (to be rebound)."""
@@ -476,15 +494,9 @@ class NodeEngine:
     def set_vfs(self, addresses, num_vfs, wait_timeout=WAIT_TIMEOUT):
         """sriov engine: `num_vfs` VFs on the PFs (0 disables them), verified ready within `wait_timeout` s;
         sriov-manage where it can (all or no VFs), sysfs for another count."""
-        method = "auto" if num_vfs in (0, "max") else "sysfs"
-        plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs=num_vfs, method=method,
-                              state="present" if num_vfs else "absent", held=self.in_use,
-                              sriov_manage_path=self.sriov_manage_path, take_over=self.take_over)
-        try:
-            return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout,
-                                   record=pod_allocations.record_path(self.kubelet_dir))
-        finally:
-            self.in_use.forget()    # VFs came or went: the devices and their groups are read again
+        return sriov.set_count(self.sysfs, self.runner, addresses, num_vfs, self.in_use,
+                               pod_allocations.record_path(self.kubelet_dir), wait_timeout,
+                               self.sriov_manage_path, self.take_over)
 
     def execute(self, plans):
         """Writes, GPU by GPU: clears/removals, mixed-size mode when the plan needs it, creations.
@@ -558,7 +570,7 @@ class HeldSincePlan(LayoutError):
                   else "nothing was written to GPU %s" % gpu)
         super().__init__("GPU %s: %s %s became held by a VM (%s) after the plan; %s (changed: %s; not changed: %s)"
                          % (gpu, kind, device, inuse.describe(found), spared, ", ".join(done) or "none",
-                            ", ".join(not_done) or "none"))
+                            ", ".join(not_done) or "none"), held=[device])
 
 
 def _touched(sysfs, address, plan, parents):

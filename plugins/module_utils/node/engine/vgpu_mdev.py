@@ -4,7 +4,8 @@
 """Legacy mdev backend: Turing (T4: the PF is the mdev parent) and Ampere SR-IOV (A2/A16: each VF
 is a parent holding at most one mdev).
 
-Facts (domain brief 2): parents are `class/mdev_bus/<BDF>`, mdevs `bus/mdev/devices/<UUID>`;
+Facts (kernel `Documentation/driver-api/vfio-mediated-device.rst`; NVIDIA/go-nvlib `pkg/nvmdev/nvmdev.go`):
+parents are `class/mdev_bus/<BDF>`, mdevs `bus/mdev/devices/<UUID>`;
 `<parent>/mdev_supported_types/nvidia-<N>/{name,available_instances,description,create}`; create by
 writing a UUID to `create`, remove by writing `1` to `bus/mdev/devices/<UUID>/remove`. VDM spreads
 instances across a GPU's VF parents up to each `available_instances`.
@@ -106,7 +107,7 @@ def plan(view, entries, mixed_size=False, absent=False):
         elif mdev.held:
             raise LayoutError("mdev %s (%s) on %s of GPU %s is held by a VM (%s); the layout needs it removed"
                               % (mdev.uuid, mdev.type.short, mdev.parent, gpu.address,
-                                 describe(mdev.held)))
+                                 describe(mdev.held)), held=[mdev.uuid])
     creates = _place(view, wanted, remaining, kept)
     after = [m.type for m in kept] + [t for dummy, t, dummy2 in creates]
     if not absent:

@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Vendor-specific VFIO backend (vGPU 17+, Ada/Hopper/Blackwell): one vGPU per SR-IOV VF.
 
-Facts (domain brief 1.2-1.4): a VF stays on `nvidia` and is typed through
+Facts (kubevirt/kubevirt#17642; harvester/pcidevices `pkg/controller/gpudevice/vgpu_controller.go` and its sysfs
+fixture; NVML `nvmlDeviceGetCreatableVgpus`): a VF stays on `nvidia` and is typed through
 `<VF>/nvidia/current_vgpu_type` (write the numeric ID, `0` clears; reading gives only the ID).
 `creatable_vgpu_types` lists what is creatable *now*: it shrinks on every sibling after each write
 and consumed types drop out, so the ID<->name catalog is built from all VFs before the first write
@@ -191,7 +192,7 @@ def _assign(address, view, before, wanted, absent, result):
             else:
                 raise LayoutError("VF %s of GPU %s is held by a VM (%s) and has %s; the layout needs it changed"
                                   % (vf, address, describe(view.held[vf]),
-                                     current.short if current else "type %d" % view.current[vf]))
+                                     current.short if current else "type %d" % view.current[vf]), held=[vf])
     for vf, type_id in sorted(view.restorable.items()):
         if not absent and after[vf] is None and remaining.get(type_id, 0) > 0:
             after[vf] = view.type_of(type_id)

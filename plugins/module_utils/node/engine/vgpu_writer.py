@@ -51,6 +51,28 @@ class VgpuHeld(VgpuWriteError):
     written."""
 
 
+def attempt(write, held=None, failed=None, acting_for=()):
+    """`write()` (calls of a VgpuWriter), its refusal told in the caller's words: a VgpuHeld becomes `held(who)`
+    (`who`: the holders that refused it, inuse.describe'd, those in `acting_for` left out), any other
+    VgpuWriteError `failed(exc)` (also a VgpuHeld when `held` is None); without a callable for it the error
+    propagates. An exception the callable returns is raised; anything else (a warning, a reason) is returned.
+    None when the write was made."""
+    try:
+        write()
+    except VgpuWriteError as exc:
+        if held is not None and isinstance(exc, VgpuHeld):
+            answer = held(describe([h for h in exc.holders if h not in acting_for]))
+        elif failed is not None:
+            answer = failed(exc)
+        else:
+            raise
+    else:
+        return None
+    if isinstance(answer, Exception):
+        raise answer from None
+    return answer
+
+
 def type_path(vf):
     return vgpu_types.vfio_dir(vf) + "/" + TYPE_ATTRIBUTE
 

@@ -49,7 +49,7 @@ device of it is bound through the iommufd cdev (drivers/vfio/group.c vfio_group_
 namespace. The probe opens the group node and closes it at once. EBUSY = held; opened = free; any
 other answer (no node under dev_root, EACCES, ...) = "cannot tell" = held. kernel/hypeman PR #364
 checks the same before reusing a VF: the driver gives no reliable error when a held VF is cleared
-(domain brief 1.4).
+(no NVIDIA document names an errno for it).
 
 Other API: `device_nodes(sysfs, base) -> ["<group>", "devices/vfioN"]` (node names, for CDI specs);
 `mdev_parents(sysfs) -> {uuid: parent PCI address}`; `holders(held, address, parents)`

@@ -13,7 +13,7 @@ Standard library only: both are files under the kubelet directory.
 
 from __future__ import annotations
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, kubelet_checkpoint
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse, kubelet_checkpoint
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
 
 
@@ -23,3 +23,9 @@ def holder_sources(kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR):
     kubelet_dir = kubelet_dir or claim_holders.DEFAULT_KUBELET_DIR
     return (claim_holders.holders_source(kubelet_dir), pod_allocations.holders_source(kubelet_dir),
             kubelet_checkpoint.holders_source(kubelet_dir))
+
+
+def node_holders(sysfs, dev_root="/dev", proc_root="/proc", kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR):
+    """An inuse.Holders asking every source above: which devices are held and by whom, and the O(1) re-check a
+    vGPU write makes right before it (node/engine/vgpu_writer.py), without a node engine."""
+    return inuse.Holders(sysfs, dev_root, proc_root, holder_sources(kubelet_dir))

@@ -4,9 +4,9 @@
 """Which physical functions the engine may give VFs or vGPUs: a GPU passed through whole stays as it is.
 
 Enabling VFs on an NVIDIA GPU moves it between drivers (sriov-manage unbinds the PF, binds it to
-pci-pf-stub, writes sriov_numvfs, binds it back to nvidia; domain brief 1.5), so a GPU an administrator
-bound to vfio-pci for whole-GPU passthrough would be taken from its VM, or silently turned into a vGPU
-host. Rule (docs/design.md "Passthrough GPUs"), one answer for vgpu_layout/vgpu_apply (the modules, the
+pci-pf-stub, writes sriov_numvfs, binds it back to nvidia: NVIDIA's `/usr/lib/nvidia/sriov-manage`), so a GPU an
+administrator bound to vfio-pci for whole-GPU passthrough would be taken from its VM, or silently turned into a
+vGPU host. Rule (docs/design.md "Passthrough GPUs"), one answer for vgpu_layout/vgpu_apply (the modules, the
 node CLI, the agent, the boot unit), sriov_vfs and vgpu_facts:
 
 - an NVIDIA PF is the engine's while it is bound to `nvidia`, the vGPU host driver. Bound to any other
@@ -115,4 +115,4 @@ def check_take_over(sysfs, addresses, held):
             if holders:
                 raise ReservedError("take_over: %s is held (%s%s); not rebinding a GPU a VM uses"
                                     % (address, "" if name == address else "VF %s: " % name,
-                                       inuse.describe(holders)))
+                                       inuse.describe(holders)), held=[name])

@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """vGPU types: the driver's type lists, profile names and the names the cluster sees.
 
-Formats (domain brief 1.3, 2, 4.1, 8):
+Formats (harvester/pcidevices `pkg/util/gpuhelper/gpuhelper.go` and its sysfs fixture, `pkg/util/common/common.go`;
+NVIDIA/go-nvlib `pkg/nvmdev/nvmdev.go` parseMdevTypeName; NVIDIA/vgpu-device-manager `api/spec/v1/spec.go`):
 - vendor-specific VFIO: `<VF>/nvidia/creatable_vgpu_types` lists `ID : full name` lines, with an
   optional `ID    : vGPU Name` header (Harvester fixture) or without it (H200 README);
   `<VF>/nvidia/current_vgpu_type` holds `0` or the numeric ID of the type set on the VF.

@@ -7,7 +7,7 @@ Two input forms, one result: a list of `LayoutEntry` (origin label, GPU selectio
 resolved against the node's GPUs into `{PF address: [LayoutEntry, ...]}` (every entry that selects
 that GPU, in input order; the backend picks the last one whose profiles the GPU knows).
 
-1. NVIDIA vgpu-device-manager config (VDM `api/spec/v1/spec.go`, domain brief 4.1), kept verbatim so
+1. NVIDIA vgpu-device-manager config (NVIDIA/vgpu-device-manager `api/spec/v1/spec.go`), kept verbatim so
    files stay portable to the GPU Operator: `version: v1`, `vgpu-configs: {name: [entry, ...]}`,
    entry = `devices` (`all` or GPU indices), optional `device-filter` (`0x<device><vendor>` string
    or list, optionally `:0x<subdevice><subvendor>`), `vgpu-devices` ({profile: count}); unknown
@@ -427,8 +427,8 @@ def check_sizes(address, after_types, mixed_size, total_gb=None, slots=None):
     """Fail before any write when the wanted vGPUs cannot coexist on one GPU.
 
     `after_types` lists the driver type of every vGPU the GPU would have. Different framebuffer
-    sizes need mixed-size mode (domain brief 1.4); the sizes must fit `total_gb` when known and the
-    count must fit `slots` (VFs or mdev instances).
+    sizes need mixed-size mode (NVIDIA vGPU user guide, "putting-gpu-into-mixed-size-mode"); the sizes must fit
+    `total_gb` when known and the count must fit `slots` (VFs or mdev instances).
     """
     sizes = OrderedDict()
     for vgpu_type in after_types:

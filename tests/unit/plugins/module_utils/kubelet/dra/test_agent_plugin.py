@@ -71,14 +71,11 @@ def plugin(tmp_path):
     node = build(tmp_path / "node")
     sysfs = Sysfs(str(node.sys))
     reads = []
-
-    def make_engine():
-        return SimpleNamespace(sysfs=sysfs, names=None, kubelet_dir=str(tmp_path / "kubelet"))
-
     settings = SimpleNamespace(node_name=NODE, kubelet_dir=str(tmp_path / "kubelet"), cdi_dir=str(tmp_path / "cdi"),
                                proc_root=str(node.proc))
     api, clock = SliceApi(), [1000.0]
-    dra = agent_plugin.VgpuDraPlugin(settings, api, make_engine, None, lambda line: None, clock=lambda: clock[0])
+    dra = agent_plugin.VgpuDraPlugin(settings, api, None, lambda line: None, sysfs, None, lambda: None,
+                                     clock=lambda: clock[0])
     real_read = dra.view.read_facts
 
     def counted_read():
@@ -344,8 +341,8 @@ def test_the_pool_keeps_the_nodes_name_while_the_api_cannot_say_which_claims_are
 
 def restarted(plugin):
     """A new agent process on the same node, kubelet directory and API (it knows nothing it published before)."""
-    dra = agent_plugin.VgpuDraPlugin(plugin.dra.settings, plugin.api, plugin.dra.make_engine, None, lambda line: None,
-                                     clock=lambda: plugin.clock[0])
+    dra = agent_plugin.VgpuDraPlugin(plugin.dra.settings, plugin.api, None, lambda line: None, plugin.sysfs, None,
+                                     lambda: None, clock=lambda: plugin.clock[0])
     return dra
 
 

@@ -19,6 +19,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import f
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import whole_gpu as node_whole
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.kubelet_holders import node_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
@@ -56,10 +57,12 @@ class Env:
 
     def start(self):
         sysfs = self.engine.sysfs
+        holders = node_holders(sysfs, self.node.dev_root, "/proc", self.kubelet)   # as agent_plugin wires them
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
-                           self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id)
-        driver.claim_time = ClaimTimePreparer(sysfs, self.engine.begin)
-        driver.whole = whole_gpu.WholeGpuPreparer(sysfs, self.make_engine)
+                           self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id,
+                           claim_time=ClaimTimePreparer(sysfs, holders),
+                           whole=whole_gpu.WholeGpuPreparer(sysfs, holders, CommandRunner(),
+                                                            pod_allocations.record_path(self.kubelet)))
         self.offer(driver)
         return driver
 
@@ -92,6 +95,8 @@ def test_the_declaration_is_validated_and_bad_input_writes_nothing():
     assert declaration({"claim_time": [{"devices": [GPU1]}]}).entries[0].whole is False
     with pytest.raises(LayoutError, match=r"claim-time\[0\]: whole-gpu must be true or false, not yes"):
         declaration({"claim-time": [{"devices": [1], "whole-gpu": "yes"}]}, "config")
+    with pytest.raises(LayoutError, match=r"claim_time\[0\]: whole_gpu is for time-sliced claim-time GPUs"):
+        declaration({"claim_time": [{"devices": [GPU1], "profiles": ["H100-1-10C"], "whole_gpu": True}]})
 
 
 def test_the_whole_gpu_is_published_beside_its_profiles_and_draws_every_counter(env):

@@ -80,3 +80,20 @@ def test_a_node_lock_held_elsewhere_is_a_write_error_and_nothing_is_written(sysf
         assert current(sysfs) == "0" and sysfs.writes == 0
     finally:
         os.close(handle)
+
+
+def test_attempt_tells_a_refusal_in_the_callers_words_without_the_holders_it_acts_for(sysfs):
+    holders = {VF: [MINE, OTHER]}
+    writer = vgpu_writer.VgpuWriter(sysfs, lambda names: {n: holders.get(n, []) for n in names})
+    assert vgpu_writer.attempt(lambda: writer.set_type(VF, 1155, acting_for=(MINE,)),
+                               held=lambda who: "kept: held by %s" % who, acting_for=(MINE,)) == \
+        "kept: held by %s" % OTHER
+    with pytest.raises(KeyError, match="held by"):      # an exception the caller's words return is raised
+        vgpu_writer.attempt(lambda: writer.set_type(VF, 1155), held=lambda who: KeyError("held by %s" % who))
+    with pytest.raises(ValueError, match="held by"):    # no `held`: a refusal is one more write error
+        vgpu_writer.attempt(lambda: writer.set_type(VF, 1155), failed=lambda exc: ValueError(str(exc)))
+    with pytest.raises(vgpu_writer.VgpuHeld):            # no words for it: the writer's own error
+        vgpu_writer.attempt(lambda: writer.set_type(VF, 1155), failed=None)
+    holders.clear()
+    assert vgpu_writer.attempt(lambda: writer.set_type(VF, 1155), held=lambda who: "kept") is None
+    assert current(sysfs) == "1155"
