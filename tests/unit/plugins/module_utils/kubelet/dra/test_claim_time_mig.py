@@ -362,3 +362,21 @@ def test_the_node_cli_says_what_a_mig_claim_time_gpu_offers(env, capsys):
     node_cli._print_apply(e.result, True)    # pylint: disable=protected-access
     out = capsys.readouterr().out
     assert "offers H100-1-10C (up to 7), H100-1-10CME (up to 1), H100-1-20C (up to 4)" in out
+
+
+def test_after_a_reboot_an_operators_gi_where_a_claim_of_the_old_boot_had_its_gi_is_foreign_in_the_offers(env):
+    """Before the kubelet prepares the old boot's claim again, its record must not make the operator's GI (same
+    profile, placement and ID) look ours: that placement is not offered and its compute slices are taken."""
+    e = env()
+    one = e.add(UIDS[4], name("H100-3-40C", 0))
+    assert e.driver.prepare([one])[UIDS[4]].error == ""
+    [old] = e.gis()
+    e.node.ctl("reboot")
+    e.engine.boot_id = "the-next-boot"
+    vgpu_apply.apply(e.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
+    e.node.ctl("mig", PF, "1")
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "9:0", "-C"], "operator")
+    assert [(gi.gi_id, gi.start) for gi in e.gis()] == [(old.gi_id, old.start)]
+    offered = {item.name: item for item in e.reconcile()}
+    assert name("H100-3-40C", 0) not in offered and name("H100-1-10C", 0) not in offered
+    assert offered["gpu-0000-41-00-0"].compute_slices == 4
