@@ -231,8 +231,10 @@ class DraDriver:
             try:
                 self._write_types(ref, entries, typed, others)
             except BaseException:
-                self._release_claim_time(ref, self.checkpoint.get(ref.uid))
-                self.checkpoint.drop(ref.uid)
+                entry = self.checkpoint.get(ref.uid)
+                kept = {vf for vf, dummy in self._release_claim_time(ref, entry)}
+                if not _gi_left(entry, kept):   # else its record says the GI is ours: a retry or unprepare destroys it
+                    self.checkpoint.drop(ref.uid)
                 self.checkpoint.save()
                 raise
         return entries
@@ -433,6 +435,14 @@ def _record(entries, claim_time_devices=()):
         if entry.device in claim_time_devices:
             record["claimTime"] = True     # its VF was typed by this prepare: unprepare clears it
     return records
+
+
+def _gi_left(entry, kept):
+    """Whether a MIG-backed device of the entry whose release was kept from finishing (`kept`: its VF) may have left
+    the GI its prepare created (claim_time_mig.py): then the record stays, the only proof that GI is ours."""
+    return any(d.get("key") in kept and isinstance(d.get("mig"), dict)
+               and (d["mig"].get("gi") is not None or d["mig"].get("before") is not None)
+               for d in (entry or {}).get("devices") or ())
 
 
 def _gis_this_boot(entry, boot_id):

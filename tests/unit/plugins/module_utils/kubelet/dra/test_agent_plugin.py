@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from dra_node import L40S, build, node_facts
+from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices, slices
@@ -452,6 +453,8 @@ def test_a_withdrawn_placement_keeps_the_counters_it_consumes(plugin, after):
     assert found[ME0]["taints"] and found[ME0]["consumesCounters"] == before
     assert counter_shapes_hold(plugin.api)
     assert plugin.dra.driver.claim_time.owns(ME0)
+    for item in plugin.api.slices.values():
+        assert_valid(dict(item, apiVersion="resource.k8s.io/v1", kind="ResourceSlice"))
 
 
 def test_a_restarted_agent_keeps_a_used_placement_the_new_config_no_longer_offers(plugin):

@@ -380,3 +380,25 @@ def test_after_a_reboot_an_operators_gi_where_a_claim_of_the_old_boot_had_its_gi
     offered = {item.name: item for item in e.reconcile()}
     assert name("H100-3-40C", 0) not in offered and name("H100-1-10C", 0) not in offered
     assert offered["gpu-0000-41-00-0"].compute_slices == 4
+
+
+def test_a_failed_prepare_whose_gi_cannot_be_destroyed_keeps_its_record_so_the_gi_stays_ours(env, monkeypatch):
+    """The vGPU landed on an operator's GI (the claim fails) and `-dgi` of the claim's own GI fails once: the record
+    must stay, else that GI reads as foreign for ever (never offered, never destroyed); the unprepare destroys it."""
+    e = env()
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "9:4", "-C"], "operator")
+    [theirs] = e.gis()
+    run, failed = mig.Smi.run, []
+
+    def dgi_fails_once(self, pf, args, what, ok_codes=(0,)):
+        if "-dgi" in args and not failed:
+            failed.append(args)
+            raise vgpu_layout.LayoutError("GPU %s: nvidia-smi %s failed: In use by another client" % (pf, what))
+        return run(self, pf, args, what, ok_codes)
+    monkeypatch.setattr(mig.Smi, "run", dgi_fails_once)
+    one = e.add(UIDS[5], name("H100-3-40C", 0))
+    assert "landed on GPU instance %d" % theirs.gi_id in e.driver.prepare([one])[UIDS[5]].error
+    [mine] = [gi for gi in e.gis() if gi != theirs]
+    assert failed and e.record(UIDS[5])["mig"]["gi"] == mine.gi_id
+    assert name("H100-3-40C", 0) in {item.name for item in e.reconcile()}     # still ours: its placement offered
+    assert e.driver.unprepare([one]) == {UIDS[5]: ""} and e.gis() == [theirs]
