@@ -402,3 +402,18 @@ def test_a_failed_prepare_whose_gi_cannot_be_destroyed_keeps_its_record_so_the_g
     assert failed and e.record(UIDS[5])["mig"]["gi"] == mine.gi_id
     assert name("H100-3-40C", 0) in {item.name for item in e.reconcile()}     # still ours: its placement offered
     assert e.driver.unprepare([one]) == {UIDS[5]: ""} and e.gis() == [theirs]
+
+
+def test_a_vgpu_manager_restart_never_gives_a_mig_backed_claim_its_type_back_on_a_gi_it_did_not_create(env):
+    """The restart takes the claim's GI and its VF's type; a free GI of the same profile (the operator's here) makes
+    the type creatable again, and the driver would put the restored vGPU on that GI: the restore must not write it."""
+    e = env()
+    one = e.add(UIDS[6], name("H100-1-10C", 0))
+    assert e.driver.prepare([one])[UIDS[6]].error == ""
+    vf = e.record(UIDS[6])["key"]
+    e.node.ctl("manager-restart")
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "19:3", "-C"], "operator")
+    [theirs] = e.gis()
+    e.reconcile()
+    assert e.current(vf) == 0 and e.gis() == [theirs]
+    assert any(vf in w and "MIG-backed" in w for w in e.result["warnings"]), e.result["warnings"]
