@@ -344,9 +344,16 @@ class DraDriver:
     def _unprepare_one(self, ref):
         entry = self.checkpoint.get(ref.uid)
         self._remove_files(ref)
-        self._release_claim_time(ref, entry)
+        kept = self._release_claim_time(ref, entry)
         if entry and (entry["namespace"], entry["name"]) != (ref.namespace, ref.name):
             self._remove_files(claims.ClaimRef(entry["namespace"], entry["name"], ref.uid))
+        left = [(vf, why) for vf, why in kept if _gi_left(entry, {vf})]
+        if left:    # the record is the only proof the GI is ours: it stays, the kubelet retries (unsure = held)
+            vf, why = left[0]
+            gi = next(d["mig"] for d in entry["devices"] if d.get("key") == vf)
+            return ("%s: the GPU instance %s its prepare created on GPU %s at %d:%d stays (VF %s: %s); its record "
+                    "stays, the kubelet retries the unprepare" % (ref, gi.get("gi", "?"), gi["gpu"], gi["start"],
+                                                                   gi["size"], vf, why))
         if entry is not None:
             self.checkpoint.drop(ref.uid)
             self.checkpoint.save()
@@ -399,6 +406,10 @@ class DraDriver:
                         return False    # the kubelet prepared, unprepared or is preparing it since the read
                     self._remove_files(ref)
                     kept = self._release_claim_time(ref, entry, unsure_kept=True)
+                    if _gi_left(entry, {vf for vf, dummy in kept}):
+                        log("DRA driver: %s (UID %s), left PrepareStarted: %s; its GPU instance stays (%s): its record "
+                            "stays, cleaned again at the next reconcile" % (ref, ref.uid, why, kept[0][1]))
+                        return False
                     self.checkpoint.drop(ref.uid)
                     self.checkpoint.save()
         except NodeLockError as exc:

@@ -382,12 +382,7 @@ def test_after_a_reboot_an_operators_gi_where_a_claim_of_the_old_boot_had_its_gi
     assert offered["gpu-0000-41-00-0"].compute_slices == 4
 
 
-def test_a_failed_prepare_whose_gi_cannot_be_destroyed_keeps_its_record_so_the_gi_stays_ours(env, monkeypatch):
-    """The vGPU landed on an operator's GI (the claim fails) and `-dgi` of the claim's own GI fails once: the record
-    must stay, else that GI reads as foreign for ever (never offered, never destroyed); the unprepare destroys it."""
-    e = env()
-    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "9:4", "-C"], "operator")
-    [theirs] = e.gis()
+def _dgi_fails_once(monkeypatch):
     run, failed = mig.Smi.run, []
 
     def dgi_fails_once(self, pf, args, what, ok_codes=(0,)):
@@ -396,12 +391,25 @@ def test_a_failed_prepare_whose_gi_cannot_be_destroyed_keeps_its_record_so_the_g
             raise vgpu_layout.LayoutError("GPU %s: nvidia-smi %s failed: In use by another client" % (pf, what))
         return run(self, pf, args, what, ok_codes)
     monkeypatch.setattr(mig.Smi, "run", dgi_fails_once)
+    return failed
+
+
+def test_a_failed_prepare_whose_gi_cannot_be_destroyed_keeps_its_record_so_the_gi_stays_ours(env, monkeypatch):
+    """The vGPU landed on an operator's GI (the claim fails) and `-dgi` of the claim's own GI fails once: the record
+    must stay, else that GI reads as foreign for ever (never offered, never destroyed); the unprepare destroys it."""
+    e = env()
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "9:4", "-C"], "operator")
+    [theirs] = e.gis()
+    failed = _dgi_fails_once(monkeypatch)
     one = e.add(UIDS[5], name("H100-3-40C", 0))
     assert "landed on GPU instance %d" % theirs.gi_id in e.driver.prepare([one])[UIDS[5]].error
     [mine] = [gi for gi in e.gis() if gi != theirs]
     assert failed and e.record(UIDS[5])["mig"]["gi"] == mine.gi_id
     assert name("H100-3-40C", 0) in {item.name for item in e.reconcile()}     # still ours: its placement offered
-    assert e.driver.unprepare([one]) == {UIDS[5]: ""} and e.gis() == [theirs]
+    del e.store.objects[("vms", "vm-%s" % UIDS[5][:8])]       # the claim is gone: the stale cleanup destroys it
+    failed[:] = []
+    assert e.driver.clean_stale(lambda line: None, min_age=0) == [] and e.record(UIDS[5])["mig"]["gi"] == mine.gi_id
+    assert e.driver.clean_stale(lambda line: None, min_age=0) == [UIDS[5]] and e.gis() == [theirs]
 
 
 def test_a_vgpu_manager_restart_never_gives_a_mig_backed_claim_its_type_back_on_a_gi_it_did_not_create(env):
@@ -417,3 +425,17 @@ def test_a_vgpu_manager_restart_never_gives_a_mig_backed_claim_its_type_back_on_
     e.reconcile()
     assert e.current(vf) == 0 and e.gis() == [theirs]
     assert any(vf in w and "MIG-backed" in w for w in e.result["warnings"]), e.result["warnings"]
+
+
+def test_an_unprepare_whose_gi_cannot_be_destroyed_fails_and_keeps_its_record_for_the_retry(env, monkeypatch):
+    e = env()
+    one = e.add(UIDS[7], name("H100-2-20C", 2))
+    assert e.driver.prepare([one])[UIDS[7]].error == ""
+    [mine] = e.gis()
+    vf = e.record(UIDS[7])["key"]
+    _dgi_fails_once(monkeypatch)
+    error = e.driver.unprepare([one])[UIDS[7]]
+    assert "GPU instance %d" % mine.gi_id in error and "In use by another client" in error
+    assert e.gis() == [mine] and e.record(UIDS[7])["mig"]["gi"] == mine.gi_id and e.current(vf) == 0
+    assert e.driver.unprepare([one]) == {UIDS[7]: ""} and e.gis() == []
+    assert checkpoint.Checkpoint(e.plugin_dir).claims == {}
