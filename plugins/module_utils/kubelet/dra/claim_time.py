@@ -154,8 +154,8 @@ def offers(sysfs, claim_time_result):
 def with_withdrawn(offers, kept):
     """`offers` (offers()) and `kept` (devices no longer offered that stay published while claims may use them) as one
     list in which every device's counter set has the counters it consumes: a kept device keeps its consumption, and
-    its GPU the counter shape it was published with (kubernetes#140806: a counter the scheduler cannot find is not
-    charged). The shape the GPU offers now waits while kept devices of another shape remain: a MIG-backed placement
+    its GPU the counter shape it was published with (the allocator charges a device's consumption against its counter
+    set by counter name: structured/internal/incubating allocator_incubating.go checkAvailableCounters). The shape the GPU offers now waits while kept devices of another shape remain: a MIG-backed placement
     withdrawn from a GPU that left claim-time or MIG mode keeps its memory slices, a `+me` placement its instance
     counter (claim_time_mig.PlacementDevice), and offered devices those sets cannot serve are not published yet."""
     sets = {item.name: item for item in offers if isinstance(item, CounterSet)}
