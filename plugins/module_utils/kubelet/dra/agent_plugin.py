@@ -239,7 +239,8 @@ class VgpuDraPlugin:
     def _offer(self, sysfs, claim_time_result, allocated):
         """The claim-time devices published and prepared: the offers, and those still used (_still_used)."""
         offers = [] if self.claim_time_refused else claim_time.offers(sysfs, claim_time_result)
-        self.claim_time = offers + self._still_used(offers, allocated)
+        # withdrawn devices keep their counters (a placement its memory slices): claim_time.with_withdrawn
+        self.claim_time = claim_time.with_withdrawn(offers, self._still_used(offers, allocated))
         self._update_preparers()
         self._save_published()
 
@@ -259,8 +260,8 @@ class VgpuDraPlugin:
             return None
 
     def _still_used(self, offers, allocated):
-        """The profile and whole-GPU devices published before that `offers` no longer has, kept withdrawn (tainted NoSchedule) with
-        the counter sets of their GPUs while a claim may use them: a prepared one (the checkpoint) or an allocated one
+        """The profile and whole-GPU devices published before that `offers` no longer has, kept withdrawn (tainted
+        NoSchedule) while a claim may use them: a prepared one (the checkpoint) or an allocated one
         (the API, asked only for a device no prepared claim keeps); each stays at least WITHDRAW_GRACE s."""
         offered = {item.name for item in offers}
         gone = [item for item in self.claim_time or self._published_before()
@@ -285,10 +286,7 @@ class VgpuDraPlugin:
                          "%s:%s, while claims may use it" % (item.name, item.gpu, claim_time.WITHDRAWN_TAINT["key"],
                                                              claim_time.WITHDRAWN_TAINT["effect"]))
         self.withdrawing = {item.name: self.withdrawing.get(item.name, now) for item in kept}
-        sets = {item.name for item in offers if isinstance(item, claim_time.CounterSet)}
-        gpus = sorted({item.gpu for item in kept if item.counter_set not in sets})
-        return [claim_time.CounterSet(claim_time.counter_set_name(gpu), gpu) for gpu in gpus] + \
-            [item.withdraw() for item in kept]
+        return [item.withdraw() for item in kept]
 
     def _published_before(self):
         """The claim-time devices the API's slices of this node hold (claim_time.from_slices), asked once per agent

@@ -60,6 +60,9 @@ class CounterSet:
 
     shared_counters = True          # slices.py puts these in counter slices
 
+    def counters(self):
+        return {COUNTER: self.value}
+
     def to_api(self):
         return {"name": self.name, "counters": {COUNTER: {"value": str(self.value)}}}
 
@@ -96,6 +99,14 @@ class ProfileDevice:
                  "framebuffer": {"int": self.size_mib}, "framework": {"string": FRAMEWORK},
                  "parentGPU": {"string": self.gpu}, "claimTime": {"bool": True}}
         return dra_devices.placed(attrs, self.pcie_root, self.numa_node, self.product)
+
+    def consumption(self):
+        return {COUNTER: 1}
+
+    def counter_set_for(self, kept, current):
+        """The counter set of this device's GPU while `kept` (withdrawn devices of that GPU, this one among them) stay
+        published: `current` (what the GPU offers now) when it has the same shape, else the shape they consume."""
+        return current if type(current) is CounterSet else CounterSet(self.counter_set, self.gpu)
 
     def to_api(self):
         entry = {"name": self.name, "attributes": self.attributes(), "allowMultipleAllocations": True,
@@ -135,9 +146,28 @@ def offers(sysfs, claim_time_result):
     return sets + sorted(found, key=lambda device: device.name)
 
 
+def with_withdrawn(offers, kept):
+    """`offers` (offers()) and `kept` (devices no longer offered that stay published while claims may use them) as one
+    list in which every device's counter set has the counters it consumes: a kept device keeps its consumption, and
+    its GPU the counter shape it was published with (the allocator charges a device's consumption against its counter
+    set by counter name: structured/internal/incubating allocator_incubating.go checkAvailableCounters). The shape the GPU offers now waits while kept devices of another shape remain: a MIG-backed placement
+    withdrawn from a GPU that left claim-time or MIG mode keeps its memory slices, a `+me` placement its instance
+    counter (claim_time_mig.PlacementDevice), and offered devices those sets cannot serve are not published yet."""
+    sets = {item.name: item for item in offers if isinstance(item, CounterSet)}
+    by_set = {}
+    for item in kept:
+        by_set.setdefault(item.counter_set, []).append(item)
+    for name, items in by_set.items():
+        sets[name] = items[0].counter_set_for(items, sets.get(name))
+    offered = [item for item in offers if not isinstance(item, CounterSet)       # profiles, placements, whole GPUs
+               and set(item.consumption()) <= set(sets[item.counter_set].counters())]
+    return [sets[name] for name in sorted(sets)] + sorted(offered + list(kept), key=lambda device: device.name)
+
+
 def from_slices(items):
     """[CounterSet, ..., ProfileDevice, ...] of the profile devices (attribute `claimTime`) that ResourceSlices
     (`items`, API objects) publish, as to_api wrote them: what a restarted agent published before it."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time_mig  # pylint: disable=import-outside-toplevel
     found = []
     for item in items or ():
         for entry in (item.get("spec") or {}).get("devices") or ():
@@ -146,6 +176,9 @@ def from_slices(items):
                     and _attribute(attrs, "profile")):
                 continue
             try:
+                if _attribute(attrs, "migBacked", "bool"):     # one placement, one claim (claim_time_mig.py)
+                    found.append(claim_time_mig.from_entry(entry, _attribute))
+                    continue
                 found.append(ProfileDevice(
                     entry["name"], _attribute(attrs, "parentGPU"), _attribute(attrs, "profile"),
                     _attribute(attrs, "typeName"), _attribute(attrs, "typeID", "int"),
@@ -156,8 +189,7 @@ def from_slices(items):
             except (KeyError, TypeError, ValueError):
                 continue    # not one of ours as we write them: nothing to keep
     found += whole_gpu.from_slices(items)
-    sets = sorted({(device.counter_set, device.gpu) for device in found})
-    return [CounterSet(name, gpu) for name, gpu in sets] + sorted(found, key=lambda device: device.name)
+    return with_withdrawn([], found)
 
 
 def _attribute(attrs, name, kind="string"):

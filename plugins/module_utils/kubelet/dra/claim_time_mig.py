@@ -36,7 +36,7 @@ claim did not create is never destroyed. A VF that keeps its type (held) keeps i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
@@ -94,6 +94,17 @@ class PlacementDevice(claim_time.ProfileDevice):
                       "placementStart": {"int": self.start}, "placementSize": {"int": self.size}})
         return attrs
 
+    def counter_set_for(self, kept, current):
+        """The GPU's MIG counter set while `kept` (withdrawn devices of this GPU) stay published (claim_time.
+        with_withdrawn): the one offered now, with the instance counters of kept `+me` placements it no longer has
+        (an allow-list narrowed), else a full one (the GPU left claim-time or MIG mode: nothing else draws on it)."""
+        limits = dict(current.limits) if isinstance(current, MigCounterSet) else {}
+        for item in kept:
+            if getattr(item, "limited", False):
+                limits.setdefault(item.gi_profile, 1)   # Hopper's limited profile (`+me`) allows one per GPU
+        base = current if isinstance(current, MigCounterSet) else MigCounterSet(self.counter_set, self.gpu)
+        return replace(base, limits=tuple(sorted(limits.items())))
+
     def to_api(self):
         entry = {"name": self.name, "attributes": self.attributes(),
                  "consumesCounters": [{"counterSet": self.counter_set, "counters": {
@@ -121,6 +132,20 @@ def offers(sysfs, gpu):
                 offer["type_id"], offer["size_mib"], 1, root, numa, gpu.get("model"), gi_profile=offer["gi_profile"],
                 start=start, size=offer["size"], compute=offer["compute"], limited=offer["gi_profile"] in limits))
     return found
+
+
+def from_entry(entry, attribute):
+    """The PlacementDevice a ResourceSlice device entry (`to_api`'s output, read back: claim_time.from_slices) is;
+    KeyError, TypeError or ValueError when it is not one as we write them."""
+    attrs, counters = entry["attributes"], entry["consumesCounters"][0]["counters"]
+    gi_profile = attribute(attrs, "giProfile", "int")
+    return PlacementDevice(
+        entry["name"], attribute(attrs, "parentGPU"), attribute(attrs, "profile"), attribute(attrs, "typeName"),
+        attribute(attrs, "typeID", "int"), attribute(attrs, "framebuffer", "int"), 1,
+        attribute(attrs, dra_devices.PCIE_ROOT), attribute(attrs, "numaNode", "int"), attribute(attrs, "productName"),
+        bool(entry.get("taints")), gi_profile=int(gi_profile), start=int(attribute(attrs, "placementStart", "int")),
+        size=int(attribute(attrs, "placementSize", "int")), compute=int(counters[COMPUTE]["value"]),
+        limited=(LIMITED % gi_profile) in counters)
 
 
 class MigSteps:

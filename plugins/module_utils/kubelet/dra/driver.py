@@ -241,12 +241,14 @@ class DraDriver:
                 self._write_types(ref, entries, typed, others)
                 self._take_whole(ref, entries)
             except BaseException as exc:
-                self._release_claim_time(ref, self.checkpoint.get(ref.uid))
+                entry = self.checkpoint.get(ref.uid)
+                kept = {vf for vf, dummy in self._release_claim_time(ref, entry)}
                 try:
                     self._give_back_whole(ref, self.checkpoint.get(ref.uid))
                 except ClaimError as stuck:     # the record stays: the retry goes on, unprepare gives it back
                     raise ClaimError("%s; giving the GPU back failed too: %s" % (exc, stuck)) from None
-                self.checkpoint.drop(ref.uid)
+                if not _gi_left(entry, kept):   # else its record says the GI is ours: a retry or unprepare destroys it
+                    self.checkpoint.drop(ref.uid)
                 self.checkpoint.save()
                 raise
         return entries
@@ -389,10 +391,17 @@ class DraDriver:
     def _unprepare_one(self, ref):
         entry = self.checkpoint.get(ref.uid)
         self._remove_files(ref)
-        self._release_claim_time(ref, entry)
+        kept = self._release_claim_time(ref, entry)
         self._give_back_whole(ref, entry)     # fails: the record stays, the kubelet's retry goes on from its step
         if entry and (entry["namespace"], entry["name"]) != (ref.namespace, ref.name):
             self._remove_files(claims.ClaimRef(entry["namespace"], entry["name"], ref.uid))
+        left = [(vf, why) for vf, why in kept if _gi_left(entry, {vf})]
+        if left:    # the record is the only proof the GI is ours: it stays, the kubelet retries (unsure = held)
+            vf, why = left[0]
+            gi = next(d["mig"] for d in entry["devices"] if d.get("key") == vf)
+            return ("%s: the GPU instance %s its prepare created on GPU %s at %d:%d stays (VF %s: %s); its record "
+                    "stays, the kubelet retries the unprepare" % (ref, gi.get("gi", "?"), gi["gpu"], gi["start"],
+                                                                   gi["size"], vf, why))
         if entry is not None:
             self.checkpoint.drop(ref.uid)
             self.checkpoint.save()
@@ -446,6 +455,10 @@ class DraDriver:
                     self._remove_files(ref)
                     kept = self._release_claim_time(ref, entry, unsure_kept=True)
                     self._give_back_whole(ref, entry)     # a GPU a cut-short prepare took goes back (ClaimError: kept)
+                    if _gi_left(entry, {vf for vf, dummy in kept}):
+                        log("DRA driver: %s (UID %s), left PrepareStarted: %s; its GPU instance stays (%s): its record "
+                            "stays, cleaned again at the next reconcile" % (ref, ref.uid, why, kept[0][1]))
+                        return False
                     self.checkpoint.drop(ref.uid)
                     self.checkpoint.save()
         except (NodeLockError, ClaimError) as exc:
@@ -490,6 +503,14 @@ def _carry_whole(entry, devices):
     for record in devices:
         if record["device"] in whole:
             record["whole"] = whole[record["device"]]
+
+
+def _gi_left(entry, kept):
+    """Whether a MIG-backed device of the entry whose release was kept from finishing (`kept`: its VF) may have left
+    the GI its prepare created (claim_time_mig.py): then the record stays, the only proof that GI is ours."""
+    return any(d.get("key") in kept and isinstance(d.get("mig"), dict)
+               and (d["mig"].get("gi") is not None or d["mig"].get("before") is not None)
+               for d in (entry or {}).get("devices") or ())
 
 
 def _gis_this_boot(entry, boot_id):

@@ -89,6 +89,17 @@ class WholeGpuDevice:
     def withdraw(self):
         return replace(self, withdrawn=True)
 
+    def consumption(self):
+        return dict(self.counters)
+
+    def counter_set_for(self, kept, current):
+        """The GPU's counter set while `kept` (withdrawn devices of this GPU, this one among them) stay published
+        (claim_time.with_withdrawn): the plain set offered now, else the one this device draws all of."""
+        from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time  # pylint: disable=import-outside-toplevel
+        if type(current) is claim_time.CounterSet:     # pylint: disable=unidiomatic-typecheck
+            return current
+        return claim_time.CounterSet(self.counter_set, self.gpu, int(self.consumption().get(claim_time.COUNTER, 1)))
+
 
 def device_for(counter_set, gpu, pcie_root=None, numa_node=None):
     """The whole device of the claim-time GPU `gpu` (an apply result's claim_time entry) drawing all of

@@ -311,7 +311,7 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, b
     reserved = pf_driver.skipped(sysfs, [pci.PciDevice(sysfs, address) for address in chosen if address not in given])
     reserved = [s._replace(reason="%s; as a claim-time GPU it offers no vGPU" % s.reason) for s in reserved]
     passed_through = {s.address for s in reserved}
-    claimed = None
+    claimed, placed = None, set()
     stale, restore, warnings, claims = [], OrderedDict(), [], {}
     for address in chosen:
         if address in passed_through or address in given:
@@ -327,14 +327,21 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, b
                     address, vf, inuse.describe(by_claims), UNREADABLE))
             elif current == 0 and by_claims:
                 if claimed is None:
-                    claimed = claim_holders.claimed_types(claim_holders.read_claims(
-                        claim_holders.checkpoint_path(os.path.dirname(modes_file))), boot_id)
+                    recorded = claim_holders.read_claims(claim_holders.checkpoint_path(os.path.dirname(modes_file)))
+                    claimed = claim_holders.claimed_types(recorded, boot_id)
+                    placed = claim_holders.placed(recorded)
                 type_id = claimed.get(vf)
                 others = [h for h in found if not claim_holders.is_claim_holder(h)]
                 if type_id and others:
                     warnings.append("GPU %s: VF %s of %s lost its type %d (a vGPU-manager restart?) and is held by "
                                     "%s too: not written" % (address, vf, inuse.describe(by_claims), type_id,
                                                              inuse.describe(others)))
+                elif type_id and vf in placed:
+                    # the driver puts a MIG-backed vGPU on any free GI of its profile (kubelet/dra/claim_time_mig.py):
+                    # written back, it could land on a GI that is not the claim's (another claim's, an operator's)
+                    warnings.append("GPU %s: VF %s of %s lost its MIG-backed type %d (a vGPU-manager restart?): not "
+                                    "written back, the driver would not put it on the GPU instance the claim created"
+                                    % (address, vf, inuse.describe(by_claims), type_id))
                 elif type_id:
                     why = _not_writable(sysfs, vf, type_id)
                     if why:

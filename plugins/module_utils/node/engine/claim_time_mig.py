@@ -45,11 +45,14 @@ def check_allow(allow, origin):
                           % origin)
 
 
-def recorded(claims):
-    """{PF: [mig record]} of the DRA checkpoint's claims (claim_holders.read_claims): the GIs our claims made or
-    were making."""
+def recorded(claims, boot_id):
+    """{PF: [mig record]} of the DRA checkpoint's claims (claim_holders.read_claims) recorded in boot `boot_id`: the GIs
+    our claims made or were making. A reboot removes every GI: a record of another boot explains none (a GI at its
+    profile, start and ID now is someone else's), as the driver's _gis_this_boot."""
     found = {}
     for entry in (claims or {}).values():
+        if entry.get("bootID") != boot_id:
+            continue
         for device in entry.get("devices") or ():
             record = device.get("mig")
             if isinstance(record, dict) and record.get("gpu"):

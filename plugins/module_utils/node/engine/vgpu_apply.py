@@ -426,7 +426,7 @@ class NodeEngine:
         """A MIG claim-time GPU's offers: its free placements per allowed type, GIs our claims did not make left
         alone (claim_time_mig.offers); not in MIG mode: nothing, and a warning."""
         records = claim_time_mig.recorded(claim_holders.read_claims(
-            claim_holders.checkpoint_path(os.path.dirname(self.modes_file)))).get(view.gpu.address, [])
+            claim_holders.checkpoint_path(os.path.dirname(self.modes_file))), self.boot_id).get(view.gpu.address, [])
         facts, profiles, warning = claim_time_mig.offers(self.smi, view, allow, records)
         if warning:
             self.modes.warnings.append(warning)

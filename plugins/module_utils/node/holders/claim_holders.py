@@ -133,6 +133,13 @@ def claimed_types(claims, boot_id=ANY_BOOT):
     return {key: type_id for key, type_id in types.items() if key not in conflicting}
 
 
+def placed(claims):
+    """The device keys (VFs) of MIG-backed claim-time records (their `mig` part, kubelet/dra/claim_time_mig.py): the
+    driver chose their GPU instance when the type was written, a write without Prepare's checks may pick another."""
+    return {device["key"] for entry in claims.values() for device in entry.get("devices") or ()
+            if isinstance(device.get("mig"), dict)}
+
+
 def is_claim_holder(holder):
     """Whether a holder description (inuse.held_devices) is a prepared claim, not a process."""
     return isinstance(holder, str) and holder.startswith(HOLDER.split("%", 1)[0])

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from dra_node import L40S, build, node_facts
+from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices, slices
@@ -432,3 +433,74 @@ def test_with_no_reconcile_finished_the_sockets_are_served_after_a_while_and_new
     assert started == [1] and not dra.driver._ready.is_set()
     dra.reconciled("uid-1", plugin.sysfs, apply_result(plugin.node))
     assert started == [1] and dra.driver._ready.is_set()
+
+
+# --- issue 42.2: a withdrawn MIG-backed placement keeps its counters ------------------------------------------------
+ME0 = "h100-1-10cme-gpu-0000-41-00-0-at-0"
+MIG_OFFERS = {"H100-1-10C": {"profile": "H100-1-10C", "type_name": "NVIDIA H100-1-10C", "type_id": 1130,
+                             "size_mib": 10240, "gi_profile": 19, "compute": 1, "size": 1, "starts": list(range(7)),
+                             "max_instances": 7},
+              "H100-1-10CME": {"profile": "H100-1-10CME", "type_name": "NVIDIA H100-1-10CME", "type_id": 1131,
+                               "size_mib": 10240, "gi_profile": 20, "compute": 1, "size": 1,
+                               "starts": list(range(7)), "max_instances": 1}}
+
+
+def mig_result(node, profiles, limits):
+    result = claim_time_result(node, [])
+    result["claim_time"] = [{"address": L40S, "model": "H100", "vfs": 2, "allow": list(profiles),
+                             "profiles": [MIG_OFFERS[p] for p in profiles],
+                             "mig": {"memory_slices": 8, "compute_slices": 7, "limits": limits}}]
+    return result
+
+
+def counter_shapes_hold(api):
+    """Every counter a published device consumes exists in its pool's counter set of that name (else the scheduler
+    cannot charge it: the device reads as free, or the pool as invalid)."""
+    sets = {c["name"]: c["counters"] for s in api.slices.values() for c in s["spec"].get("sharedCounters") or ()}
+    for device in stored_devices(api).values():
+        for entry in device.get("consumesCounters") or ():
+            missing = set(entry["counters"]) - set(sets.get(entry["counterSet"]) or ())
+            assert not missing, "%s consumes %s, not in counter set %s %s" % (
+                device["name"], sorted(missing), entry["counterSet"], sorted(sets.get(entry["counterSet"]) or ()))
+    return True
+
+
+@pytest.mark.parametrize("after", ["narrowed", "not-claim-time", "mig-off", "time-sliced"])
+def test_a_withdrawn_placement_keeps_the_counters_it_consumes(plugin, after):
+    """A claim prepared on a `+me` placement, then the allow-list narrowed (the `gi-profile-20` limit no longer in the
+    offered set), the GPU left claim-time mode, MIG mode off (no offer), or the allow-list made time-sliced: the
+    withdrawn placement must keep its consumption and a counter set that has those counters."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, mig_result(plugin.node, ["H100-1-10C", "H100-1-10CME"], {"20": 1}))
+    assert counter_shapes_hold(plugin.api)
+    record(plugin.dra, ME0)
+    before = stored_devices(plugin.api)[ME0]["consumesCounters"]
+    result = {"narrowed": mig_result(plugin.node, ["H100-1-10C"], {}),
+              "not-claim-time": claim_time_result(plugin.node, []),
+              "mig-off": dict(claim_time_result(plugin.node, []), claim_time=[
+                  {"address": L40S, "model": "H100", "vfs": 2, "allow": ["H100-1-10C"], "profiles": []}]),
+              "time-sliced": claim_time_result(plugin.node, ["L40S-24Q"])}[after]
+    plugin.dra.reconciled("uid-1", plugin.sysfs, result)
+    found = stored_devices(plugin.api)
+    assert found[ME0]["taints"] and found[ME0]["consumesCounters"] == before
+    assert counter_shapes_hold(plugin.api)
+    assert plugin.dra.driver.claim_time.owns(ME0)
+    for item in plugin.api.slices.values():
+        assert_valid(dict(item, apiVersion="resource.k8s.io/v1", kind="ResourceSlice"))
+
+
+def test_a_restarted_agent_keeps_a_used_placement_the_new_config_no_longer_offers(plugin):
+    """The config change rolls the DaemonSet: the new agent reads the placement device back from the slices (and
+    from the node's record after a reboot) with its consumption, tainted, preparable."""
+    plugin.dra.reconciled("uid-1", plugin.sysfs, mig_result(plugin.node, ["H100-1-10C", "H100-1-10CME"], {"20": 1}))
+    record(plugin.dra, ME0)
+    plugin.dra.driver.checkpoint.save()
+    before = stored_devices(plugin.api)[ME0]
+    for wiped in (False, True):
+        if wiped:
+            plugin.api.slices.clear()       # the kubelet's start after a reboot
+        again = restarted(plugin)
+        again.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, []))
+        found = stored_devices(plugin.api)
+        assert found[ME0]["taints"] and found[ME0]["consumesCounters"] == before["consumesCounters"]
+        assert found[ME0]["attributes"] == before["attributes"]
+        assert counter_shapes_hold(plugin.api) and again.driver.claim_time.owns(ME0)

@@ -362,3 +362,80 @@ def test_the_node_cli_says_what_a_mig_claim_time_gpu_offers(env, capsys):
     node_cli._print_apply(e.result, True)    # pylint: disable=protected-access
     out = capsys.readouterr().out
     assert "offers H100-1-10C (up to 7), H100-1-10CME (up to 1), H100-1-20C (up to 4)" in out
+
+
+def test_after_a_reboot_an_operators_gi_where_a_claim_of_the_old_boot_had_its_gi_is_foreign_in_the_offers(env):
+    """Before the kubelet prepares the old boot's claim again, its record must not make the operator's GI (same
+    profile, placement and ID) look ours: that placement is not offered and its compute slices are taken."""
+    e = env()
+    one = e.add(UIDS[4], name("H100-3-40C", 0))
+    assert e.driver.prepare([one])[UIDS[4]].error == ""
+    [old] = e.gis()
+    e.node.ctl("reboot")
+    e.engine.boot_id = "the-next-boot"
+    vgpu_apply.apply(e.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
+    e.node.ctl("mig", PF, "1")
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "9:0", "-C"], "operator")
+    assert [(gi.gi_id, gi.start) for gi in e.gis()] == [(old.gi_id, old.start)]
+    offered = {item.name: item for item in e.reconcile()}
+    assert name("H100-3-40C", 0) not in offered and name("H100-1-10C", 0) not in offered
+    assert offered["gpu-0000-41-00-0"].compute_slices == 4
+
+
+def _dgi_fails_once(monkeypatch):
+    run, failed = mig.Smi.run, []
+
+    def dgi_fails_once(self, pf, args, what, ok_codes=(0,)):
+        if "-dgi" in args and not failed:
+            failed.append(args)
+            raise vgpu_layout.LayoutError("GPU %s: nvidia-smi %s failed: In use by another client" % (pf, what))
+        return run(self, pf, args, what, ok_codes)
+    monkeypatch.setattr(mig.Smi, "run", dgi_fails_once)
+    return failed
+
+
+def test_a_failed_prepare_whose_gi_cannot_be_destroyed_keeps_its_record_so_the_gi_stays_ours(env, monkeypatch):
+    """The vGPU landed on an operator's GI (the claim fails) and `-dgi` of the claim's own GI fails once: the record
+    must stay, else that GI reads as foreign for ever (never offered, never destroyed); the unprepare destroys it."""
+    e = env()
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "9:4", "-C"], "operator")
+    [theirs] = e.gis()
+    failed = _dgi_fails_once(monkeypatch)
+    one = e.add(UIDS[5], name("H100-3-40C", 0))
+    assert "landed on GPU instance %d" % theirs.gi_id in e.driver.prepare([one])[UIDS[5]].error
+    [mine] = [gi for gi in e.gis() if gi != theirs]
+    assert failed and e.record(UIDS[5])["mig"]["gi"] == mine.gi_id
+    assert name("H100-3-40C", 0) in {item.name for item in e.reconcile()}     # still ours: its placement offered
+    del e.store.objects[("vms", "vm-%s" % UIDS[5][:8])]       # the claim is gone: the stale cleanup destroys it
+    failed[:] = []
+    assert e.driver.clean_stale(lambda line: None, min_age=0) == [] and e.record(UIDS[5])["mig"]["gi"] == mine.gi_id
+    assert e.driver.clean_stale(lambda line: None, min_age=0) == [UIDS[5]] and e.gis() == [theirs]
+
+
+def test_a_vgpu_manager_restart_never_gives_a_mig_backed_claim_its_type_back_on_a_gi_it_did_not_create(env):
+    """The restart takes the claim's GI and its VF's type; a free GI of the same profile (the operator's here) makes
+    the type creatable again, and the driver would put the restored vGPU on that GI: the restore must not write it."""
+    e = env()
+    one = e.add(UIDS[6], name("H100-1-10C", 0))
+    assert e.driver.prepare([one])[UIDS[6]].error == ""
+    vf = e.record(UIDS[6])["key"]
+    e.node.ctl("manager-restart")
+    e.smi.run(PF, ["mig", "-i", PF, "-cgi", "19:3", "-C"], "operator")
+    [theirs] = e.gis()
+    e.reconcile()
+    assert e.current(vf) == 0 and e.gis() == [theirs]
+    assert any(vf in w and "MIG-backed" in w for w in e.result["warnings"]), e.result["warnings"]
+
+
+def test_an_unprepare_whose_gi_cannot_be_destroyed_fails_and_keeps_its_record_for_the_retry(env, monkeypatch):
+    e = env()
+    one = e.add(UIDS[7], name("H100-2-20C", 2))
+    assert e.driver.prepare([one])[UIDS[7]].error == ""
+    [mine] = e.gis()
+    vf = e.record(UIDS[7])["key"]
+    _dgi_fails_once(monkeypatch)
+    error = e.driver.unprepare([one])[UIDS[7]]
+    assert "GPU instance %d" % mine.gi_id in error and "In use by another client" in error
+    assert e.gis() == [mine] and e.record(UIDS[7])["mig"]["gi"] == mine.gi_id and e.current(vf) == 0
+    assert e.driver.unprepare([one]) == {UIDS[7]: ""} and e.gis() == []
+    assert checkpoint.Checkpoint(e.plugin_dir).claims == {}
