@@ -449,6 +449,8 @@ vfs_enabled:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+# first: the collection files imported after it are compiled once, not twice (see payload_imports.py)
+from ansible_collections.accelops.vgpu.plugins.module_utils import payload_imports  # noqa: F401  pylint: disable=unused-import
 from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
     boot_entries, boot_files, boot_unit, boot_unit_file, handover, mig, vgpu_apply, vgpu_layout)
