@@ -49,10 +49,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_ti
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher  # noqa: E402
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import (  # noqa: E402
-    claim_holders, facts, vgpu_apply, vgpu_layout)
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration  # noqa: E402
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs  # noqa: E402
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.kubelet_holders import node_holders  # noqa: E402
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner  # noqa: E402
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import VmiController  # noqa: E402
 from demo import rel, wait_for  # noqa: E402  (tools/demo.py, this script's directory)
@@ -126,8 +128,9 @@ class Scene:
         SlicePublisher(self.client, self.node, uid).publish(self.offers)
         self.driver = DraDriver(self.node, lambda ns, name: self.client.get_resource_claim(ns, name, timeout=10),
                                 devices.NodeView(self.sysfs, lambda: facts.gather(self.sysfs, {})), self.plugin_dir,
-                                self.cdi_dir, boot_id="demo")
-        self.driver.claim_time = ClaimTimePreparer(self.sysfs, self.engine.begin)
+                                self.cdi_dir, boot_id="demo",
+                                claim_time=ClaimTimePreparer(self.sysfs, node_holders(
+                                    self.sysfs, self.engine.dev_root, self.engine.proc_root, self.engine.kubelet_dir)))
         self.driver.claim_time.update(self.offers)
         typed = self.typed()
         print("After the apply: %d VFs enabled, %d typed (a claim-time GPU's VFs are typed by Prepare only)" % (

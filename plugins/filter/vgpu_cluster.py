@@ -71,12 +71,12 @@ from ansible.errors import AnsibleFilterError
 
 # The engine is imported when the filter runs, not with this file: ansible-core loads every filter file of
 # the collection in each forked worker that uses any accelops.vgpu filter (the node play's vdm_document on
-# every host), and this file's imports were most of that cost (issue 34, P4b).
+# every host), and importing the engine with this file would be most of that cost (issue 34, P4b).
 
 
 def profile_resource(profile):
     """A resource dict like vgpu_profile's from {type_name, pci_vendor_selector[, framework]}."""
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import resource_name, short_name
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.vgpu_types import resource_name, short_name
     type_name = str(profile["type_name"]).strip()
     out = {"profile": short_name(type_name), "type_name": type_name, "resource_name": resource_name(type_name),
            "pci_vendor_selector": str(profile["pci_vendor_selector"]).upper(),

@@ -64,11 +64,11 @@ DATE_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 def closure(read_source, exists, agent=False):
-    """Sorted dotted names below module_utils (e.g. `node.sysfs`) the node CLI needs (`agent`: the agent CLI),
+    """Sorted dotted names below module_utils (e.g. `node.hw.sysfs`) the node CLI needs (`agent`: the agent CLI),
     the roots included.
 
     `read_source(name)` returns a module's text; `exists(name)` says whether `name` is a module (not a
-    package): `from ...module_utils.node import sysfs, pci` imports modules, `from ...node.sysfs import
+    package): `from ...module_utils.node.hw import sysfs, pci` imports modules, `from ...node.hw.sysfs import
     Sysfs` a name from one.
     """
     todo, seen = [ENTRY] + list(AGENT if agent else ()), set()

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 
 class EngineError(Exception):
-    """Base of all engine errors. str(err) is the one-line message shown to users."""
+    """Base of all engine errors. str(err) is the one-line message shown to users. `held`: the devices (VF
+    addresses, mdev UUIDs) whose holders refused the change, where that is the reason (the node agent asks them
+    again until one is free); empty otherwise."""
+
+    held = ()
+
+    def __init__(self, *args, held=()):
+        super().__init__(*args)
+        self.held = tuple(held)
 
 
 def shown(value):

@@ -4,7 +4,7 @@
 """The one table of known NVIDIA GPU PCI IDs and their model names.
 
 Source: NVIDIA/vgpu-device-manager `examples/config-example.yaml` (`default` config, device filters
-`0x<device><vendor>`) at acb7270, cross-checked as noted in the domain brief section 9
+`0x<device><vendor>`) at acb7270, cross-checked against
 (L40S: public `lspci` output; H200 SXM: gpu-operator#2594; RTX PRO 6000: cubecos#312; A2: the
 harvester/pcidevices fixture). On NVIDIA SR-IOV GPUs a VF reports its PF's ID, so the table names
 VFs too. A2 and A16 share 0x25b6 and cannot be told apart by ID.
@@ -12,7 +12,7 @@ VFs too. A2 and A16 share 0x25b6 and cannot be told apart by ID.
 
 from __future__ import annotations
 
-NVIDIA_VENDOR = "10de"  # PCI vendor ID (lower-case hex, as sysfs `vendor` without 0x); node/pci.py uses it
+NVIDIA_VENDOR = "10de"  # PCI vendor ID (lower-case hex, as sysfs `vendor` without 0x); node/hw/pci.py uses it
 
 # device ID (lower-case hex) -> model name, vendor 10de
 NVIDIA_MODELS = {
@@ -38,7 +38,7 @@ NVIDIA_MODELS = {
 
 
 # What a GPU offers to time-sliced vGPUs, for the checks that run before its VFs are enabled
-# (node/layout_fit.py), when the driver cannot list its types (`nvidia-smi vgpu -s` missing or failing).
+# (node/layout/layout_fit.py), when the driver cannot list its types (`nvidia-smi vgpu -s` missing or failing).
 # Per device ID (vendor 10de): the profile prefix the driver's names use, the framebuffer in GB that
 # vGPUs share (the size of the largest profile, one vGPU per GPU), and the offered profiles as
 # {series: (sizes in GB)}. A type's per-GPU maximum is framebuffer // size, capped at one vGPU per VF

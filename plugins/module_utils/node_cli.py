@@ -19,7 +19,7 @@ list (`[{devices, device_filter, profiles}]`, optionally under a `layout:` key),
 PyYAML is importable. `apply` first enables the maximum number of VFs on selected SR-IOV GPUs that
 have none (sriov-manage when present), then programs the profiles; a GPU passed through (bound to
 vfio-pci, or to another driver than nvidia) is skipped and printed as such, naming one in the layout is
-an error, and --take-over ADDRESS lets apply rebind it (node/pf_driver.py); --wait-timeout (default 120 s)
+an error, and --take-over ADDRESS lets apply rebind it (node/holders/pf_driver.py); --wait-timeout (default 120 s)
 bounds the wait for those VFs, separately from --lock-timeout (the wait for another apply's node
 lock). --sriov-manage names the tool when it is not /usr/lib/nvidia/sriov-manage or on PATH (GPU
 Operator nodes: /run/nvidia/driver/usr/lib/nvidia/sriov-manage). `assert` exits 0 when the node
@@ -49,13 +49,16 @@ import os
 import subprocess
 import sys
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
-    boot_retry, handover, kubelet_holders, mig, pci, vgpu_apply, vgpu_busy, vgpu_layout)
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import kubelet_holders, vgpu_busy
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import mig, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.boot import boot_retry, handover
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_kubelet_dir, check_roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.roots import check_kubelet_dir, check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 
 PROG = "accelops-vgpu"
 # Imported by name when the verb is `agent`: Ansible's module packer follows every import statement
@@ -291,7 +294,7 @@ def cmd_export(args):
 
 def holder_sources(kubelet_dir):
     """Every holder source besides the VFIO scan (inuse.held_devices' `sources`), as the engine has them
-    (node/kubelet_holders.py: DRA claims prepared under the kubelet directory, device plugin allocations)."""
+    (node/holders/kubelet_holders.py: DRA claims prepared under the kubelet directory, device plugin allocations)."""
     return kubelet_holders.holder_sources(check_kubelet_dir(kubelet_dir))
 
 

@@ -199,7 +199,9 @@ reserved:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue, pod_allocations, sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import sriov
 
 
 def main():

@@ -185,9 +185,9 @@ from contextlib import nullcontext
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import engine_errors, exit_with_diff
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import DEFAULT_SERVICES, DriverManager
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_kubelet_dir, check_roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.nvdriver import DEFAULT_SERVICES, DriverManager
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.roots import check_kubelet_dir, check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
 
 

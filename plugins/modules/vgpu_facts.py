@@ -188,7 +188,8 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, mig, module_glue, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, mig, vgpu_apply
 
 
 def main():

@@ -455,8 +455,9 @@ from ansible.module_utils.basic import AnsibleModule
 # first: the collection files imported after it are compiled once, not twice (see payload_imports.py)
 from ansible_collections.accelops.vgpu.plugins.module_utils import payload_imports  # noqa: F401  pylint: disable=unused-import
 from ansible_collections.accelops.vgpu.plugins.module_utils import cli_zipapp
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import (
-    boot_entries, boot_files, boot_unit, boot_unit_file, handover, mig, vgpu_apply, vgpu_layout)
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import mig, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.boot import boot_entries, boot_files, boot_unit, boot_unit_file, handover
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import (
     NodeContext, addresses, engine_errors, exit_with_diff, node_argspec)
 

@@ -26,7 +26,7 @@ from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers imp
     CONFIG_LABEL, NODE, NODE_PYTHON, NODES, STATE_LABEL, agent_state, kubeconfig_for)
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
 from tests.bench import REPO, simnodes, stats, vf_enable
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 
 MODEL = "l40s"
 BEFORE, AFTER = {"L40S-24Q": 2}, {"L40S-12Q": 4}

@@ -31,9 +31,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import a
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import NodeView
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.kubelet_holders import node_holders
 from ansible_collections.accelops.vgpu.tests.bench.dra import latency
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import NODE, NodeRunner
 
@@ -90,11 +93,10 @@ def run(args):
                     objects[("vms", body["metadata"]["name"])] = body
             driver = DraDriver(NODE, lambda ns, name: json.loads(json.dumps(objects[ns, name])),
                                NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {})),
-                               claim_holders.plugin_dir(work), os.path.join(work, "cdi"), boot_id="bench")
-            # wired as the agent wires it (agent_plugin.claim_time_preparer: the agent's engine factory)
-            driver.claim_time = agent_plugin.claim_time_preparer(
-                lambda: vgpu_apply.NodeEngine(Sysfs(gpu_node.root), NodeRunner(gpu_node), gpu_node.dev_root, "/proc",
-                                              cache_dir=work, kubelet_dir=work))
+                               claim_holders.plugin_dir(work), os.path.join(work, "cdi"), boot_id="bench",
+                               # wired as the agent wires it: the node's holders, no engine
+                               claim_time=agent_plugin.claim_time_preparer(
+                                   engine.sysfs, node_holders(engine.sysfs, gpu_node.dev_root, "/proc", work), work))
             driver.claim_time.update(items)
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]
             prepare, unprepare = [], []

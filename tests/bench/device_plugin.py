@@ -24,7 +24,7 @@ from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double import TestKub
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
     CONFIG_LABEL, NODE, NODES, agent_state)
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from tests.bench import agent as p5, simnodes, stats, vf_enable
 
 R24, R12 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/NVIDIA_L40S-12Q"

@@ -39,8 +39,9 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver i
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import DraKubelet
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (

@@ -18,7 +18,7 @@ import time
 
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import CONFIG_LABEL, agent_state
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import ApiServer
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from tests.bench import agent as p5, simnodes, stats, vf_enable
 
 IDLE_S = 10.0

@@ -1,7 +1,7 @@
 """A part again in a pid namespace of its own, where this machine's /proc cannot be walked completely.
 
 In a sandbox whose pid 1 cannot be inspected (or under hidepid) every walk of /proc is incomplete, so every
-apply also asks the kernel about each VFIO group in its scope (node/inuse.py: unsure = held); a module or an
+apply also asks the kernel about each VFIO group in its scope (node/holders/inuse.py: unsure = held); a module or an
 agent running as root on a node walks every process. `unshare --pid --fork --mount-proc` (root) gives the part
 that walk: the same code, the same gpusim nodes, a /proc that shows only the bench's own processes. Both
 results are reported, each with the walk it had.
@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import inuse
 from tests.bench import REPO, simnodes
 
 

@@ -14,9 +14,9 @@ import os
 import subprocess
 import time
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import sriov
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from tests.bench import simnodes, stats
 
 MODEL = "l40s"

@@ -1,13 +1,13 @@
 """A DRA claim prepared on a gpusim node as the vgpu.accelops.io driver records it: its checkpoint
 under `<kubelet dir>/plugins/vgpu.accelops.io/` (kubelet/dra/checkpoint.py writes it), the record every
-node module, the node CLI and the agent read (node/claim_holders.py) to treat the claim's vGPUs as held."""
+node module, the node CLI and the agent read (node/holders/claim_holders.py) to treat the claim's vGPUs as held."""
 
 from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import HOLDER
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.claim_holders import HOLDER
 
 CLAIM_UID = "11111111-aaaa-4bbb-8ccc-0000000000c1"
 

@@ -1,11 +1,11 @@
 """A vGPU the device plugin allocated to a pod, as the agent records it: the allocation record under
 `<kubelet dir>/plugins/accelops-vgpu-device-plugin/` (kubelet/pod_resources.py writes it at Allocate and prunes it
-from the kubelet's PodResources), which every node module, the node CLI and the agent read (node/pod_allocations.py)
+from the kubelet's PodResources), which every node module, the node CLI and the agent read (node/holders/pod_allocations.py)
 to treat the vGPU as held although no VM has opened it yet."""
 
 from __future__ import annotations
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
 
 R24 = "nvidia.com/NVIDIA_L40S-24Q"
 

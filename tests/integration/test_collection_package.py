@@ -27,7 +27,7 @@ def test_tarball_builds_and_installs_offline(tmp_path):
         names = set(tar.getnames())
         manifest = json.load(tar.extractfile("MANIFEST.json"))
     assert manifest["collection_info"]["dependencies"] == {"kubernetes.core": ">=5.2.0,<7.0.0"}
-    assert "plugins/module_utils/node/sysfs.py" in names
+    assert "plugins/module_utils/node/hw/sysfs.py" in names
     assert not any(n.startswith((".venv", ".build", ".git/")) or "__pycache__" in n for n in names)
 
     # a clean Ansible that only knows the empty target path, as on a fresh bastion

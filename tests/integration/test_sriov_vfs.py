@@ -2,10 +2,11 @@
 
 import os
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, sriov
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_path, node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import inuse
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import lock_path, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim
 from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.node.fake_node import Rendezvous
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import DEFAULT_SERVICES
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.nvdriver import DEFAULT_SERVICES
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import FAKE_KERNEL
 from ansible_collections.accelops.vgpu.tests.fakes.runfile import write_runfile

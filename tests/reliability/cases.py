@@ -56,7 +56,7 @@ NODE = [
     case("layout-gpu-index-missing", "layout", "GPU index 7", layout=[{"devices": [7], "profiles": {"L40S-24Q": 1}}]),
     case("layout-unknown-pf", "layout", "0000:99:00.0",
          layout=[{"devices": ["0000:99:00.0"], "profiles": {"L40S-24Q": 1}}]),
-    # one set of device rules for sriov_vfs and layouts (node/device_selection.py)
+    # one set of device rules for sriov_vfs and layouts (node/layout/device_selection.py)
     case("layout-vf-given-as-gpu", "layout", "is a VF of %s; select its physical function" % PF_FREE,
          layout=[{"devices": [TYPED_VF], "profiles": {"L40S-24Q": 1}}]),
     case("layout-gpu-twice-in-two-spellings", "layout", "'42:00.0' and '0000:42:00.0' select the same devices",

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import sriov, vgpu_apply, vgpu_layout, vgpu_types
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import sriov, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 
 SPEC = "l40s:3,t4:1,nic:1,nvme:1"
 PF_HELD, PF_FREE, PF_EMPTY, PF_T4, PF_NIC, PF_NVME = (

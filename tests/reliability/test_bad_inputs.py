@@ -12,7 +12,7 @@ import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import ImageBuild
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import DriverManager
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.nvdriver import DriverManager
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import (
     CLUSTER_POLICY, KUBEVIRT, default_state, kubeconfig_dict)
 from ansible_collections.accelops.vgpu.tests.reliability import build_host, cases, node_lab

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_path
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import lock_path
 from ansible_collections.accelops.vgpu.tests.reliability import cli_runs
 from ansible_collections.accelops.vgpu.tests.reliability.assertions import one_line_naming
 from ansible_collections.accelops.vgpu.tests.reliability.module_runs import run_module

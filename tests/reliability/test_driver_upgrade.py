@@ -9,7 +9,7 @@ import os
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import DEFAULT_SERVICES, DriverManager
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.nvdriver import DEFAULT_SERVICES, DriverManager
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.tests.fakes.driver_tools import (
     fail_calls, hold, make_fake_node, modules_dir)

@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout, vgpu_types
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.reliability import cli_runs, node_lab
 from ansible_collections.accelops.vgpu.tests.reliability.assertions import one_line_naming
 from ansible_collections.accelops.vgpu.tests.reliability.module_runs import run_module
@@ -176,7 +178,8 @@ def test_a_vm_that_opens_a_vf_during_its_gpus_writes_stops_the_write_to_that_vf(
 def test_a_vm_that_opens_a_vf_after_the_sriov_plan_stops_the_vf_removal(lab, vfio_holders, failure_writes):
     """32.4 in sriov_vfs: each VF is asked again right before its PF's VFs are removed (force: not even the
     discarded types are cleared)."""
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, sriov
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import inuse
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import sriov
 
     holders = inuse.Holders(lab.sysfs, lab.node.dev_root, "/proc")
     plan = sriov.plan_vfs(lab.sysfs, lab.runner, [PF1], state="absent", force=True, held=holders)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import sriov, vgpu_apply, vgpu_layout, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import sriov, vgpu_apply
 from ansible_collections.accelops.vgpu.tests.reliability import node_lab
 from ansible_collections.accelops.vgpu.tests.reliability.assertions import one_line_naming
 

@@ -9,7 +9,8 @@ reconciled, or when RESYNC_INTERVAL has passed (a failed layout is retried then;
 re-asserted, which reads sysfs but writes nothing when the node still matches). Changes that
 arrive while an apply runs are not lost: the latest one is reconciled next (last change wins).
 
-One reconcile (VDM's flow, domain brief 12, through the engine `accelops-vgpu apply` uses):
+One reconcile (VDM's flow, NVIDIA/vgpu-device-manager `cmd/nvidia-k8s-vgpu-dm/main.go`, through the engine
+`accelops-vgpu apply` uses):
 1. the config is parsed and, under the node lock, the engine plans and validates: errors (unknown
    config, broken file, a VF a VM holds) fail before any sysfs or label write;
 2. already applied: no `pending`, no pause; leftover paused operands are restored, state `success`;
@@ -23,8 +24,9 @@ VGPUManagerRestarted, then the re-apply at once (retried with backoff while it f
 A layout refused because something holds a vGPU (a VM's open VFIO group, a pod the device plugin allocated it to,
 a prepared DRA claim) is tried again within seconds of its last holder going away, not at the resync: while the
 last reconcile was refused for holders, every HOLDER_POLL seconds the allocation record is synced with the kubelet's
-PodResources and the devices the refusal named are asked again, cheaply (inuse.Holders.recheck: their VFIO groups'
-EBUSY probes and the holder sources, no /proc walk); once one is free, the agent reconciles.
+PodResources and the devices the refusal was for (the error's `held`) are asked again, cheaply, by that reconcile's
+inuse.Holders (their VFIO groups' EBUSY probes and the holder sources, no /proc walk, no new engine); once one is
+free, the agent reconciles.
 Any error becomes state `failed` with its reason; API errors are retried with backoff. The agent
 exits only on SIGTERM/SIGINT (0).
 """
@@ -50,18 +52,21 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent.http_endpoint 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.telemetry import Telemetry, node_vgpu_counts
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, handover, pod_allocations
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import LOCK_KEY_ENV, node_lock
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.roots import check_roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import kubelet_holders, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.boot import handover
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import LOCK_KEY_ENV, node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.roots import check_roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.vgpu_labels import profiles_in_use
 
 COMPONENT = "accelops-vgpu-agent"
 EVENT_FAILED, EVENT_APPLIED = "VGPUConfigFailed", "VGPUConfigApplied"
 EVENT_MANAGER_RESTART = "VGPUManagerRestarted"
-EVENT_SKIPPED = "VGPUPassthroughSkipped"    # GPUs passed through that the layout leaves alone (node/pf_driver.py)
+EVENT_SKIPPED = "VGPUPassthroughSkipped"    # GPUs passed through that the layout leaves alone (node/holders/pf_driver.py)
 CONFLICT_RETRIES = 5
 HOLDER_POLL = 2.0   # seconds between checks of the holders a refused layout named
 DESCRIPTION = ("Reconcile this node's vGPU layout with its nvidia.com/vgpu.config label (vgpu-device-manager's "
@@ -107,8 +112,10 @@ class Agent:
         self.checks = 0             # reconciles run: each reads the node's sysfs once (a check-mode plan)
         self.reconcile_engine = None  # the engine of the reconcile under way (its in-use answers, read once)
         self.planned = None     # (sysfs, claim-time offers) a failed apply planned before it failed
-        # a vGPU-manager restart between reconciles (agent/manager_probe.py): noticed, re-applied, reported
-        self.probe = ManagerProbe(Sysfs(settings.sysfs_root), settings.manager_probe_interval, clock)
+        # a vGPU-manager restart between reconciles (agent/manager_probe.py): noticed, re-applied, reported; the DRA
+        # driver's prepared claim-time VFs too (a restart resets them under the claims)
+        self.probe = ManagerProbe(Sysfs(settings.sysfs_root), settings.manager_probe_interval, clock,
+                                  claimed=dra_plugin.claim_time_vfs if dra_plugin is not None else None)
         self.restart_backoff = Backoff(base=settings.manager_probe_interval, cap=settings.resync_interval)
         self.manager_restarts = 0   # restarts noticed (status file `manager_restarts`)
         self.restart_pending = False  # a re-apply after a restart has not succeeded yet
@@ -186,12 +193,15 @@ class Agent:
             return False
         self.next_holder_check = self.clock() + HOLDER_POLL
         try:
-            engine = self.engine()
+            # the refused reconcile's holders (every holder source), not a new engine per check; their device facts
+            # (groups, VFIO identities) read again, a few reads per device: VFs may have been re-enabled since
+            holders = (self.reconcile_engine or self.engine()).in_use
+            holders.forget()
             if self.device_plugin is not None:   # the record only: the served devices' health waits for the reconcile
                 self.device_plugin.allocations.sync()
             else:
                 self._prune_allocations()
-            still = engine.in_use.recheck(sorted(self.refused_by), name_holders=False)
+            still = holders.recheck(sorted(self.refused_by), name_holders=False)
         except (EngineError, OSError) as exc:
             if str(exc) != self.holder_error:
                 log("config %s: cannot tell whether the vGPUs that refused it are free: %s" % (name, exc))
@@ -224,11 +234,15 @@ class Agent:
         self._event(node, EVENT_MANAGER_RESTART, message, warning=True)
 
     # --- one reconcile ---------------------------------------------------------------------------
-    def engine(self):
+    def engine(self, claim_time=None):
+        """A node engine for one reconcile; `claim_time`: the config's claim-time Declaration (the GPUs whose profiles
+        DRA claims choose: not the layout's). What the writes will change is served Unhealthy by the device plugin
+        before the first (`before_writes`)."""
         s = self.settings
         check_roots(s.sysfs_root, s.dev_root, s.proc_root)  # a mount lost while running fails the reconcile
         return vgpu_apply.NodeEngine(Sysfs(s.sysfs_root), CommandRunner(), s.dev_root, s.proc_root,
-                                     sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir)
+                                     sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir, claim_time=claim_time,
+                                     before_writes=self.device_plugin.withdraw if self.device_plugin else None)
 
     def reconcile(self, node, wanted):
         name = wanted[0]
@@ -286,12 +300,15 @@ class Agent:
         engine = entries = None
         self.refused_by = set()
         try:
-            engine = self.reconcile_engine = self.engine()
-            if self.device_plugin is not None:     # what the writes will change is served Unhealthy before the first
-                engine.before_writes = self.device_plugin.withdraw
+            try:
+                declared, broken = self.config.claim_time(), None
+            except EngineError as exc:      # reported after the layout's own errors, which name the file first
+                declared, broken = None, exc
+            engine = self.reconcile_engine = self.engine(declared)
             self._plugin_check(engine)
             entries = self.config.entries(name)
-            engine.claim_time = self.config.claim_time()   # GPUs whose profiles DRA claims choose: not the layout's
+            if broken is not None:
+                raise broken
             if engine.claim_time:       # served by the DRA driver only (DEVICE_PLUGIN_GPUS naming one: an error)
                 every = vgpu_layout.nvidia_gpus(engine.sysfs)
                 agent_settings.check_claim_time(s, every, engine.claim_time.select(every))
@@ -303,7 +320,7 @@ class Agent:
         except EngineError as exc:
             self.probe.disarm()
             reason = vdm.reason_text(exc)
-            self._watch_holders(name, engine, exc)
+            self._watch_holders(name, exc)
         except Exception as exc:  # a bug must not crash-loop the pod: report it like any failure
             log(traceback.format_exc().rstrip())
             self.probe.disarm()
@@ -329,11 +346,11 @@ class Agent:
                      config=name)
         return vdm.FAILED, None, reason, False, None
 
-    def _watch_holders(self, name, engine, exc):
-        """After a failed reconcile: the held devices its error names (the plan's holders, or the one that became
-        held since: HeldSincePlan.device) are watched (_holders_freed); none named: nothing is watched."""
-        held = set(getattr(engine, "planned_held", None) or ()) | {getattr(exc, "device", None)} - {None}
-        refused = set(device for device in held if device in str(exc))
+    def _watch_holders(self, name, exc):
+        """After a failed reconcile: the held devices its error was refused for (`EngineError.held`: a VF or mdev
+        the plan found held, or one that became held since, HeldSincePlan) are watched (_holders_freed); none:
+        nothing is watched."""
+        refused = set(exc.held)
         if refused and refused != self.refused_by:
             log("config %s: refused for held vGPU(s) %s; checking every %g s whether they are freed"
                 % (name, ", ".join(sorted(refused)), HOLDER_POLL))
@@ -412,13 +429,13 @@ class Agent:
         return found
 
     def hand_over_to_boot(self, name):
-        """The boot unit and the vGPU manager image re-apply what this agent last applied (node/handover.py):
+        """The boot unit and the vGPU manager image re-apply what this agent last applied (node/boot/handover.py):
         the config goes to the hand-over file after each success. A failure to write is logged, never fatal."""
         path = self.settings.handover_file
         if not path:
             return
         try:
-            document = vgpu_layout.load_document(self.config.text or "", self.settings.config_file)
+            document = self.config.document()
             configs = document.get("vgpu-configs") if isinstance(document, dict) else None
             if isinstance(configs, dict) and name in configs:
                 handover.write(path, name, configs[name])  # False: no boot unit on this node, nothing to hand over
@@ -555,33 +572,11 @@ def main(args):
         credentials = kube.in_cluster()
     if settings.lock_key:
         os.environ[LOCK_KEY_ENV] = settings.lock_key  # the engine names the node lock after it
-    gpus = vgpu_layout.nvidia_gpus(Sysfs(settings.sysfs_root)) if settings.device_plugin or settings.dra_driver else []
-    agent_settings.check_split(settings, gpus)   # DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS: no GPU in both
-    device_plugin = None
-    if settings.device_plugin:
-        # gRPC lives in the agent image only: imported when the agent serves the kubelet
-        try:
-            from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import vgpu_device_plugin
-        except ImportError as exc:
-            raise agent_settings.SettingsError("DEVICE_PLUGIN=true needs the Python packages grpcio and protobuf "
-                                               "(the agent image has them): %s" % exc) from None
-        device_plugin = vgpu_device_plugin.VgpuDevicePlugin(
-            settings.kubelet_dir, log, serves=agent_settings.served(settings.device_plugin_gpus, gpus),
-            grace=settings.kubelet_restart_grace).start()
     telemetry = Telemetry(settings)
     api = telemetry.instrument(kube.KubeClient(credentials))  # API errors and the watch counted
+    device_plugin, dra_plugin = kubelet_plugins(settings, api)
     agent = Agent(settings, api, settings.namespace or credentials.namespace or "default",
-                  device_plugin=device_plugin, telemetry=telemetry)
-    if settings.dra_driver:
-        try:
-            from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin
-        except ImportError as exc:
-            raise agent_settings.SettingsError("DRA_DRIVER=true needs the Python packages grpcio and protobuf "
-                                               "(the agent image has them): %s" % exc) from None
-        agent.dra_plugin = agent_plugin.VgpuDraPlugin(
-            settings, api, agent.engine, lambda timeout: node_lock(settings.sysfs_root, timeout), log,
-            serves=agent_settings.served(settings.dra_driver_gpus, gpus)).start()
-        agent.probe.claimed = agent.dra_plugin.claim_time_vfs   # prepared claim-time VFs: a restart resets them too
+                  device_plugin=device_plugin, dra_plugin=dra_plugin, telemetry=telemetry)
     if settings.metrics_port is not None:  # /metrics, /healthz, /readyz (agent/http_endpoint.py)
         try:
             endpoint = HttpEndpoint(telemetry, settings.metrics_bind_address, settings.metrics_port).start()
@@ -592,6 +587,37 @@ def main(args):
         log("serving /metrics, /healthz and /readyz on %s port %d" % (endpoint.address, endpoint.port))
     relay_signals(agent.shutdown)
     return agent.run()
+
+
+def kubelet_plugins(settings, api):
+    """(device plugin, DRA plugin), each started, or None where the settings leave it off. The DRA plugin gets the
+    node's holders (every holder source, no node engine) for claim-time Prepare and Unprepare."""
+    sysfs = Sysfs(settings.sysfs_root)
+    gpus = vgpu_layout.nvidia_gpus(sysfs) if settings.device_plugin or settings.dra_driver else []
+    agent_settings.check_split(settings, gpus)   # DEVICE_PLUGIN_GPUS and DRA_DRIVER_GPUS: no GPU in both
+    device_plugin = dra_plugin = None
+    if settings.device_plugin:
+        # gRPC lives in the agent image only: imported when the agent serves the kubelet
+        try:
+            from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import vgpu_device_plugin
+        except ImportError as exc:
+            raise agent_settings.SettingsError("DEVICE_PLUGIN=true needs the Python packages grpcio and protobuf "
+                                               "(the agent image has them): %s" % exc) from None
+        device_plugin = vgpu_device_plugin.VgpuDevicePlugin(
+            settings.kubelet_dir, log, serves=agent_settings.served(settings.device_plugin_gpus, gpus),
+            grace=settings.kubelet_restart_grace).start()
+    if settings.dra_driver:
+        try:
+            from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin
+        except ImportError as exc:
+            raise agent_settings.SettingsError("DRA_DRIVER=true needs the Python packages grpcio and protobuf "
+                                               "(the agent image has them): %s" % exc) from None
+        dra_plugin = agent_plugin.VgpuDraPlugin(
+            settings, api, lambda timeout: node_lock(settings.sysfs_root, timeout), log, sysfs,
+            kubelet_holders.node_holders(sysfs, settings.dev_root, settings.proc_root, settings.kubelet_dir),
+            lambda: vgpu_apply.TypeNames(sysfs, CommandRunner()),
+            serves=agent_settings.served(settings.dra_driver_gpus, gpus)).start()
+    return device_plugin, dra_plugin
 
 
 def relay_signals(stop, signals=(signal.SIGTERM, signal.SIGINT)):

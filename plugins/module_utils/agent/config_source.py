@@ -9,6 +9,9 @@ at that directory and `<key>` at `..data/<key>`, and an update swaps `..data` wi
 (the directory's `..data` target and the file's inode, size and mtime) and, when it moved, the
 content's digest: only a different content counts as a change. Polling costs two syscalls and
 no sysfs access.
+
+The document is parsed (JSON, else YAML) once per content (`document()`), whoever asks in a reconcile: the
+layout's entries, the claim-time declaration, the hand-over to the boot unit all read the same parsed document.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
 
 
 class ConfigSource:
@@ -26,6 +30,7 @@ class ConfigSource:
         self.text = None
         self.error = None
         self.digest = None
+        self._parsed = None     # (digest, document, LayoutError or None) of the last parse
         self.poll()
 
     def _signature(self):
@@ -56,15 +61,24 @@ class ConfigSource:
         changed, self.digest = digest != self.digest, digest
         return changed
 
+    def document(self):
+        """The parsed document, parsed again only when the content changed; LayoutError (naming the file) when it
+        cannot be read or parsed."""
+        if self.error:
+            raise vgpu_layout.LayoutError(self.error)
+        if self._parsed is None or self._parsed[0] != self.digest:
+            try:
+                self._parsed = (self.digest, vgpu_layout.load_document(self.text, self.path), None)
+            except vgpu_layout.LayoutError as exc:
+                self._parsed = (self.digest, None, str(exc))
+        if self._parsed[2] is not None:
+            raise vgpu_layout.LayoutError(self._parsed[2])
+        return self._parsed[1]
+
     def entries(self, selected):
         """[LayoutEntry] of config `selected`; LayoutError (naming the file) when broken or unknown."""
-        if self.error:
-            raise vgpu_layout.LayoutError(self.error)
-        document = vgpu_layout.load_document(self.text, self.path)
-        return vgpu_layout.from_document(document, selected, self.path)
+        return vgpu_layout.from_document(self.document(), selected, self.path)
 
     def claim_time(self):
-        """The file's claim-time Declaration (node/claim_time_layout.py; empty when it declares none)."""
-        if self.error:
-            raise vgpu_layout.LayoutError(self.error)
-        return claim_time_layout.declaration(vgpu_layout.load_document(self.text, self.path), self.path)
+        """The file's claim-time Declaration (node/engine/claim_time_layout.py; empty when it declares none)."""
+        return claim_time_layout.declaration(self.document(), self.path)

@@ -349,7 +349,8 @@ class KubeClient:
 
     def list_resource_claims(self):
         """Every ResourceClaim (all namespaces; no field selector serves status.allocation): the DRA driver asks only
-        while a device it would withdraw, or its pool before issue 40, may still be allocated (agent_plugin.py)."""
+        while a device it would withdraw, or the pool earlier releases published, may still be allocated
+        (agent_plugin.py)."""
         return self.request("GET", RESOURCE_API + "/resourceclaims").get("items") or []
 
     def get_resource_claim(self, namespace, name, timeout=None):

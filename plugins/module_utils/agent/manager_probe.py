@@ -4,9 +4,10 @@
 """Notice a vGPU-manager restart between reconciles, with one sysfs read per GPU per probe.
 
 A restart of the vGPU manager (its pod: `sriov-manage -d ALL`, modules reloaded, `sriov-manage -e ALL`,
-domain brief 6; or a driver reload) leaves every GPU without its vGPU types: the VFs come back with
-`current_vgpu_type` 0, or are gone for a while; mdevs are gone. The agent would otherwise notice only at
-its next resync (RESYNC_INTERVAL, 300 s by default) while VMs cannot start and the node says `success`.
+NVIDIA/gpu-driver-container `vgpu-manager/<os>/nvidia-driver`; or a driver reload) leaves every GPU without its
+vGPU types: the VFs come back with `current_vgpu_type` 0, or are gone for a while; mdevs are gone. The agent would
+otherwise notice only at its next resync (RESYNC_INTERVAL, 300 s by default) while VMs cannot start and the node
+says `success`.
 
 After each successful apply the agent arms the probe from the apply's result: per GPU that has vGPUs,
 one sentinel, the GPU's last vGPU (a VF: its `nvidia/current_vgpu_type` must still read the type ID the
@@ -14,12 +15,12 @@ apply set; an mdev: its directory under `bus/mdev/devices` must still exist). Ev
 (MANAGER_PROBE_INTERVAL, 5 s: two reads per GPU per 10 s) `check()` reads each sentinel once and returns
 the GPUs whose sentinel changed, or is gone; the agent then re-applies at once and reports it. GPUs
 without vGPUs cost nothing: there is nothing a restart could take from them.
-Claim-time GPUs (node/claim_time_layout.py) get no vGPU from the apply; their VFs are typed by the DRA driver's
-Prepare between reconciles. `claimed()` (the agent wires the DRA plugin's `claim_time_vfs`) names, per claim-time
-GPU, the VFs of prepared claims and the types they were prepared with, asked at every check (claims come and go
-between reconciles). One of them per GPU is its sentinel, one read per check; `arm` reads each once and passes over
-those without their type after the apply (a restart's reset the re-apply could not undo: a process holds the VF),
-until the next apply.
+Claim-time GPUs (node/engine/claim_time_layout.py) get no vGPU from the apply; their VFs are typed by the DRA
+driver's Prepare between reconciles. `claimed()` (a constructor argument: the DRA plugin's `claim_time_vfs`) names,
+per claim-time GPU, the VFs of prepared claims and the types they were prepared with, asked at every check (claims
+come and go between reconciles). One of them per GPU is its sentinel, one read per check; `arm` reads each once and
+passes over those without their type after the apply (a restart's reset the re-apply could not undo: a process holds
+the VF), until the next apply.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
 
 VFIO_TYPE = "bus/pci/devices/%s/nvidia/current_vgpu_type"
 MDEV_DIR = "bus/mdev/devices/%s"
@@ -36,12 +37,12 @@ MDEV_DIR = "bus/mdev/devices/%s"
 class ManagerProbe:
     """Sentinels of the last applied layout; `check()` says which GPUs lost their vGPUs."""
 
-    def __init__(self, sysfs, interval, clock=time.monotonic):
+    def __init__(self, sysfs, interval, clock=time.monotonic, claimed=None):
         self.sysfs, self.interval, self.clock = sysfs, float(interval), clock
         self.sentinels = OrderedDict()    # GPU address -> (path, expected text or None for "exists")
         self.next_due = None
         self.reads = 0                    # sysfs reads the probe made
-        self.claimed = None               # () -> {GPU address: [(VF, type ID)]} of prepared claim-time claims
+        self.claimed = claimed            # () -> {GPU address: [(VF, type ID)]} of prepared claim-time claims
         self.passed = set()               # claim-time (VF, type ID) without their type after the last apply
 
     def arm(self, result):

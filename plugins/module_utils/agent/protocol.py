@@ -3,10 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """vgpu-device-manager's node label protocol, as pure functions (labels in, label patches out).
 
-VDM (`cmd/nvidia-k8s-vgpu-dm`, domain brief 12): the node label `nvidia.com/vgpu.config` names the
-config (absent: DEFAULT_VGPU_CONFIG); `nvidia.com/vgpu.config.state` is `pending` while applying,
-then `success` or `failed`. Around a change the GPU Operator's sandbox device plugin and validator
-are paused through their deploy labels: "true" becomes `paused-for-vgpu-change` and is put back
+VDM (NVIDIA/vgpu-device-manager `cmd/nvidia-k8s-vgpu-dm/main.go`, `operand_labels.go`): the node label
+`nvidia.com/vgpu.config` names the config (absent: DEFAULT_VGPU_CONFIG); `nvidia.com/vgpu.config.state` is
+`pending` while applying, then `success` or `failed`. Around a change the GPU Operator's sandbox device plugin and
+validator are paused through their deploy labels: "true" becomes `paused-for-vgpu-change` and is put back
 afterwards (also after a failure); absent, "", "false" or an already paused label is left alone;
 any other value belongs to someone else and fails the change. Ours on top: the failure reason as a
 one-line annotation, and the per-profile labels `accelops.io/vgpu.profile.<profile>=<count>`.

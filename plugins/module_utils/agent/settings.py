@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import handover, pci
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.boot import handover
 
 # (flag, environment variable, default, kind, help); kind: str, seconds, bool, port, gpus
 OPTIONS = (
@@ -121,7 +122,7 @@ class GpuSelection:
         return not (self.addresses or self.ids)
 
     def selects(self, gpu):
-        """`gpu`: an object with address, vendor, device (node/vgpu_layout.nvidia_gpus)."""
+        """`gpu`: an object with address, vendor, device (node/layout/vgpu_layout.nvidia_gpus)."""
         return self.everything or gpu.address in self.addresses or (gpu.vendor, gpu.device) in self.ids
 
     def __repr__(self):
@@ -177,7 +178,7 @@ def check_split(settings, gpus):
 
 def check_claim_time(settings, gpus, claim_time):
     """SettingsError naming the first of the node's `gpus` that the config file declares claim-time (`claim_time`:
-    their PF addresses, node/claim_time_layout.Declaration.select) and the settings cannot serve: only the DRA
+    their PF addresses, node/engine/claim_time_layout.Declaration.select) and the settings cannot serve: only the DRA
     driver serves a claim-time GPU (its VFs are typed by NodePrepareResources), whatever DRA_DRIVER_GPUS says;
     DEVICE_PLUGIN_GPUS naming it (its address or its PCI ID) is a configuration error."""
     for gpu in gpus:
@@ -241,7 +242,7 @@ def _bool(name, text):
 
 
 def _handover_file(given, host):
-    """The hand-over file (node/handover.py): given, or below the host's /etc; None for 'none'."""
+    """The hand-over file (node/boot/handover.py): given, or below the host's /etc; None for 'none'."""
     if given and given.lower() == "none":
         return None
     return given or os.path.join(host, handover.NODE_DIR.lstrip("/"), handover.FILE_NAME)
@@ -250,7 +251,7 @@ def _handover_file(given, host):
 def host_path(path, host):
     """The host's path of `path` when it lies below the host's / mounted at `host` (/host/sys -> /sys), else None
     (the lock is then named after `path` itself): the node lock key is the same whether the sysfs root was
-    derived from HOST_ROOT_MOUNT or given as ACCELOPS_VGPU_SYSFS_ROOT (node/node_lock.py lock_name)."""
+    derived from HOST_ROOT_MOUNT or given as ACCELOPS_VGPU_SYSFS_ROOT (node/holders/node_lock.py lock_name)."""
     if not host:
         return None
     real, top = os.path.realpath(path), os.path.realpath(host)

@@ -19,8 +19,8 @@ import time
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import metrics
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.health import Health
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.kube import KubeApiError, KubeUnavailable
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import short_name
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.vgpu_types import short_name
 
 PREFIX = "accelops_vgpu_agent_"
 STATES = ("pending", "success", "failed")
@@ -147,7 +147,7 @@ class InstrumentedApi:
 
 
 def vgpu_counts(node_facts):
-    """{(profile, state): count} from node facts (node/facts.gather): every VF with a vGPU type and every mdev."""
+    """{(profile, state): count} from node facts (node/engine/facts.gather): every VF with a vGPU type and every mdev."""
     counts = {}
 
     def add(profile, held, assignable):

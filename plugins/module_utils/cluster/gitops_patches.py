@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import kubevirt
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import (
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.pci import (
     NVIDIA_VENDOR, PciAddressError, parse_id_filter, vendor_selector)
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import resource_name
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.vgpu_types import resource_name
 
 # Device IDs (vendor 10de, gpu_models.NVIDIA_MODELS) whose vGPUs are SR-IOV VFs typed through current_vgpu_type
 # (vendor-specific VFIO, vGPU 17+): Ada (L40S, L40, L4, L20), Hopper (H100, H200, GH200), Blackwell (B200, RTX PRO

@@ -5,7 +5,8 @@
 
 Pure planning functions (dict in, plan out) plus thin runners that do the I/O through a KubeApi.
 
-Decisions (domain brief section 5):
+Decisions (NVIDIA/gpu-operator `deployments/gpu-operator/values.yaml`, `controllers/object_controls.go`
+resolveDriverTag, `controllers/state_manager.go`):
 - `vgpuManager.version` is given WITHOUT the OS suffix: the operator appends `-<os tag>` itself, so a
   version that already ends in one (`580.82-ubuntu24.04`) is rejected before any request.
 - `vgpuDeviceManager.enabled: false` for vendor-VFIO nodes: the device manager is mdev-only.
@@ -15,9 +16,10 @@ Decisions (domain brief section 5):
   turns the validator off on exactly those nodes, reversibly (node_labels' sandbox_validator option).
 - One owner per node's vGPUs: the GPU Operator's vGPU device manager applies its default config on
   every vm-vgpu node without a `nvidia.com/vgpu.config` label, deleting and re-creating all vGPUs
-  (domain brief 4), so on nodes whose layout this collection programs it is switched off with the
-  operator's per-node deploy label `nvidia.com/gpu.deploy.vgpu-device-manager=false` (node_labels'
-  vgpu_device_manager option; the ClusterPolicy switch stays for vendor-VFIO fleets).
+  (NVIDIA/vgpu-device-manager `pkg/vgpu/config.go` SetVGPUConfig), so on nodes whose layout this collection
+  programs it is switched off with the operator's per-node deploy label
+  `nvidia.com/gpu.deploy.vgpu-device-manager=false` (node_labels' vgpu_device_manager option; the ClusterPolicy
+  switch stays for vendor-VFIO fleets).
 - A deploy switch this collection set is its own: the Node annotation SWITCHES_ANNOTATION records
   each switch label with the value it set (same write). A switch the caller no longer wants
   (node_labels' release_deploy_switches; the kubevirt_vgpu role on a node that is no longer all

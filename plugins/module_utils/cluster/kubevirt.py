@@ -41,7 +41,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.k8s_write im
 GROUP, VERSION, PLURAL, KIND = "kubevirt.io", "v1", "kubevirts", "KubeVirt"
 HOST_DEVICES_GATE = "HostDevices"
 # kubevirt/kubevirt PR #16890 (nvidia-bound VFs) and PR #18112 (display) shipped together in
-# v1.9.0; the backports to 1.6-1.8 are disputed (domain brief section 7.3).
+# v1.9.0; the backports to 1.6-1.8 are disputed (kubevirt/kubevirt#17642 names 1.6.5, 1.7.3 and 1.8.2;
+# NVIDIA/vgpu-device-manager#195 says v1.9.0).
 VENDOR_VFIO_MIN_VERSION = "1.9.0"
 # An externalResourceProvider pciHostDevices entry (the node agent's device plugin) needs only what
 # virt-launcher has had for long: the GPU PCI address pool read from PCI_RESOURCE_<NAME> and a host

@@ -32,7 +32,7 @@ import urllib.request
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.node_cli_file import NodeCliFile
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.module_glue import engine_errors, exit_with_diff
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import Runfile
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.nvdriver import Runfile
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
 
 HASH_LABEL = "io.accelops.vgpu.input-hash"

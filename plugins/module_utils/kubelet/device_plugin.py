@@ -34,7 +34,7 @@ import threading
 from collections import namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci, programmed, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci, programmed, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
 
 PCI_PREFIX, MDEV_PREFIX = "PCI_RESOURCE", "MDEV_PCI_RESOURCE"   # KubeVirt's v1.PCIResourcePrefix, MDevResourcePrefix
@@ -43,8 +43,9 @@ PCI, MDEV = "pci", "mdev"
 NVIDIA_DRIVER = "nvidia"
 
 
-class VgpuDevice(namedtuple("VgpuDevice", "id resource kind parent type_id healthy numa_nodes iommu_group cdevs")):
-    """One vGPU the kubelet may hand out. kind: pci (id = VF address) or mdev (id = UUID, parent = its VF/PF);
+class PluginDevice(namedtuple("PluginDevice", "id resource kind parent type_id healthy numa_nodes iommu_group cdevs")):
+    """One vGPU the device plugin lists to the kubelet and hands out in Allocate (a DRA device is dra/devices.DraDevice).
+    kind: pci (id = VF address) or mdev (id = UUID, parent = its VF/PF);
     type_id: the applied type (vendor-VFIO numeric ID, or mdev type directory name)."""
 
 
@@ -70,17 +71,17 @@ def _cdevs(sysfs, address):
 
 
 def _device(sysfs, resource, address, type_id, uuid=None):
-    """One VgpuDevice, Healthy: a VF (vendor-specific VFIO) or, with `uuid`, an mdev on `address`."""
+    """One PluginDevice, Healthy: a VF (vendor-specific VFIO) or, with `uuid`, an mdev on `address`."""
     if uuid:
         group = sysfs.link_name("%s/%s/iommu_group" % (vgpu_types.MDEV_DEVICES, uuid))
-        return VgpuDevice(uuid, resource, MDEV, address, type_id, True, _numa_nodes(sysfs, address), group, ())
+        return PluginDevice(uuid, resource, MDEV, address, type_id, True, _numa_nodes(sysfs, address), group, ())
     group = sysfs.link_name("%s/%s/iommu_group" % (pci.PCI_DEVICES, address))
-    return VgpuDevice(address, resource, PCI, address, type_id, True, _numa_nodes(sysfs, address), group,
-                      _cdevs(sysfs, address))
+    return PluginDevice(address, resource, PCI, address, type_id, True, _numa_nodes(sysfs, address), group,
+                        _cdevs(sysfs, address))
 
 
 def devices_from_apply(sysfs, result, serves=None):
-    """[VgpuDevice] from an apply result (`gpus[].vgpus[]` and `resources[]`, read by node/programmed.py), every one
+    """[PluginDevice] from an apply result (`gpus[].vgpus[]` and `resources[]`, read by node/hw/programmed.py), every one
     Healthy (just verified), in the result's GPU order; `serves(gpu address)`: whether this plugin serves that GPU's
     vGPUs (None: every GPU)."""
     order = dict((gpu.get("address"), n) for n, gpu in enumerate(result.get("gpus") or ()))
@@ -94,10 +95,10 @@ def devices_from_apply(sysfs, result, serves=None):
 
 
 def devices_programmed(sysfs, found, gpus=None, serves=None):
-    """[VgpuDevice] of the vGPUs sysfs shows programmed, each as healthy as the node says now: what the plugin
+    """[PluginDevice] of the vGPUs sysfs shows programmed, each as healthy as the node says now: what the plugin
     serves when no apply succeeded since the agent started (a layout refused because a VM holds a VF).
 
-    `found`: the DRA driver's read of the node (kubelet/dra/devices.inventory, i.e. node/programmed.py's answer
+    `found`: the DRA driver's read of the node (kubelet/dra/devices.inventory, i.e. node/hw/programmed.py's answer
     for node facts: one entry per typed VF or mdev, with
     its parent GPU, type name and ID); `gpus`: the GPU addresses the layout selects (None: every GPU);
     `serves(gpu address)` as for devices_from_apply. Same devices, IDs and type IDs as devices_from_apply gives

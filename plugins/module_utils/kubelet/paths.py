@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import SocketPathError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import DEFAULT_KUBELET_DIR
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.claim_holders import DEFAULT_KUBELET_DIR
 
 KUBELET_DIR_ENV = "KUBELET_DIR"
 # sockaddr_un.sun_path is 108 bytes with the trailing NUL (unix(7))

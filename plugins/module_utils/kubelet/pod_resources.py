@@ -9,7 +9,7 @@ answers the active pods only, ContainerDevices{resource_name, device_ids}]. The 
 and records the devices for the pod only after Allocate returned (pkg/kubelet/cm/devicemanager/manager.go
 allocateContainerResources: podDevices.insert after the plugin's answer).
 
-AllocationRecord keeps node/pod_allocations.py's record (the files the node engine, CLI, modules and boot unit read):
+AllocationRecord keeps node/holders/pod_allocations.py's record (the files the node engine, CLI, modules and boot unit read):
 - `add(resource, ids)` from Allocate: journal lines appended and flushed before Allocate answers (a write that
   fails fails the Allocate: a device is never handed out unrecorded);
 - `sync()` at every reconcile: List; a recorded device no live pod holds is free again at once, with two
@@ -48,7 +48,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import p
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.api import podresources_v1_pb2_grpc as pb_grpc
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
 
 LIST_TIMEOUT = 10.0
 RESOURCE_DOMAIN = "nvidia.com/"   # vgpu_types.resource_name: the resources whose live devices are recorded

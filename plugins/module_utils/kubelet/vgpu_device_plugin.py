@@ -36,7 +36,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import devic
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.device_plugin_server import DevicePluginHost
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts
 
 ENDPOINT_PREFIX = "accelops-vgpu"
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import copy
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, kubelet_holders, pci, roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import inuse, kubelet_holders, roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 
 # Matches the doc fragment accelops.vgpu.node_roots.
 NODE_ROOTS_ARGSPEC = dict(
@@ -63,7 +64,7 @@ class NodeContext:
 
     def held(self):
         """{address or mdev uuid: [holder]} of devices VMs hold (one /proc scan per call) and of those
-        pods hold through the kubelet's plugins under the kubelet directory (node/kubelet_holders.py)."""
+        pods hold through the kubelet's plugins under the kubelet directory (node/holders/kubelet_holders.py)."""
         return self.holders().held()
 
     def holders(self):

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, claim_time, slices
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
 from ansible_collections.accelops.vgpu.tests.fakes.kubelet_double_dra import KubeletError
 from ansible_collections.accelops.vgpu.tests.fakes.registry import free_port
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import NODE, RESOURCES, wait_for

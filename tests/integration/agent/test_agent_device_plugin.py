@@ -10,7 +10,7 @@ import signal
 import grpc
 import pytest
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import RESOURCES, wait_for
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
     RESOURCES as DRA_RESOURCES, dra_state, published_devices)

@@ -7,7 +7,7 @@ import os
 import subprocess
 import time
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import node_lock
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import (
     CONFIG_LABEL, CONFIGS, NODE_PYTHON, NODES, PROFILE, STATE_LABEL, Cluster, agent_state, wait_for)
 from ansible_collections.accelops.vgpu.tests.integration.agent.test_agent import node_matches

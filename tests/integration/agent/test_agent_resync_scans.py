@@ -8,7 +8,7 @@ import argparse
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent as agent_module
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import kube, settings as agent_settings
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import inuse
 from ansible_collections.accelops.vgpu.tests.integration.agent.agent_helpers import CONFIGS, NODE, kubeconfig_for
 
 

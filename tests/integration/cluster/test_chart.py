@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
 from ansible_collections.accelops.vgpu.tests.fakes.registry import LocalRegistry
 from chart_helpers import (CHART, EXAMPLE_VALUES, INSTALL_YAML, KUBECTL, NAME, NAMESPACE, as_applied, by_kind, helm,
                            register_chart_kinds, render, stored_objects)

@@ -93,7 +93,7 @@ def test_deploys_the_agent_labels_the_nodes_and_is_idempotent(cluster, kubeconfi
     # the allocation record and PodResources in every mode: the record is pruned whenever one exists
     assert host_paths == ["/dev", "/etc/accelops-vgpu", "/proc", "/run/accelops-vgpu", "/sys",
                           "/var/lib/kubelet/plugins/accelops-vgpu-device-plugin", "/var/lib/kubelet/pod-resources"]
-    assert "/host/etc/accelops-vgpu" in mounts   # the hand-over to the boot unit (node/handover.py)
+    assert "/host/etc/accelops-vgpu" in mounts   # the hand-over to the boot unit (node/boot/handover.py)
     assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
 
     labels = {n: cluster.get(NODES, n)["metadata"]["labels"] for n in ("gpu-a", "gpu-b")}

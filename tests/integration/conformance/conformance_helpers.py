@@ -10,7 +10,7 @@ import sys
 import urllib.error
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices as dra_slices
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import VgpuDevice, device_name
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DraDevice, device_name
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import COLLECTIONS, MODULES
 
 KUBEVIRT = "kubevirt.io/v1/kubevirts"
@@ -69,12 +69,12 @@ NODE_FACTS = {
 def published_devices():
     """What the node agent's DRA driver publishes for NODE_FACTS: gpu-a's four L40S-24Q VFs (two per GPU),
     gpu-b's four A16-4Q mdevs on one GPU (plugins/module_utils/kubelet/dra/devices.py entries)."""
-    gpu_a = [VgpuDevice(device_name("L40S-24Q", vf), "vendor-vfio", vf, vf[:-1] + "0", "L40S-24Q", "NVIDIA L40S-24Q",
-                        1155, pcie_root="pci0000:40", product="L40S", framebuffer_mib=24576)
+    gpu_a = [DraDevice(device_name("L40S-24Q", vf), "vendor-vfio", vf, vf[:-1] + "0", "L40S-24Q", "NVIDIA L40S-24Q",
+                       1155, pcie_root="pci0000:40", product="L40S", framebuffer_mib=24576)
              for vf in ("0000:41:00.4", "0000:41:00.5", "0000:42:00.4", "0000:42:00.5")]
     uuids = ["5c8f3b52-0000-4000-8000-00000000000%d" % i for i in range(4)]
-    gpu_b = [VgpuDevice(device_name("A16-4Q", uuid), "mdev", "0000:45:00.%d" % (i + 4), "0000:45:00.0", "A16-4Q",
-                        "NVIDIA A16-4Q", 719, mdev_uuid=uuid, product="A2/A16", framebuffer_mib=4096)
+    gpu_b = [DraDevice(device_name("A16-4Q", uuid), "mdev", "0000:45:00.%d" % (i + 4), "0000:45:00.0", "A16-4Q",
+                       "NVIDIA A16-4Q", 719, mdev_uuid=uuid, product="A2/A16", framebuffer_mib=4096)
              for i, uuid in enumerate(uuids)]
     return {"gpu-a": gpu_a, "gpu-b": gpu_b}
 

@@ -16,9 +16,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_ti
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.kubelet_holders import node_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import NODE, NODE_UID, client, dra_state
 
@@ -74,8 +77,9 @@ class ClaimTimeNode:
         self.plugin_dir, self.cdi_dir = claim_holders.plugin_dir(kubelet), str(tmp_path / "cdi")
         self.driver = DraDriver(NODE, lambda ns, name: self.client.get_resource_claim(ns, name, timeout=10),
                                 devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})), self.plugin_dir,
-                                self.cdi_dir, boot_id="boot-1")
-        self.driver.claim_time = ClaimTimePreparer(sysfs, self.engine.begin)
+                                self.cdi_dir, boot_id="boot-1",
+                                claim_time=ClaimTimePreparer(sysfs, node_holders(sysfs, gpu_node.dev_root, "/proc",
+                                                                                 kubelet)))
         self.driver.claim_time.update(self.offers)
 
     def offer(self, device):

@@ -11,8 +11,8 @@ import urllib.request
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import kube
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, vgpu_apply
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.tests.integration.cluster.cluster_helpers import node
 
@@ -69,7 +69,7 @@ class NodeRunner(CommandRunner):
 
 
 def read_facts(gpu_node, cache_dir):
-    """A `read_facts()` for the node as the agent reads it: node/facts with the engine's type names
+    """A `read_facts()` for the node as the agent reads it: node/engine/facts with the engine's type names
     (nvidia-smi once the creatable lists no longer show a type)."""
     sysfs = Sysfs(gpu_node.root)
     names = vgpu_apply.TypeNames(sysfs, NodeRunner(gpu_node), str(cache_dir))

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER, NodeView
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimRef
@@ -52,7 +52,7 @@ def test_every_object_with_dra_is_valid(version):
 @pytest.mark.parametrize("modes", (["devicePlugin.enabled=true"], ["dra.enabled=true"], []))
 def test_pod_resources_read_only_and_the_allocation_record_are_mounted_whatever_modes_are_on(modes):
     """The device plugin writes the record; with it off (DRA only, none) the agent still prunes a record an earlier
-    device plugin left and its applies still read it (agent._prune_allocations, node/kubelet_holders.py)."""
+    device plugin left and its applies still read it (agent._prune_allocations, node/holders/kubelet_holders.py)."""
     objects = render("kubeletDir=/var/lib/k0s/kubelet", *modes)
     [daemonset] = of_kind(objects, "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -62,7 +62,7 @@ def test_pod_resources_read_only_and_the_allocation_record_are_mounted_whatever_
     assert host["pod-resources"] == mounts["pod-resources"]["mountPath"] == "/var/lib/k0s/kubelet/pod-resources"
     assert mounts["pod-resources"]["readOnly"] is True
     assert host["device-plugin-record"] == mounts["device-plugin-record"]["mountPath"] == \
-        "/var/lib/k0s/kubelet/plugins/accelops-vgpu-device-plugin"      # node/pod_allocations.record_path
+        "/var/lib/k0s/kubelet/plugins/accelops-vgpu-device-plugin"      # node/holders/pod_allocations.record_path
     assert ("device-plugins" in host) == ("devicePlugin.enabled=true" in modes)
 
 

@@ -13,8 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, claim_time
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.kubelet_holders import node_holders
 from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DraAllocator, Unallocatable
 from ansible_collections.accelops.vgpu.tests.integration.dra.claim_time_cluster import (
     CLAIMS, VGPU_CLASS, ClaimTimeNode, api_call, cluster_state, create, document, listed, ref)
@@ -51,8 +53,10 @@ def test_narrowing_the_allow_list_under_a_prepared_claim_never_lets_the_schedule
     clock, lines = [1000.0], []
     settings = SimpleNamespace(node_name=NODE, kubelet_dir=str(tmp_path / "kubelet"), cdi_dir=node.cdi_dir,
                                proc_root="/proc")
-    plugin = agent_plugin.VgpuDraPlugin(settings, node.client, lambda: node.engine, None, lines.append,
-                                        clock=lambda: clock[0])
+    plugin = agent_plugin.VgpuDraPlugin(settings, node.client, None, lines.append, node.engine.sysfs,
+                                        node_holders(node.engine.sysfs, node.engine.dev_root, "/proc",
+                                                     settings.kubelet_dir),
+                                        lambda: node.engine.names, clock=lambda: clock[0])
 
     def reconcile(profiles):
         node.engine.claim_time = declaration(document(profiles))

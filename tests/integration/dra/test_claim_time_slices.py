@@ -9,7 +9,7 @@ import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import (
     NODE, NODE_UID, client, dra_state, program, stored_slices, sysfs_devices)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.gpu_models import NVIDIA_MODELS, model_name
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.kubevirt import MDEV, PCI, SELECTOR, model_resource_name
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_types import resource_name, short_name
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.vgpu_types import resource_name, short_name
 
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 KAR_SHARING, KAR_VIRTUALIZED = "KAR-0003", "KAR-0004"

@@ -116,7 +116,7 @@ def dra_gpus(resource_slices):
 
 def dra_check(served, device_classes, resource_slices):
     """resource.k8s.io/v1 DeviceClasses for GPUs next to the device-plugin resources (KAR-0004). Never FAIL:
-    DRA is an alternative way to the same vGPUs (domain brief 13).
+    DRA is an alternative way to the same vGPUs (docs/design.md "DRA driver").
 
     served: True, False (404) or a one-line reason why it could not be read (e.g. forbidden).
     """

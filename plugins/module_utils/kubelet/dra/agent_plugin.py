@@ -57,24 +57,23 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publishe
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_keeper import SliceKeeper
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout, facts, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout, facts
 
 
-def node_view(make_engine, serves=None):
-    """The driver's NodeView: facts through a fresh engine (its type-name cache, as the reconcile left it);
-    who holds a device does not matter here (no /proc scan). `serves(gpu address)`: the GPUs whose vGPUs the
-    driver publishes (DRA_DRIVER_GPUS; None: every GPU)."""
-    engine = make_engine()
-    return dra_devices.NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {}, make_engine().names), serves)
+def node_view(sysfs, type_names, serves=None):
+    """The driver's NodeView: a full read is facts.gather with `type_names()` (a vgpu_apply.TypeNames, its cache as
+    the reconcile left it); who holds a device does not matter here (no /proc scan). `serves(gpu address)`: the
+    GPUs whose vGPUs the driver publishes (DRA_DRIVER_GPUS; None: every GPU)."""
+    return dra_devices.NodeView(sysfs, lambda: facts.gather(sysfs, {}, type_names()), serves)
 
 
-def claim_time_preparer(make_engine):
-    """Prepare's chooser and writer for claim-time devices: sysfs as the reconcile sees it, and per claim prepared or
-    unprepared one engine and its in-use answers (inuse.Holders, every holder source): what cannot change under the
-    node lock (the VFs' groups and VFIO identities) read once, the chosen VF asked the O(1) way (its group's EBUSY
-    probe and the holder sources) once, right before its type is written, never by a /proc walk per candidate."""
-    return ClaimTimePreparer(make_engine().sysfs, lambda: make_engine().in_use,
-                             pod_allocations.record_path(make_engine().kubelet_dir))
+def claim_time_preparer(sysfs, holders, kubelet_dir):
+    """Prepare's chooser and writer for claim-time devices, given the node's holders (an inuse.Holders asking every
+    holder source): what cannot change under the node lock (the VFs' groups and VFIO identities) read once per claim,
+    the chosen VF asked the O(1) way (its group's EBUSY probe and the holder sources) once, right before its type is
+    written, never by a /proc walk per candidate; no node engine."""
+    return ClaimTimePreparer(sysfs, holders, pod_allocations.record_path(kubelet_dir))
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed
@@ -93,17 +92,20 @@ SERVE_WITHOUT_INVENTORY = 20.0
 
 
 class VgpuDraPlugin:
-    def __init__(self, settings, api, make_engine, node_lock, log, watch_interval=1.0, clock=time.monotonic,
-                 serves=None, serve_without_inventory=SERVE_WITHOUT_INVENTORY):
-        """`node_lock(timeout)`: the node's apply lock (node/node_lock.py), waited for at most `timeout` s."""
-        self.settings, self.api, self.make_engine, self.log = settings, api, make_engine, log
+    def __init__(self, settings, api, node_lock, log, sysfs, holders, type_names, watch_interval=1.0,
+                 clock=time.monotonic, serves=None, serve_without_inventory=SERVE_WITHOUT_INVENTORY):
+        """`node_lock(timeout)`: the node's apply lock (node/holders/node_lock.py), waited for at most `timeout` s.
+        `holders`: which VFs are held and by whom, for claim-time Prepare and Unprepare (an inuse.Holders asking every
+        holder source: node/holders/kubelet_holders.node_holders); `type_names()`: a vgpu_apply.TypeNames for a full
+        read of the node (node_view)."""
+        self.settings, self.api, self.log = settings, api, log
         self.paths = KubeletPaths(settings.kubelet_dir)
         self.publisher = SlicePublisher(api, settings.node_name)
-        self.view = node_view(make_engine, serves)
+        self.view = node_view(sysfs, type_names, serves)
         self.driver = DraDriver(settings.node_name, self._read_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
-                                boot_id=read_boot_id(settings.proc_root), ready=False)
-        self.driver.claim_time = claim_time_preparer(make_engine)
+                                boot_id=read_boot_id(settings.proc_root), ready=False,
+                                claim_time=claim_time_preparer(sysfs, holders, settings.kubelet_dir))
         self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
         self.claim_time_refused = None  # why the API server cannot take them (claim_time.FeatureMissing), for good
         self.withdrawing = {}          # profile device published withdrawn -> clock time it was first (_still_used)
@@ -327,10 +329,10 @@ class VgpuDraPlugin:
 
     def _choose_pool(self, allocated):
         """Publish as `<node>/<driver>` (slices.pool_name) unless a claim may still use the pool named after the node
-        (before issue 40): a prepared one (the checkpoint) or an allocated one (the API; unknown counts as used).
-        Moving the pool under such a claim would hide its device from kube-scheduler, which would then hand the
-        device (or its GPU's counter) to another claim (kubernetes#140806): the old name stays until they are gone,
-        and the move deletes its slices (slices.plan). Once moved, it is not asked again."""
+        (earlier releases published that one): a prepared one (the checkpoint) or an allocated one (the API; unknown
+        counts as used). Moving the pool under such a claim would hide its device from kube-scheduler, which would then
+        hand the device (or its GPU's counter) to another claim (kubernetes#140806): the old name stays until they are
+        gone, and the move deletes its slices (slices.plan). Once moved, it is not asked again."""
         if self.pool_settled:
             return
         new, legacy = self.driver.pools
@@ -347,7 +349,7 @@ class VgpuDraPlugin:
         self.pool_settled = not used
 
     def _recorded_claim_time(self):
-        """The GPUs the last apply recorded as claim-time (node/claim_time_layout.py's modes file); None when the
+        """The GPUs the last apply recorded as claim-time (node/engine/claim_time_layout.py's modes file); None when the
         record cannot be read (then no fixed device is offered: a prepared claim-time VF must not be offered twice)."""
         try:
             return set(claim_time_layout.read_modes(claim_time_layout.modes_path(self.settings.kubelet_dir)))

@@ -51,7 +51,7 @@ def device_nodes(nodes, dev_dir="/dev"):
 
 
 def claim_spec(driver, claim_uid, devices):
-    """The spec (a dict) for one claim's vGPUs, `devices` = [(VgpuDevice, its VFIO nodes)]."""
+    """The spec (a dict) for one claim's vGPUs, `devices` = [(DraDevice, its VFIO nodes)]."""
     return {"cdiVersion": CDI_VERSION, "kind": "%s/%s" % (driver, CLASS),
             "devices": [{"name": "%s-%s" % (claim_uid, device.name),
                          "containerEdits": {"deviceNodes": device_nodes(nodes)}} for device, nodes in devices]}

@@ -13,7 +13,7 @@ and the node's boot ID, since a reboot empties /var/run/cdi.
      "claims": {"<uid>": {"namespace", "name", "state", "bootID", "devices": [{"requests", "pool",
                  "device", "key", "typeID", "cdiIDs"}]}}}
 
-The format is read in one place, node/claim_holders.py (the node engine reads the holders too); this module
+The format is read in one place, node/holders/claim_holders.py (the node engine reads the holders too); this module
 adds what only the driver does: recording claims and writing the file.
 
 Every record, PrepareStarted included, is written atomically and durably (atomic_file.write_file DURABLE:
@@ -26,8 +26,8 @@ an error naming it and what to do (nothing is then prepared or unprepared: guess
 from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import DURABLE, write_file
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import VERSION
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.claim_holders import VERSION
 
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
 

@@ -5,7 +5,7 @@
 
 Beta APIs only (Kubernetes 1.36.2+: DRAPartitionableDevices and DRAConsumableCapacity on by default, the
 counter fix of kubernetes #139040/#139211 in). docs/design.md "Profiles chosen at claim time" has the reasoning;
-in short, per claim-time GPU (node/claim_time_layout.py says which, and what each offers):
+in short, per claim-time GPU (node/engine/claim_time_layout.py says which, and what each offers):
 
 - one counter set `gpu-<address>` with one counter `gpu: 1` (the GPU's equal-size mode: one profile at a time),
   published in counter slices of their own (a slice carries devices or sharedCounters since 1.35; at most 8
@@ -118,7 +118,7 @@ class ProfileDevice:
 
 
 def offers(sysfs, claim_time_result):
-    """[CounterSet, ..., ProfileDevice, ...] for the apply result's `claim_time` list (node/claim_time_layout
+    """[CounterSet, ..., ProfileDevice, ...] for the apply result's `claim_time` list (node/engine/claim_time_layout
     Modes.result); a GPU that offers no profile (no VFs yet) publishes nothing."""
     sets, found = [], []
     for gpu in claim_time_result or ():

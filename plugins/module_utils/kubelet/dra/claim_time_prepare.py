@@ -4,17 +4,18 @@
 """NodePrepareResources for a claim-time device (kubelet/dra/claim_time.py): the VF is chosen and typed now.
 
 The DRA driver (driver.py) calls this under the node lock (the one every layout apply takes):
-0. `begin()`: one in-use engine (inuse.Holders) for this claim's prepare: what cannot change while the node lock is
-   held (the VFs' IOMMU groups, their VFIO identities) is read once, who holds a group is asked each time;
+0. `begin()`: the holders (an inuse.Holders asking every holder source, node/holders/kubelet_holders.node_holders)
+   forget what they read for the last claim: what cannot change while the node lock is held (the VFs' IOMMU groups,
+   their VFIO identities) is read once per claim, who holds a group is asked each time;
 1. `choose(ref, name, earlier, taken)`: a VF of the allocated GPU that has no type, that no other prepared claim
    or other device of this call took (`taken`) and whose creatable list has the profile's type: sysfs reads only.
    A claim prepared before (a retry after a crash: its record says which VF) gets the same VF back when that
    still has the type or none (adopted);
 2. the driver records the claim PrepareStarted with that VF (durably) before any write;
-3. `write(device)`: right before the write, and only there, the VF is asked of the in-use engine (its group's
+3. `write(device)`: right before the write, and only there, the VF is asked of the holders (its group's
    EBUSY probe and every holder source: VFIO group users, prepared claims, kubelet allocations); one held by
    anything but this claim raises VfHeld with nothing written (the driver records the next candidate and tries
-   that); else the type is written and read back, by the node's vGPU writer (node/vgpu_writer.py, which also
+   that); else the type is written and read back, by the node's vGPU writer (node/engine/vgpu_writer.py, which also
    orders the write against a device plugin Allocate). A VF that has the type already
    (adopted) is not written and not asked;
 4. the driver writes the CDI spec and the KEP-5304 metadata (`resource.kubernetes.io/pciBusID`: the VF).
@@ -26,11 +27,12 @@ from __future__ import annotations
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import VgpuDevice
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, vgpu_types
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PciDevice
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_writer import VgpuHeld, VgpuWriteError, VgpuWriter
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DraDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.pci import PciDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuWriter, attempt
 
 
 class VfHeld(ClaimError):
@@ -42,25 +44,27 @@ class VfHeld(ClaimError):
 
 
 class ClaimTimePreparer:
-    """`holders()` -> a fresh in-use engine for one prepare (an inuse.Holders: the agent's engine's `in_use`, every
-    holder source); `begin()` asks for it, once per claim prepared or unprepared under the node lock."""
+    """`holders`: which VFs are held and by whom (an inuse.Holders asking every holder source:
+    node/holders/kubelet_holders.node_holders), used under the node lock only; `begin()` once per claim prepared or
+    unprepared. `record`: the allocation record's path (pod_allocations.record_path)."""
 
     def __init__(self, sysfs, holders, record=None):
-        self.sysfs, self.holders, self.record = sysfs, holders, record   # record: pod_allocations.record_path
-        self.in_use = None      # the inuse.Holders of the prepare under way (begin)
+        self.sysfs, self.holders, self.record = sysfs, holders, record
+        self.begun = False
         self.devices = {}       # published device name -> claim_time.ProfileDevice
         self.vf_lists = {}      # PF address -> its VF addresses (_vfs)
 
     def begin(self):
-        """A new prepare or unprepare: the devices' facts are read again once, by a new in-use engine."""
-        self.in_use = self.holders()
-        return self.in_use
+        """A new prepare or unprepare: the devices' facts are read again, once."""
+        self.holders.forget()
+        self.begun = True
+        return self.holders
 
     def _writer(self):
-        """This prepare's vGPU writer (node/vgpu_writer.py): its re-check is the in-use engine's."""
-        if self.in_use is None:
+        """This prepare's vGPU writer (node/engine/vgpu_writer.py): its re-check is the holders'."""
+        if not self.begun:
             self.begin()
-        return VgpuWriter(self.sysfs, self.in_use.recheck, self.record)
+        return VgpuWriter(self.sysfs, self.holders.recheck, self.record)
 
     def update(self, items):
         """The claim-time devices as last published (claim_time.offers)."""
@@ -70,7 +74,7 @@ class ClaimTimePreparer:
         return name in self.devices
 
     def choose(self, ref, name, earlier=None, taken=()):
-        """The VgpuDevice (named as allocated, its address the chosen VF) for device `name` of claim `ref`.
+        """The DraDevice (named as allocated, its address the chosen VF) for device `name` of claim `ref`.
 
         `earlier`: this claim's checkpoint record of that device from an earlier, unfinished prepare;
         `taken`: VFs other devices of this call or other prepared claims have, and VFs found held at the write.
@@ -99,26 +103,22 @@ class ClaimTimePreparer:
 
     @staticmethod
     def _device(name, offer, vf):
-        return VgpuDevice(name=name, framework=claim_time.FRAMEWORK, address=vf, parent_gpu=offer.gpu,
-                          profile=offer.profile, type_name=offer.type_name, type_id=offer.type_id,
-                          pcie_root=offer.pcie_root, numa_node=offer.numa_node, product=offer.product,
-                          framebuffer_mib=offer.size_mib)
+        return DraDevice(name=name, framework=claim_time.FRAMEWORK, address=vf, parent_gpu=offer.gpu,
+                         profile=offer.profile, type_name=offer.type_name, type_id=offer.type_id,
+                         pcie_root=offer.pcie_root, numa_node=offer.numa_node, product=offer.product,
+                         framebuffer_mib=offer.size_mib)
 
     def write(self, ref, device):
         """Type the chosen VF (nothing to do when it has the type already) and read it back; VfHeld, nothing
         written, when anything but the claim holds it now (asked right before the write, the one holder check)."""
         if (vgpu_types.read_current(self.sysfs, device.address) or 0) == device.type_id:
             return
-        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-        try:
-            self._writer().set_type(device.address, device.type_id, acting_for=(mine,))
-        except VgpuHeld as exc:
-            raise VfHeld("%s: VF %s of GPU %s is held by %s; nothing written" % (
-                ref, device.address, device.parent_gpu, inuse.describe([h for h in exc.holders if h != mine])),
-                device.address) from None
-        except VgpuWriteError as exc:
-            raise ClaimError("%s: GPU %s, %s (type %d): %s" % (
-                ref, device.parent_gpu, device.profile, device.type_id, exc)) from None
+        mine = (claim_holders.HOLDER % (ref.namespace, ref.name),)
+        attempt(lambda: self._writer().set_type(device.address, device.type_id, acting_for=mine),
+                held=lambda who: VfHeld("%s: VF %s of GPU %s is held by %s; nothing written" % (
+                    ref, device.address, device.parent_gpu, who), device.address),
+                failed=lambda exc: ClaimError("%s: GPU %s, %s (type %d): %s" % (
+                    ref, device.parent_gpu, device.profile, device.type_id, exc)), acting_for=mine)
 
     def release(self, ref, record):
         """Clear the VF of a claim-time record (unprepare, a prepare that failed, a stale record) when nothing but the
@@ -134,9 +134,6 @@ class ClaimTimePreparer:
             return None
         if current != record.get("typeID"):
             return "it has type %s now, not the claim's %s" % (current, record.get("typeID"))   # never ours to clear
-        mine = claim_holders.HOLDER % (ref.namespace, ref.name)
-        try:
-            self._writer().clear_type(vf, acting_for=(mine,))
-        except VgpuHeld as exc:
-            return "held by %s" % inuse.describe([h for h in exc.holders if h != mine])
-        return None
+        mine = (claim_holders.HOLDER % (ref.namespace, ref.name),)
+        return attempt(lambda: self._writer().clear_type(vf, acting_for=mine), held=lambda who: "held by %s" % who,
+                       acting_for=mine)

@@ -32,6 +32,8 @@ class ClaimRef(namedtuple("ClaimRef", "namespace name uid")):
 
 
 Allocated = namedtuple("Allocated", "request pool device")   # one result of this driver
+# one allocated device as Prepare resolved it: `device` is the devices.DraDevice that `Allocated.device` names
+PreparedDevice = namedtuple("PreparedDevice", "request pool device")
 
 
 def base_request(request):

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The DRA devices of a node: one per programmed vGPU, as plain data computed from the engine's facts.
 
-    inventory(sysfs, facts) -> [VgpuDevice]   (facts = node.facts.gather(...))
+    inventory(sysfs, facts) -> [DraDevice]   (facts = node.engine.facts.gather(...))
     NodeView(sysfs, read_facts): the driver's reads: every device (publish), or a few by name (prepare)
 
 A vendor-specific VFIO VF with a type set is one device, and so is every mdev. What a device
@@ -29,9 +29,10 @@ import re
 from dataclasses import dataclass
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import quantity
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, inuse, programmed, vgpu_types
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.pci import PCI_DEVICES
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import programmed, vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.pci import PCI_DEVICES
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
 
 DRIVER = claim_holders.DRIVER     # vgpu.accelops.io
 STANDARD = "resource.kubernetes.io/"
@@ -43,8 +44,9 @@ _LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
 
 
 @dataclass(frozen=True)
-class VgpuDevice:
-    """One allocatable vGPU."""
+class DraDevice:
+    """One allocatable vGPU as the DRA driver publishes (a ResourceSlice device) and prepares it (a device plugin's is
+    device_plugin.PluginDevice)."""
 
     name: str
     framework: str                  # vendor-vfio | mdev
@@ -175,26 +177,26 @@ def _common(place, gpu, profile, type_name):
 
 
 def inventory(sysfs, facts):
-    """[VgpuDevice] of the node, sorted by name; `facts` is node.facts.gather()'s result.
+    """[DraDevice] of the node, sorted by name; `facts` is node.engine.facts.gather()'s result.
 
     A VF whose type has no known name (no creatable list or nvidia-smi names it) is left out: a
-    device nobody can select by profile is not offered (node/programmed.py says which vGPUs there are)."""
+    device nobody can select by profile is not offered (node/hw/programmed.py says which vGPUs there are)."""
     return _devices(sysfs, programmed.programmed(*programmed.of_facts(facts)))
 
 
 def from_apply(sysfs, result):
-    """[VgpuDevice] of the node from an apply result (`gpus[].vgpus[]`, the type names from `resources[]`): the
+    """[DraDevice] of the node from an apply result (`gpus[].vgpus[]`, the type names from `resources[]`): the
     reconcile's own inventory, as the device plugin uses it, so publishing costs no second scan of the node.
     Same devices as `inventory()` reads for the GPUs the layout selects."""
     return _devices(sysfs, programmed.programmed(*programmed.of_apply(result)))
 
 
 def _devices(sysfs, vgpus):
-    """[VgpuDevice] of node/programmed.py's [Programmed], sorted by name."""
+    """[DraDevice] of node/hw/programmed.py's [Programmed], sorted by name."""
     place = _GpuPlace(sysfs)
-    found = [VgpuDevice(name=device_name(vgpu.profile, vgpu.uuid or vgpu.address),
-                        framework="mdev" if vgpu.uuid else "vendor-vfio", address=vgpu.address, type_id=vgpu.type_id,
-                        mdev_uuid=vgpu.uuid, **_common(place, vgpu.gpu, vgpu.profile, vgpu.type_name))
+    found = [DraDevice(name=device_name(vgpu.profile, vgpu.uuid or vgpu.address),
+                       framework="mdev" if vgpu.uuid else "vendor-vfio", address=vgpu.address, type_id=vgpu.type_id,
+                       mdev_uuid=vgpu.uuid, **_common(place, vgpu.gpu, vgpu.profile, vgpu.type_name))
              for vgpu in vgpus]
     return sorted(found, key=lambda device: device.name)
 

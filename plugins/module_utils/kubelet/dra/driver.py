@@ -55,9 +55,9 @@ from collections import namedtuple
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import cdi, claims, metadata, slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, STARTED, Checkpoint
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import HOLDER
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import NodeLockError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.claim_holders import HOLDER
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import NodeLockError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import VfHeld
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER
@@ -72,9 +72,10 @@ CALL_BUDGET = 25.0      # seconds one NodePrepareResources may wait in all (+ on
 class DraDriver:
     def __init__(self, node_name, get_claim, node_view, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
                  boot_id=None, lock_wait=LOCK_WAIT, call_budget=CALL_BUDGET, clock=time.monotonic, ready=True,
-                 ready_wait=READY_WAIT, wall=time.time):
+                 ready_wait=READY_WAIT, wall=time.time, claim_time=None):
         """`node_lock(timeout)`: a context manager holding the node lock, NodeLockError after `timeout` s.
-        `ready=False`: new claims wait for `inventory_known()` (module docstring, "Start")."""
+        `ready=False`: new claims wait for `inventory_known()` (module docstring, "Start").
+        `claim_time`: a claim_time_prepare.ClaimTimePreparer (devices whose VF Prepare chooses and types), or None."""
         self.node_name, self.get_claim, self.node_view = node_name, get_claim, node_view   # devices.NodeView
         self.plugin_dir, self.cdi_dir, self.driver = plugin_dir, cdi_dir, driver
         self.node_lock = node_lock or (lambda timeout: contextlib.nullcontext())
@@ -85,12 +86,12 @@ class DraDriver:
             self._ready.set()
         self._first_seen = {}             # UID -> wall time clean_stale first saw a record without startedAt
         self.checkpoint = Checkpoint(plugin_dir, boot_id)
-        # the pools a claim may name: `<node>/<driver>`, and the node's name (claims allocated before issue 40)
+        # the pools a claim may name: `<node>/<driver>`, and the node's name (claims allocated from earlier releases)
         self.pools = slices.pools(node_name, driver)
         self.pool = self.pools[0]         # the pool published now (the agent's plugin sets it: agent_plugin.py)
         self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting
         self._preparing = set()           # UIDs a call is preparing now
-        self.claim_time = None      # claim_time_prepare.ClaimTimePreparer: devices whose VF Prepare chooses and types
+        self.claim_time = claim_time
 
     # --- the kubelet's calls ---------------------------------------------------------------------
     def prepare(self, refs):
@@ -207,12 +208,12 @@ class DraDriver:
                     raise ClaimError("%s: device %s/%s is not in this node's pool (%s)" % (
                         ref, item.pool, item.device, self.pool))
                 if self._chosen_now(item):   # claim-time: a free VF of the allocated GPU (claim_time_prepare.py)
-                    taken = others | {e[2].key for e in entries}
-                    if item.device in [e[2].name for e in entries]:
+                    taken = others | {e.device.key for e in entries}
+                    if item.device in [e.device.name for e in entries]:
                         raise ClaimError("%s: device %s is allocated twice in one claim; ask one vGPU per request"
                                          % (ref, item.device))
                     typed.append(self.claim_time.choose(ref, item.device, earlier.get(item.device), taken))
-                    entries.append((item.request, item.pool, typed[-1]))
+                    entries.append(claims.PreparedDevice(item.request, item.pool, typed[-1]))
                     continue
                 device = current.get(item.device)
                 if device is None:
@@ -221,7 +222,7 @@ class DraDriver:
                 others = [name for name in held.get(device.key, ()) if name != HOLDER % (ref.namespace, ref.name)]
                 if others:
                     raise ClaimError("%s: device %s is prepared for %s" % (ref, item.device, ", ".join(others)))
-                entries.append((item.request, item.pool, device))
+                entries.append(claims.PreparedDevice(item.request, item.pool, device))
             self._record_started(ref, entries, typed)
             # durable: after a power loss this record is what keeps a layout change off the claim's vGPUs, and a
             # claim-time VF typed next is found recorded after a crash
@@ -246,9 +247,9 @@ class DraDriver:
                     break
                 except VfHeld as exc:
                     held_now.add(exc.vf)
-                    taken = others | held_now | {e[2].key for e in entries if e[2] is not device}
+                    taken = others | held_now | {e.device.key for e in entries if e.device is not device}
                     replacement = self.claim_time.choose(ref, device.name, None, taken)
-                    entries[:] = [(r, p, replacement if d is device else d) for r, p, d in entries]
+                    entries[:] = [e._replace(device=replacement) if e.device is device else e for e in entries]
                     typed[index] = device = replacement
                     self._record_started(ref, entries, typed)
                     self.checkpoint.save()
@@ -300,16 +301,18 @@ class DraDriver:
     def _write(self, ref, claim, entries):
         """The CDI spec and the metadata files; the record's devices with their CDI IDs."""
         cdi.write_claim_spec(self.cdi_dir, self.driver, ref.uid,
-                             [(device, self.node_view.nodes(device)) for dummy, dummy2, device in entries])
+                             [(e.device, self.node_view.nodes(e.device)) for e in entries])
         by_request = {}
         for entry in entries:
-            by_request.setdefault(claims.base_request(entry[0]), []).append(entry)
+            by_request.setdefault(claims.base_request(entry.request), []).append(entry)
         metadata_ids = {request: metadata.write_request(self.plugin_dir, self.cdi_dir, self.driver, ref, request, group,
                                                         claims.pod_claim_name(claim))
                         for request, group in sorted(by_request.items())}
-        devices = _record(entries, [e[2] for e in entries if self._chosen_now(claims.Allocated(e[0], e[1], e[2].name))])
-        for record, (request, dummy, device) in zip(devices, entries):
-            record["cdiIDs"] = [cdi.device_id(self.driver, ref.uid, device.name), metadata_ids[claims.base_request(request)]]
+        devices = _record(entries, [e.device for e in entries
+                                    if self._chosen_now(claims.Allocated(e.request, e.pool, e.device.name))])
+        for record, entry in zip(devices, entries):
+            record["cdiIDs"] = [cdi.device_id(self.driver, ref.uid, entry.device.name),
+                                metadata_ids[claims.base_request(entry.request)]]
         return devices
 
     def _files_present(self, ref, entry):
@@ -409,10 +412,11 @@ def _guarded(call, ref, on_error):
 
 
 def _record(entries, claim_time_devices=()):
-    records = [{"requests": [request], "pool": pool, "device": device.name, "key": device.key,
-                "typeID": device.type_id, "cdiIDs": []} for request, pool, device in entries]
-    for record, (dummy, dummy2, device) in zip(records, entries):
-        if device in claim_time_devices:
+    """The checkpoint's device records of `entries` ([claims.PreparedDevice])."""
+    records = [{"requests": [e.request], "pool": e.pool, "device": e.device.name, "key": e.device.key,
+                "typeID": e.device.type_id, "cdiIDs": []} for e in entries]
+    for record, entry in zip(records, entries):
+        if entry.device in claim_time_devices:
             record["claimTime"] = True     # its VF was typed by this prepare: unprepare clears it
     return records
 

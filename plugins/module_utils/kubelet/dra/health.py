@@ -20,10 +20,10 @@ MAX_MESSAGE = 1024
 
 
 def device_health(current, prepared, pool, pools=None):
-    """`current`: [VgpuDevice] read now, published in `pool`; `prepared`: the checkpoint's claims ({uid: entry});
+    """`current`: [DraDevice] read now, published in `pool`; `prepared`: the checkpoint's claims ({uid: entry});
     `pools`: every pool name a claim of this node may name (slices.pools; default: `pool`). A claim allocated from
-    another of them (the node's name, before issue 40) gets its devices' health under that pool: the kubelet
-    looks a device up by the pool and name its claim was allocated from."""
+    another of them (the node's name, the pool of earlier releases) gets its devices' health under that pool: the
+    kubelet looks a device up by the pool and name its claim was allocated from."""
     present = {device.name for device in current}
     found = {(pool, device.name): DeviceHealth(pool, device.name, True, "") for device in current}
     for entry in prepared.values():

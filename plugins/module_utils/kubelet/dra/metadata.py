@@ -57,11 +57,11 @@ def cdi_id(driver, claim_uid, request):
 
 
 def document(ref, request, entries, driver, pod_claim_name=None, generation=1):
-    """One request's DeviceMetadata objects (one per API version); `entries` = [(request, pool, VgpuDevice)]."""
+    """One request's DeviceMetadata objects (one per API version); `entries` = [claims.PreparedDevice]."""
     body = {"metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid, "generation": generation},
             "requests": [{"name": request, "devices": [
-                {"driver": driver, "pool": pool, "name": device.name, "attributes": device.attributes()}
-                for dummy, pool, device in entries]}]}
+                {"driver": driver, "pool": e.pool, "name": e.device.name, "attributes": e.device.attributes()}
+                for e in entries]}]}
     if pod_claim_name:
         body["podClaimName"] = pod_claim_name
     return [dict({"apiVersion": version, "kind": "DeviceMetadata"}, **body) for version in API_VERSIONS]
@@ -71,7 +71,7 @@ def write_request(plugin_dir, cdi_dir, driver, ref, request, entries, pod_claim_
     """Write the metadata file of one (base) request and its CDI spec; returns the CDI ID."""
     host = file_path(plugin_dir, ref.namespace, ref.name, request)
     # the request named in the file is the allocation's (a subrequest keeps its `/sub`), as the helper does
-    named = entries[0][0] if len({entry[0] for entry in entries}) == 1 else request
+    named = entries[0].request if len({entry.request for entry in entries}) == 1 else request
     write_file(host, "".join(json.dumps(obj, indent=2, sort_keys=True) + "\n"
                              for obj in document(ref, named, entries, driver, pod_claim_name)), sync=RENAME)
     spec = {"cdiVersion": CDI_VERSION, "kind": "%s/metadata" % driver, "devices": [{

@@ -13,7 +13,7 @@ resourceSliceCount of them, so a change that needs more than one write bumps the
 rewrites every slice (the rule of k8s.io/dynamic-resource-allocation resourceslice.Controller.syncPool;
 one write alone keeps it). Slice names are fixed, `<node>-<driver>-<index>`, so a restarted agent
 finds its own slices again; the node's slices of this driver with another name, pool or a lower
-generation are stale and deleted first: this is also how the pool named after the node alone (before issue 40)
+generation are stale and deleted first: this is also how the pool named after the node alone (earlier releases)
 is replaced, slice by slice under the same names, when the agent moves to `<node>/<driver>`.
 
 Why not the node's name alone: kube-scheduler 1.36 before kubernetes#140504 (the release-1.36 backport of #140435)
@@ -21,7 +21,7 @@ keys its counter cache by pool name only, so another driver's pool named after t
 names its pool so) can shadow our counters within one pod's scheduling cycle. A pool name is one or more DNS
 subdomains separated by `/`, at most 253 characters (resource/v1 ResourcePool.Name), so `<node>/<driver>` is
 valid for any node name that fits (a longer one keeps its start and a hash, as slice names do). The pool name
-before issue 40, the node's name, is still accepted on input (claims allocated before the upgrade: pools()).
+of earlier releases, the node's name, is still accepted on input (claims allocated before the upgrade: pools()).
 
     pool_name(node) -> `<node>/vgpu.accelops.io`;  pools(node) -> (pool_name(node), node): what claims may name
     desired_slices(node, devices, generation, node_uid=None, pool=None) -> [slice bodies, no metadata.resourceVersion]
@@ -61,7 +61,7 @@ def pool_name(node, driver=DRIVER):
 
 
 def pools(node, driver=DRIVER):
-    """The pool names a claim of this node may name: ours, then the node's name (the pool before issue 40)."""
+    """The pool names a claim of this node may name: ours, then the node's name (the pool of earlier releases)."""
     return (pool_name(node, driver), node)
 
 
@@ -131,7 +131,7 @@ def _owners_view(item):
 
 def plan(node, devices, existing, node_uid=None, driver=DRIVER, pool=None):
     """What to write so that the API holds exactly this node's pool `pool` (default: pool_name) of `devices`; every
-    other slice of the node and driver (another pool, such as the node's name before issue 40) is deleted.
+    other slice of the node and driver (another pool, such as the node's name, the pool of earlier releases) is deleted.
 
     `existing` are the ResourceSlices the API lists for spec.nodeName=node, spec.driver=driver."""
     pool = pool or pool_name(node, driver)

@@ -25,7 +25,7 @@ AGENT_SIDE = ("agent.", "kubelet.")
 
 def test_the_closure_follows_every_import_form_and_only_the_cli_needs():
     names = cli_zipapp.closure(READ, EXISTS, agent=True)
-    assert "node_cli" in names and "node.sysfs" in names      # `from ...node.sysfs import Sysfs`
+    assert "node_cli" in names and "node.hw.sysfs" in names   # `from ...node.hw.sysfs import Sysfs`
     assert "agent.agent" in names and "agent.settings" in names  # `from ...agent import ...settings as s`
     assert "errors" in names                                  # `from ...module_utils.errors import ...`
     assert not [n for n in names if n.startswith(("cluster.", "image."))]   # controller side stays out
@@ -36,7 +36,7 @@ def test_the_closure_follows_every_import_form_and_only_the_cli_needs():
 
 def test_the_node_cli_is_the_node_engine_alone():
     node = cli_zipapp.closure(READ, EXISTS)
-    assert "node_cli" in node and "node.vgpu_apply" in node and "node.boot_retry" in node
+    assert "node_cli" in node and "node.engine.vgpu_apply" in node and "node.boot.boot_retry" in node
     assert [n for n in node if n.startswith(AGENT_SIDE)] == []
     assert set(node) < set(cli_zipapp.closure(READ, EXISTS, agent=True))
 

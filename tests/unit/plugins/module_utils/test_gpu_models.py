@@ -46,11 +46,11 @@ def test_vgpu_offer_lookup():
 
 
 def test_the_catalog_imports_nothing_of_the_node_engine():
-    """Issue 24: the catalog is below the node engine (node/pci.py takes the vendor ID from it)."""
+    """Issue 24: the catalog is below the node engine (node/hw/pci.py takes the vendor ID from it)."""
     code = ("import sys; from ansible_collections.accelops.vgpu.plugins.module_utils import gpu_models; "
             "print(sorted(m for m in sys.modules if '.module_utils.' in m))")
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environ).stdout
     assert ".module_utils.node" not in loaded and "gpu_models" in loaded
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node import pci
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci
     assert pci.NVIDIA_VENDOR == gpu_models.NVIDIA_VENDOR == "10de"

@@ -189,7 +189,7 @@ def test_idle_exits_0_then_1_naming_the_holder_then_2_when_it_cannot_tell(node, 
 def test_idle_counts_a_prepared_dra_claim_under_the_kubelet_dir(node, capsys, tmp_path):
     """The manager image asks `idle` before it stops: a claim prepared for a VF means its VM may start any moment."""
     from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, Checkpoint
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_holders import plugin_dir
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.claim_holders import plugin_dir
 
     fake, dummy = node
     kubelet_dir = tmp_path / "k0s-kubelet"
@@ -205,7 +205,7 @@ def test_idle_counts_a_prepared_dra_claim_under_the_kubelet_dir(node, capsys, tm
 def test_idle_exits_2_naming_a_checkpoint_whose_device_has_no_key(node, capsys, tmp_path):
     """A checksum-valid checkpoint another version wrote without `key`: one line, exit 2 (cannot tell = held)."""
     from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED, Checkpoint
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders
 
     fake, dummy = node
     kubelet_dir = tmp_path / "kubelet"
@@ -262,7 +262,7 @@ def test_idle_then_runs_the_command_under_the_node_lock_only_when_idle(node, cap
     import os
     import sys
 
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import lock_dir, lock_name
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import lock_dir, lock_name
 
     fake, dummy = node
     monkeypatch.setenv("TMPDIR", str(tmp_path))

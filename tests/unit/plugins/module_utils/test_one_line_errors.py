@@ -7,9 +7,10 @@ import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.cluster import gpu_operator, kubevirt
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue, sriov
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_layout as vl
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import sriov
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout as vl
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line, shown
 from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.node.test_module_glue import Exited, FakeModule
 

@@ -1,4 +1,4 @@
-"""One writer of a vGPU (issue 41.1): only node/vgpu_writer.py writes a VF's `current_vgpu_type` or creates and
+"""One writer of a vGPU (issue 41.1): only node/engine/vgpu_writer.py writes a VF's `current_vgpu_type` or creates and
 removes an mdev; every other file of plugins/ and tools/ may name the attribute only where it reads it (READS,
 each site listed with why), and writes no vGPU attribute.
 
@@ -18,14 +18,14 @@ from ansible_collections.accelops.vgpu.plugins.module_utils import errors
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(errors.__file__)))
 SCANNED = ("plugins", "tools")
-OWNER = "plugins/module_utils/node/vgpu_writer.py"
+OWNER = "plugins/module_utils/node/engine/vgpu_writer.py"
 ATTRIBUTE = "current_vgpu_type"
 DOC_NAMES = {"DOCUMENTATION", "EXAMPLES", "RETURN"}     # an Ansible module's documentation strings
 READS = {
-    ("plugins/module_utils/node/vgpu_types.py", "read_current"): "the read helper every reader uses",
-    ("plugins/module_utils/node/vgpu_types.py", "has_vfio_types"): "whether the attribute exists",
-    ("plugins/module_utils/node/vgpu_apply.py", "<module>"): "NO_VGPU, an error message",
-    ("plugins/module_utils/node/sriov.py", "_programmed"): "an error message",
+    ("plugins/module_utils/node/hw/vgpu_types.py", "read_current"): "the read helper every reader uses",
+    ("plugins/module_utils/node/hw/vgpu_types.py", "has_vfio_types"): "whether the attribute exists",
+    ("plugins/module_utils/node/engine/vgpu_apply.py", "<module>"): "NO_VGPU, an error message",
+    ("plugins/module_utils/node/engine/sriov.py", "_programmed"): "an error message",
     ("plugins/module_utils/kubelet/device_plugin.py", "CurrentTypes.of"): "Allocate's read (a kept descriptor)",
     ("plugins/module_utils/kubelet/dra/claim_time_prepare.py", "ClaimTimePreparer._vfs"): "whether a VF is still there",
     ("plugins/module_utils/agent/manager_probe.py", "<module>"): "VFIO_TYPE, the sentinel the probe reads",
@@ -119,6 +119,7 @@ def write_sites(text, rel):
 
 
 def test_only_the_owner_writes_a_vgpu():
+    assert os.path.isfile(os.path.join(REPO, OWNER))
     writes = []
     for rel, path in _sources():
         if rel != OWNER:

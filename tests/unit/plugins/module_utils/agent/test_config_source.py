@@ -3,7 +3,7 @@ import os
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.config_source import ConfigSource
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
 
 CONFIG = '{"version": "v1", "vgpu-configs": {"default": [{"devices": "all", "vgpu-devices": {"L40S-24Q": %d}}]}}'
 

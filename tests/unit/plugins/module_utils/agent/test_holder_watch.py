@@ -8,6 +8,7 @@ import argparse
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent as agent_module
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import settings as agent_settings
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
 
 VF = "0000:41:00.4"
 
@@ -37,6 +38,10 @@ class Plugin:
 class InUse:
     def __init__(self, answer):
         self.answer = answer
+        self.forgotten = 0
+
+    def forget(self):
+        self.forgotten += 1
 
     def recheck(self, names, name_holders=True):
         if isinstance(self.answer, Exception):
@@ -58,8 +63,11 @@ def watching_agent(tmp_path, monkeypatch, answer):
     clock, lines = Clock(), []
     monkeypatch.setattr(agent_module, "log", lines.append)
     agent = agent_module.Agent(settings, None, "vgpu-agent", clock=clock, device_plugin=Plugin())
-    engine = Engine(answer)
-    agent.engine = lambda: engine
+    engine = agent.reconcile_engine = Engine(answer)     # the refused reconcile's
+
+    def no_engine(*dummy):
+        raise AssertionError("a node engine built for a holder check")
+    agent.engine = no_engine
     agent.refused_by, agent.next_holder_check = {VF}, clock.now
     return agent, clock, lines, engine
 
@@ -91,3 +99,15 @@ def test_a_holder_that_stays_costs_one_check_per_poll_and_no_line(tmp_path, monk
     agent, clock, lines, engine = watching_agent(tmp_path, monkeypatch, ["VFIO group 7 is open"])
     assert watch_for(agent, clock, 600) == [False] * 300
     assert lines == [] and agent.device_plugin.allocations.syncs == 300
+    assert engine.in_use.forgotten == 300       # the refused reconcile's holders, their device facts read again
+
+
+def test_the_devices_watched_are_those_the_error_was_refused_for_not_those_its_text_contains(tmp_path, monkeypatch):
+    agent, clock, lines, dummy = watching_agent(tmp_path, monkeypatch, [])
+    other = "0000:41:00.5"
+    agent._watch_holders("default", LayoutError("VF %s of GPU 0000:41:00.0 is held by a VM (pid 7)" % other,
+                                                held=[other]))
+    assert agent.refused_by == {other}
+    # an error that names a held VF without being refused for it (the plan saw VF held): nothing to watch
+    agent._watch_holders("default", LayoutError("GPU 0000:41:00.0: no free VF left for L40S-24Q (%s held)" % VF))
+    assert agent.refused_by == set()

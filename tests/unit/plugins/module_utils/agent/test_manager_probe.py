@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.manager_probe import ManagerProbe
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import SysfsError
 
 L40S, T4 = "0000:41:00.0", "0000:43:00.0"
 VF = "0000:41:00.5"

@@ -3,7 +3,7 @@ import argparse
 import pytest
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent import settings
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import node_lock
 
 
 def parse(argv):

@@ -108,9 +108,9 @@ def test_the_counts_after_a_reconcile_reuse_its_walk_of_proc_and_its_groups(gpus
     """Issue 34: one walk of /proc per resync. The counts read the node through the reconcile's own engine:
     no second walk, no IOMMU group link read again, one read per VF (a full facts.gather reads ~10)."""
     from ansible_collections.accelops.vgpu.plugins.module_utils.agent.telemetry import node_vgpu_counts
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
     from fake_node import RecordingSysfs
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import from_layout
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import from_layout
     from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 
     node = gpusim_node("l40s:2")

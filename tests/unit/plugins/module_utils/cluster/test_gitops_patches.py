@@ -33,7 +33,7 @@ def test_one_resource_per_gpu_model_appended_with_the_feature_gate():
 
 
 def test_device_filters_are_read_as_the_nodes_read_them():
-    """The engine's parser (node/pci.parse_id_filter): VDM's 0x<device><vendor> and lspci's vvvv:dddd alike."""
+    """The engine's parser (node/hw/pci.parse_id_filter): VDM's 0x<device><vendor> and lspci's vvvv:dddd alike."""
     lspci = [dict(L40S_24Q[0], **{"device-filter": "10de:26b9"})]
     assert gitops_patches.kubevirt_patch(document(a=lspci)) == gitops_patches.kubevirt_patch(document(a=L40S_24Q))
     with pytest.raises(gitops_patches.GitopsPatchError, match="device-filter 'L40S' is not a PCI ID"):

@@ -10,7 +10,7 @@ import pytest
 from ansible_collections.accelops.vgpu.plugins.module_utils.image import image_build
 from ansible_collections.accelops.vgpu.plugins.module_utils.image.image_build import (
     HASH_LABEL, ImageBuild, ImageError, RegistryClient, is_public_registry, split_name)
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.nvdriver import DriverError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.nvdriver import DriverError
 
 VERSION = "570.124.03"
 

@@ -14,9 +14,11 @@ import pytest
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin, pod_resources
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import VgpuDevicePlugin
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import inuse, pod_allocations, vgpu_apply, vgpu_types
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import LayoutError, from_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import inuse, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError, from_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 
 R24 = "nvidia.com/NVIDIA_L40S-24Q"
@@ -63,7 +65,7 @@ def test_an_allocate_between_the_vf_recheck_and_its_write_is_refused_not_recorde
     def recheck_then_allocate(holders, names, sources=True, **kwargs):
         found = real(holders, names, sources=sources, **kwargs)
         if list(names) == [vf] and kwargs.get("watched") is None and not calls:   # the vGPU writer's re-check of
-            # that VF, right before its write (node/vgpu_writer.py)
+            # that VF, right before its write (node/engine/vgpu_writer.py)
             calls.append(allocate_in_thread(view, vf))
             calls[0][0].join(0.5)                         # unordered: recorded now, and the VF retyped below
         return found

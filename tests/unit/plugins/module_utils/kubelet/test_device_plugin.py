@@ -9,9 +9,9 @@ import pytest
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, vgpu_apply
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import from_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import from_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 
 R24, R12 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/NVIDIA_L40S-12Q"

@@ -1,5 +1,5 @@
 """A vGPU the device plugin allocated is held from Allocate until the kubelet lists no live pod with it: the record
-(node/pod_allocations.py) written before Allocate answers and synced with the test kubelet's PodResources v1."""
+(node/holders/pod_allocations.py) written before Allocate answers and synced with the test kubelet's PodResources v1."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet import device_plugin, pod_resources
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.device_plugin_server import DevicePluginHost
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.errors import AllocationError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import kubelet_holders, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import kubelet_holders, pod_allocations
 
 R24 = "nvidia.com/NVIDIA_L40S-24Q"
 VF1, VF2 = "0000:41:00.4", "0000:41:00.5"
@@ -32,7 +32,7 @@ class Clock:
 
 
 def vf(address):
-    return device_plugin.VgpuDevice(address, R24, device_plugin.PCI, address, 1155, True, (), "12", ())
+    return device_plugin.PluginDevice(address, R24, device_plugin.PCI, address, 1155, True, (), "12", ())
 
 
 @pytest.fixture

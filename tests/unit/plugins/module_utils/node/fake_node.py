@@ -12,7 +12,7 @@ import threading
 import time
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs, SysfsError
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs, SysfsError
 
 L40S_TYPES = "ID    : vGPU Name\n1145  : NVIDIA L40S-1B\n1155  : NVIDIA L40S-24Q\n1156  : NVIDIA L40S-48Q\n"
 

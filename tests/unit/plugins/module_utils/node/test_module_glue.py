@@ -6,7 +6,7 @@ import yaml
 from ansible_collections.accelops.vgpu.plugins.doc_fragments.node_roots import ModuleDocFragment
 from ansible_collections.accelops.vgpu.plugins.module_utils.node import module_glue
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.node_lock import NodeLock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import NodeLock
 from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim
 from ansible_collections.accelops.vgpu.tests.integration.pod_allocations import allocate_to_pod
 

@@ -2,8 +2,9 @@
 
 from fake_node import FakeNode
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, inuse
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import inuse
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices
 
 L40S, A16, T4 = "0000:41:00.0", "0000:51:00.0", "0000:81:00.0"

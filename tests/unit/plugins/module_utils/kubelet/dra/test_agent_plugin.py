@@ -12,8 +12,8 @@ from dra_node import L40S, build, node_facts
 from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import KubeUnavailable
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, devices, slices
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoint import COMPLETED
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.tests.fakes import kube_api_rules as rules
 
 NODE = "gpu-node-1"
@@ -71,14 +71,11 @@ def plugin(tmp_path):
     node = build(tmp_path / "node")
     sysfs = Sysfs(str(node.sys))
     reads = []
-
-    def make_engine():
-        return SimpleNamespace(sysfs=sysfs, names=None, kubelet_dir=str(tmp_path / "kubelet"))
-
     settings = SimpleNamespace(node_name=NODE, kubelet_dir=str(tmp_path / "kubelet"), cdi_dir=str(tmp_path / "cdi"),
                                proc_root=str(node.proc))
     api, clock = SliceApi(), [1000.0]
-    dra = agent_plugin.VgpuDraPlugin(settings, api, make_engine, None, lambda line: None, clock=lambda: clock[0])
+    dra = agent_plugin.VgpuDraPlugin(settings, api, None, lambda line: None, sysfs, None, lambda: None,
+                                     clock=lambda: clock[0])
     real_read = dra.view.read_facts
 
     def counted_read():
@@ -159,7 +156,7 @@ def test_the_api_is_asked_only_when_something_changed_after_an_error_or_at_the_f
 
 
 def test_a_claim_time_gpu_is_published_as_profile_devices_and_a_counter_set_never_as_its_vfs(plugin):
-    """The apply result's claim_time (node/claim_time_layout.py): the GPU's typed VFs are Prepare's, not fixed devices;
+    """The apply result's claim_time (node/engine/claim_time_layout.py): the GPU's typed VFs are Prepare's, not fixed devices;
     the failed reconcile after it keeps both apart too."""
     result = apply_result(plugin.node)
     result["gpus"] = []    # the reconcile left the claim-time GPU out
@@ -313,8 +310,8 @@ def test_the_pool_keeps_the_nodes_name_while_the_api_cannot_say_which_claims_are
 
 def restarted(plugin):
     """A new agent process on the same node, kubelet directory and API (it knows nothing it published before)."""
-    dra = agent_plugin.VgpuDraPlugin(plugin.dra.settings, plugin.api, plugin.dra.make_engine, None, lambda line: None,
-                                     clock=lambda: plugin.clock[0])
+    dra = agent_plugin.VgpuDraPlugin(plugin.dra.settings, plugin.api, None, lambda line: None, plugin.sysfs, None,
+                                     lambda: None, clock=lambda: plugin.clock[0])
     return dra
 
 

@@ -10,8 +10,8 @@ import yaml
 from cel_devices import selected
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, slices
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
 
 NODE = "gpu-node-1"
 L40S = (("L40S-48Q", 1156, 1), ("L40S-24Q", 1155, 2), ("L40S-16Q", 1154, 3), ("L40S-12Q", 1153, 4),

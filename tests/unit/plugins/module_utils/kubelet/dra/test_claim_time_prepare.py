@@ -11,10 +11,13 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kube_errors import K
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin, checkpoint, claim_time, devices, metadata
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claim_time_prepare import ClaimTimePreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, facts, inuse, vgpu_apply, vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_time_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.claim_time_layout import declaration
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.claim_time_layout import declaration
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.kubelet_holders import node_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 
 NODE = "gpu-node-1"
@@ -44,8 +47,9 @@ class Env:
     def start(self):
         sysfs = self.engine.sysfs
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
-                           self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id)   # this boot
-        driver.claim_time = ClaimTimePreparer(sysfs, self.engine.begin)
+                           self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id,   # this boot
+                           claim_time=ClaimTimePreparer(sysfs, node_holders(sysfs, self.node.dev_root, "/proc",
+                                                                            self.kubelet)))
         driver.claim_time.update(claim_time.offers(sysfs, self.result["claim_time"]))
         return driver
 
@@ -175,30 +179,34 @@ def test_the_reconcile_keeps_prepared_vfs_and_clears_a_type_nobody_records(env):
     assert e.type_writes() == [(stray, "0")] and e.current(vf) == 1155
 
 
-def test_the_agents_preparer_uses_one_engine_per_prepare_and_asks_the_vf_once_right_before_the_write(env, monkeypatch):
-    one = claim("vm-a", UIDS[0], [D24], NODE)
-    e = env(one)
-    made, asked = [], []
+def test_the_agents_preparer_needs_no_engine_reads_the_facts_once_per_prepare_and_asks_the_vf_once(env, monkeypatch):
+    """Prepare gets the node's holders (kubelet_holders.node_holders: every holder source), not an engine factory:
+    building a node engine while preparing fails the test; the VFs' facts are read again once per claim (forget)
+    and the chosen VF is asked once, recorded already and not typed yet, right before the write."""
+    one, two = claim("vm-a", UIDS[0], [D24], NODE), claim("vm-b", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    holders = node_holders(e.engine.sysfs, e.node.dev_root, "/proc", e.kubelet)
+    asked, forgotten = [], []
 
-    def make_engine():
-        made.append(vgpu_apply.NodeEngine(Sysfs(e.node.root), CommandRunner(), e.node.dev_root, "/proc",
-                                          cache_dir=str(e.tmp), kubelet_dir=e.kubelet))
-        return made[-1]
-    real = inuse.Holders.recheck
+    def no_engine(*args, **kwargs):
+        raise AssertionError("Prepare built a node engine")
+    monkeypatch.setattr(vgpu_apply.NodeEngine, "__init__", no_engine)
+    real, real_forget = inuse.Holders.recheck, inuse.Holders.forget
 
     def spy(self, names, *args, **kwargs):
         entry = claim_holders.read_claims(claim_holders.checkpoint_path(e.plugin_dir)).get(UIDS[0])
-        asked.append((list(names), entry and vf_of(entry), e.current(names[-1])))
+        asked.append((self is holders, list(names), entry and vf_of(entry), e.current(names[-1])))
         return real(self, names, *args, **kwargs)
     monkeypatch.setattr(inuse.Holders, "recheck", spy)
-    e.driver.claim_time = agent_plugin.claim_time_preparer(make_engine)
+    monkeypatch.setattr(inuse.Holders, "forget", lambda self: forgotten.append(self) or real_forget(self))
+    e.driver.claim_time = agent_plugin.claim_time_preparer(e.engine.sysfs, holders, e.kubelet)
     e.driver.claim_time.update(claim_time.offers(e.engine.sysfs, e.result["claim_time"]))
-    del made[:]
     assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
     vf = vf_of(checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0]))
-    # one engine (its inuse.Holders) for the prepare; the VF asked once, recorded already and not typed yet
-    assert len(made) == 1 and asked == [([vf], vf, 0)]
+    assert forgotten == [holders] and asked == [(True, [vf], vf, 0)]
     assert e.type_writes() == [(vf, "1155")] and e.current(vf) == 1155
+    assert e.driver.prepare([ref(two)])[UIDS[1]].error == ""     # the next claim: its facts read again, once
+    assert forgotten == [holders, holders] and len(asked) == 2
 
 
 def test_a_vf_held_at_the_write_is_not_written_the_next_free_vf_is_recorded_and_typed(env, monkeypatch):

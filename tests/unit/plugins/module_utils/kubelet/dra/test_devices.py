@@ -5,7 +5,7 @@ import re
 from dra_node import A16, A16_UUID, L40S, T4, T4_UUID, build, inventory, node_facts
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -65,9 +65,9 @@ def test_device_names_are_dns_labels_and_unique(tmp_path):
 
 
 def test_mig_backed_profiles_say_so():
-    device = devices.VgpuDevice(name="h100-1-20c-0000-41-00-4", framework="vendor-vfio", address="0000:41:00.4",
-                                parent_gpu="0000:41:00.0", profile="H100-1-20C", type_name="NVIDIA H100-1-20C",
-                                type_id=1093, mig_backed=True, framebuffer_mib=20480)
+    device = devices.DraDevice(name="h100-1-20c-0000-41-00-4", framework="vendor-vfio", address="0000:41:00.4",
+                               parent_gpu="0000:41:00.0", profile="H100-1-20C", type_name="NVIDIA H100-1-20C",
+                               type_id=1093, mig_backed=True, framebuffer_mib=20480)
     assert device.attributes()["migBacked"] == {"bool": True}
 
 
@@ -95,8 +95,8 @@ def test_the_driver_view_checks_a_few_devices_without_reading_the_node_again(tmp
 def test_the_apply_result_gives_the_devices_a_full_read_of_the_node_gives(gpusim_node, monkeypatch, tmp_path):
     """The agent publishes from the reconcile's own result (no second scan); it must be the sysfs truth: vendor-VFIO
     VFs, mdevs on a GPU and mdevs on VFs (A16), each with its type, parent, pcieRoot and NUMA node."""
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node import facts, vgpu_apply
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import from_layout
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import facts, vgpu_apply
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import from_layout
     from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 
     node = gpusim_node("l40s:1,t4:1,a16:1")

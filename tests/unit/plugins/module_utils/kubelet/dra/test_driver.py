@@ -12,7 +12,7 @@ from dra_node import A16_UUID, build, view
 from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import checkpoint, metadata
-from ansible_collections.accelops.vgpu.plugins.module_utils.node import claim_holders, node_lock
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import agent_plugin
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import driver as driver_module
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver

@@ -106,9 +106,9 @@ def test_a_process_that_opens_the_claimed_vf_after_the_plan_stops_its_restore(tm
     import errno
     import os
     import pytest
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node import vgpu_apply
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node.sysfs import Sysfs
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node.vgpu_layout import from_layout
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import from_layout
     from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 
     node, kubelet_dir, dummy, dummy2 = prepared(tmp_path)

@@ -48,9 +48,9 @@ def test_what_we_write_comes_back_unchanged():
 
 
 def test_a_device_publishes_its_framebuffer_canonical():
-    device = devices.VgpuDevice(name="l40s-24q-0000-41-00-4", framework="vendor-vfio", address="0000:41:00.4",
-                                parent_gpu="0000:41:00.0", profile="L40S-24Q", type_name="NVIDIA L40S-24Q",
-                                type_id=1155, framebuffer_mib=24576)
+    device = devices.DraDevice(name="l40s-24q-0000-41-00-4", framework="vendor-vfio", address="0000:41:00.4",
+                               parent_gpu="0000:41:00.0", profile="L40S-24Q", type_name="NVIDIA L40S-24Q",
+                               type_id=1155, framebuffer_mib=24576)
     assert device.to_api()["capacity"] == {"framebuffer": {"value": "24Gi"}}
 
 

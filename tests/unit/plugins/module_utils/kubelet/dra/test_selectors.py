@@ -9,16 +9,16 @@ from cel_devices import selected
 from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER, VgpuDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DRIVER, DraDevice
 
 ROOT = pathlib.Path(__file__).resolve().parents[6]
 
 
 def device(profile, address, type_id, framework="vendor-vfio", uuid=None, gpu="0000:41:00.0"):
-    return VgpuDevice(name="%s-%s" % (profile.lower(), (uuid or address).replace(":", "-").replace(".", "-")),
-                      framework=framework, address=address, parent_gpu=gpu, profile=profile,
-                      type_name="NVIDIA " + profile, type_id=type_id, mdev_uuid=uuid, pcie_root="pci0000:40",
-                      product="L40S" if profile.startswith("L40S") else "A2/A16", framebuffer_mib=1024)
+    return DraDevice(name="%s-%s" % (profile.lower(), (uuid or address).replace(":", "-").replace(".", "-")),
+                     framework=framework, address=address, parent_gpu=gpu, profile=profile,
+                     type_name="NVIDIA " + profile, type_id=type_id, mdev_uuid=uuid, pcie_root="pci0000:40",
+                     product="L40S" if profile.startswith("L40S") else "A2/A16", framebuffer_mib=1024)
 
 
 # one node: L40S-24Q and L40S-12Q on two L40S (profiles mix on one model), an A16 with mdevs

@@ -6,7 +6,7 @@ from dra_node import build, inventory
 from schemas import assert_valid
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import slices
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import VgpuDevice
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DraDevice
 
 NODE, UID = "gpu-node-1", "7f0c1f7e-1111-4e2a-9d4b-000000000001"
 POOL = NODE + "/vgpu.accelops.io"
@@ -18,11 +18,11 @@ def vgpus(gpus, per_gpu, profile="L40S-24Q", type_id=1155):
     for gpu in range(gpus):
         for vf in range(per_gpu):
             address = "0000:%02x:%02x.%d" % (0x41 + gpu, (vf + 4) // 8, (vf + 4) % 8)
-            found.append(VgpuDevice(name="%s-%s" % (profile.lower(), address.replace(":", "-").replace(".", "-")),
-                                    framework="vendor-vfio", address=address, parent_gpu="0000:%02x:00.0" % (0x41 + gpu),
-                                    profile=profile, type_name="NVIDIA " + profile, type_id=type_id,
-                                    pcie_root="pci0000:%02x" % (0x41 + gpu), numa_node=gpu % 2, product="L40S",
-                                    framebuffer_mib=24576))
+            found.append(DraDevice(name="%s-%s" % (profile.lower(), address.replace(":", "-").replace(".", "-")),
+                                   framework="vendor-vfio", address=address, parent_gpu="0000:%02x:00.0" % (0x41 + gpu),
+                                   profile=profile, type_name="NVIDIA " + profile, type_id=type_id,
+                                   pcie_root="pci0000:%02x" % (0x41 + gpu), numa_node=gpu % 2, product="L40S",
+                                   framebuffer_mib=24576))
     return found
 
 
