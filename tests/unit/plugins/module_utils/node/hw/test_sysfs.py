@@ -24,7 +24,7 @@ def test_read_strips_newline_and_parses_hex(tree):
 def test_an_attribute_is_read_with_one_read_call_and_a_long_file_whole(tree, tmp_path, monkeypatch):
     # on gpusim's FUSE tree (no attribute cache) every fstat, isatty and read is a round trip: a short read is
     # the end, so an attribute costs one read(), not open()'s fstat, isatty and a second read for the end
-    from ansible_collections.accelops.vgpu.plugins.module_utils.node import sysfs as sysfs_module
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import sysfs as sysfs_module
     long_text = "x" * (sysfs_module.READ_SIZE * 2 + 10)
     (tmp_path / "long").write_text(long_text + "\n")
     calls, real_read = [], os.read
