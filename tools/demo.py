@@ -17,7 +17,8 @@
    demo-node is relabelled in the emulator, the agent converges it, the resources and slices follow; then
    profiles chosen at claim time (tools/demo_claim_time.py): a second simulated node with two claim-time L40S,
    two VMs of the examples (docs/examples/claim-time) get a 12Q and a 24Q on its two GPUs, typed at prepare,
-   cleared at unprepare, without a relabel;
+   cleared at unprepare, without a relabel; then MIG-backed vGPUs placed at claim time
+   (tools/demo_claim_time_mig.py): one H100 in MIG mode, three claims get GPU instances created at prepare;
 6. tears everything down, unless --keep (then `tools/demo.py --down` does it later).
 Last, the conformance report of the demo cluster (playbooks/conformance.yml, KAR-0003 / KAR-0004) against
 the API emulator and the fake KubeVirt controller tests/fakes/vmi_controller.py.
@@ -54,6 +55,8 @@ CDI_DIR = os.path.join(DEMO, "cdi")   # the agent's CDI specs of prepared claims
 CLAIM_TIME_SYS = os.path.join(DEMO, "sys-claim-time")    # the claim-time scene's node: two L40S
 CLAIM_TIME_WORK = os.path.join(DEMO, "claim-time")       # its DRA driver's kubelet and CDI files
 CLAIM_TIME_NODE = "demo-claim-node"
+MIG_SYS = os.path.join(DEMO, "sys-claim-time-mig")    # the MIG-backed claim-time scene's node: one H100
+MIG_WORK = os.path.join(DEMO, "claim-time-mig")
 DEFAULT_GPUS = "l40s:2,a16:1,t4:2"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 KUBEVIRT_PATH = "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt"
@@ -168,14 +171,14 @@ def stop_api_server(state_dir):
 
 def down():
     stop_api_server(DEMO)
-    for root in (SYS, CLAIM_TIME_SYS):
+    for root in (SYS, CLAIM_TIME_SYS, MIG_SYS):
         if is_mounted(root):
             gpusim("down", root, check=False)
 
 
 def up(gpus):
     down()
-    for path in (FACTS, NODE_ROOT, CDI_DIR, CLAIM_TIME_WORK):
+    for path in (FACTS, NODE_ROOT, CDI_DIR, CLAIM_TIME_WORK, MIG_WORK):
         shutil.rmtree(path, ignore_errors=True)
     os.makedirs(SYS, exist_ok=True)
     os.makedirs(TOOLS, exist_ok=True)
@@ -839,6 +842,20 @@ def run_claim_time(env):
     return subprocess.run(argv, cwd=REPO, env=scene_env, check=False).returncode
 
 
+def run_claim_time_mig(env):
+    """The MIG-backed claim-time scene (tools/demo_claim_time_mig.py) on a third simulated node, one H100 in MIG mode:
+    three claims get GPU instances placed at prepare (3g, 2g, 1g), a fourth finds no room. Returns its exit status."""
+    section("MIG-backed vGPUs placed at claim time: GPU instances created at prepare (README)")
+    os.makedirs(MIG_SYS, exist_ok=True)
+    os.makedirs(MIG_WORK, exist_ok=True)
+    gpusim("up", MIG_SYS, "--gpus", "h100-pcie:1")
+    scene_env = dict(env, GPUSIM_ROOT=MIG_SYS, PYTHONPATH=os.path.join(REPO, ".build", "collections"))
+    argv = [sys.executable, os.path.join(REPO, "tools", "demo_claim_time_mig.py"), "--sys", MIG_SYS, "--work", MIG_WORK]
+    shown = " ".join(rel(a) if a.startswith(REPO) else a for a in argv[1:])
+    print("$ %s   (gpusim %s: h100-pcie:1)" % (shown, rel(MIG_SYS)), flush=True)
+    return subprocess.run(argv, cwd=REPO, env=scene_env, check=False).returncode
+
+
 def api_server_url():
     with open(KUBECONFIG, encoding="utf-8") as handle:
         return json.load(handle)["clusters"][0]["cluster"]["server"]
@@ -874,6 +891,8 @@ def main(argv=None):
                 rc = run_gitops(api_url, kubelet, gpu_split(facts))
             if api_url and rc == 0:
                 rc = run_claim_time(env)
+            if api_url and rc == 0:
+                rc = run_claim_time_mig(env)
         finally:
             stop_serving(agent, kubelet)
     finally:

@@ -67,6 +67,28 @@ def limits(bodies):
         assert all(len(d.get("attributes") or {}) + len(d.get("capacity") or {}) <= 32 for d in devices)
 
 
+def rounds(driver, refs, runs, prepared, unprepared=lambda: None):
+    """`runs` times: every claim prepared, one per call, `prepared()` (raises when the node is not as it should be),
+    every claim unprepared, `unprepared()`; ([prepare s], [unprepare s]). A claim's error raises RuntimeError."""
+    prepare, unprepare = [], []
+    for dummy in range(runs):
+        for ref in refs:
+            start = time.perf_counter()
+            answer = driver.prepare([ref])[ref.uid]
+            prepare.append(time.perf_counter() - start)
+            if answer.error:
+                raise RuntimeError(answer.error)
+        prepared()
+        for ref in refs:
+            start = time.perf_counter()
+            error = driver.unprepare([ref])[ref.uid]
+            unprepare.append(time.perf_counter() - start)
+            if error:
+                raise RuntimeError(error)
+        unprepared()
+    return prepare, unprepare
+
+
 def run(args):
     work = tempfile.mkdtemp(prefix="p9-", dir="/tmp")
     result = {"gpus": args.gpus, "profiles": PROFILES}
@@ -99,24 +121,13 @@ def run(args):
                                    engine.sysfs, node_holders(engine.sysfs, gpu_node.dev_root, "/proc", work), work))
             driver.claim_time.update(items)
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]
-            prepare, unprepare = [], []
-            for dummy in range(args.runs):
-                for ref in refs:
-                    start = time.perf_counter()
-                    answer = driver.prepare([ref])[ref.uid]
-                    prepare.append(time.perf_counter() - start)
-                    if answer.error:
-                        raise RuntimeError(answer.error)
+
+            def check_typed():
                 typed = [vf for gpu in applied["claim_time"] for vf in gpu_node.vfs(gpu["address"])
                          if int(gpu_node.read("bus/pci/devices/%s/nvidia/current_vgpu_type" % vf)) == 1153]
                 if len(typed) != len(refs):
                     raise RuntimeError("%d VFs typed L40S-12Q for %d claims" % (len(typed), len(refs)))
-                for ref in refs:
-                    start = time.perf_counter()
-                    error = driver.unprepare([ref])[ref.uid]
-                    unprepare.append(time.perf_counter() - start)
-                    if error:
-                        raise RuntimeError(error)
+            prepare, unprepare = rounds(driver, refs, args.runs, check_typed)
             result["prepare_with_type_write"] = latency(prepare)
             result["unprepare_clearing_type"] = latency(unprepare)
             result["target_p99_ms"] = TARGET_P99_MS
@@ -126,18 +137,23 @@ def run(args):
     return result
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.claim_time", description=__doc__.split("\n\n")[1])
+def cli(argv, module, measure, name):
+    """`python -m tests.bench.<name> [--gpus N] [--runs N] [--out DIR]`: `measure(args)` written to <out>/<name>.json."""
+    parser = argparse.ArgumentParser(prog="python -m tests.bench." + name, description=module.__doc__.split("\n\n")[1])
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
-    result = run(args)
+    result = measure(args)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "claim_time.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / (name + ".json")).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
+
+
+def main(argv=None):
+    return cli(argv, sys.modules[__name__], run, "claim_time")
 
 
 if __name__ == "__main__":

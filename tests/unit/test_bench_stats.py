@@ -48,7 +48,7 @@ def test_defaults_full_and_quick(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     full = parse_args([])
     assert full.runs == FULL["runs"] and full.fleet == [4, 16, 32] and full.forks_ratio == 4
-    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"] and full.gpus == 8 and full.latency_ms == 1000
+    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p11"] and full.gpus == 8 and full.latency_ms == 1000
     assert (full.idle_p5, full.resync_p5) == (30, 10)
     quick = parse_args(["--quick", "--parts", "p3,p1", "--runs-p1", "2"])
     assert quick.parts == ["p1", "p3"] and quick.runs["p1"] == 2 and quick.runs["p3"] == QUICK["runs"]["p3"]
@@ -102,7 +102,11 @@ def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
                        "uniform": _p1_case(2.0, 1.0, 2.5), "mixed": _p1_case(5.0, 1.0, None)}}},
             "p9": {"gpus": 8, "profiles": ["L40S-12Q"] * 5, "published": {"slices": 2, "counter_sets": 8, "devices": 40},
                    "prepare_with_type_write": latency, "unprepare_clearing_type": latency, "target_p99_ms": 100.0,
-                   "met": False}}})
+                   "met": False},
+            "p11": {"gpus": 8, "profiles": ["H100-1-10C"] * 7,
+                    "published": {"slices": 5, "counter_sets": 8, "devices": 200},
+                    "prepare_gi_created_vf_typed": latency, "unprepare_gi_destroyed": latency,
+                    "targets": {"prepare_p99_ms": 1000.0, "unprepare_p99_ms": 2000.0}, "met": True}}})
     lines = dict((line.split("|")[1].strip(), line) for line in text.splitlines() if line.startswith("| P"))
     assert "3.00×" in lines["P1 cold converge, uniform"] and "**no**" in lines["P1 cold converge, uniform"]
     assert "incomplete (pid 1" in lines["P1 cold converge, uniform"]
@@ -112,6 +116,8 @@ def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
     assert "P1 in-use checks per apply, uniform, own pid namespace" in lines
     claim_time = lines["P9 claim-time NodePrepareResources"]
     assert "p99 120.00 ms" in claim_time and "p99 ≤ 100 ms" in claim_time and "**no**" in claim_time
+    mig = lines["P11 MIG-backed claim-time NodePrepareResources"]
+    assert "200 devices" in mig and "p99 ≤ 1000 ms, unprepare ≤ 2000 ms" in mig and mig.rstrip(" |").endswith("yes")
 
 
 def test_changed_tasks_from_the_default_callback():

@@ -616,7 +616,7 @@ def kubelet_plugins(settings, api):
             settings, api, lambda timeout: node_lock(settings.sysfs_root, timeout), log, sysfs,
             kubelet_holders.node_holders(sysfs, settings.dev_root, settings.proc_root, settings.kubelet_dir),
             lambda: vgpu_apply.TypeNames(sysfs, CommandRunner()),
-            serves=agent_settings.served(settings.dra_driver_gpus, gpus)).start()
+            serves=agent_settings.served(settings.dra_driver_gpus, gpus), runner=CommandRunner()).start()
     return device_plugin, dra_plugin
 
 

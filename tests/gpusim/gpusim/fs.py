@@ -196,8 +196,9 @@ class SimFS(mfusepy.Operations):
             state.set_mixed(args[1], args[2] == "1")
         elif command == "mig" and len(args) == 3 and args[2] in ("0", "1"):
             state.set_mig(args[1], args[2] == "1")
-        elif command == "gi-create" and len(args) == 4 and args[2].isdigit() and args[3] in ("0", "1"):
-            state.create_gi(args[1], int(args[2]), args[3] == "1")
+        elif (command == "gi-create" and len(args) in (4, 5) and args[2].isdigit() and args[3] in ("0", "1")
+              and all(a.isdigit() for a in args[4:])):
+            state.create_gi(args[1], int(args[2]), args[3] == "1", *[int(a) for a in args[4:]])
         elif command in ("gi-destroy", "ci-destroy", "ci-create") and len(args) == 3 and args[2].isdigit():
             {"gi-destroy": state.destroy_gi, "ci-destroy": state.destroy_ci,
              "ci-create": state.create_ci}[command](args[1], int(args[2]))

@@ -435,9 +435,11 @@ class State:
             pf.mig = enable
             self._changed()
 
-    def create_gi(self, address, profile_id, compute_instance):
+    def create_gi(self, address, profile_id, compute_instance, start=None):
         """Free placement of the profile with the highest start (ASSUMPTION: the driver's choice is not
-        documented; highest-first keeps combinations like 3g+2g+2g possible); ENOSPC when none."""
+        documented; highest-first keeps combinations like 3g+2g+2g possible); ENOSPC when none. `start`: at
+        that placement only (NVML nvmlDeviceCreateGpuInstanceWithPlacement; `-cgi <ID>:<start>`): EINVAL when
+        the profile has no such placement, ENOSPC when it overlaps a GI."""
         with self.lock:
             pf = self._mig_gpu(address)
             if not pf.mig:
@@ -451,6 +453,10 @@ class State:
             same = sum(1 for gi in existing if gi.profile.profile_id == profile_id)
             starts = [start for start in profile.starts
                       if not taken & set(range(start, start + profile.size)) and start + profile.size <= MIG_MEMORY_SLICES]
+            if start is not None:
+                if start not in profile.starts:
+                    raise SimError(errno.EINVAL, "%s has no placement starting at %d" % (profile.name, start))
+                starts = [s for s in starts if s == start]
             if same >= profile.max_instances or not starts or compute + profile.compute_slices > MIG_COMPUTE_SLICES:
                 raise SimError(errno.ENOSPC, "no room for %s on %s" % (profile.name, address))
             gi_id = next(i for i in itertools.count(1) if i not in pf.gis)

@@ -172,3 +172,20 @@ def test_h200_mig_profiles_and_vgpu_s_v(gpusim_node):
     assert "| 1 MIG 3g.71gb 9 2/2 68.87 No 60 3 0 |" in rows(smi(node, "mig", "-i", nvl, "-lgip").stdout)
     mig_on(node, nvl)
     assert "| 1 MIG 3g.71gb 9 2/2 68.87 No 60 3 0 |" in rows(smi(node, "mig", "-i", nvl, "-lgip").stdout)
+
+
+def test_a_gpu_instance_at_a_given_placement_and_the_vf_typed_on_it(gpusim_node):
+    node = gpusim_node("h100-pcie:1")
+    pf = node.pfs()[0]
+    enable_vfs(node, pf)
+    mig_on(node, pf)
+    made = smi(node, "mig", "-i", pf, "-cgi", "14:2", "-C")
+    assert made.returncode == 0 and "Successfully created GPU instance ID  1" in made.stdout
+    assert [(gi["id"], gi["start"], gi["size"]) for gi in gis(node, pf)] == [(1, 2, 2)]
+    overlap = smi(node, "mig", "-i", pf, "-cgi", "9:0")                   # 0..3 overlaps 2..3
+    assert overlap.returncode == 1 and "Insufficient Resources" in overlap.stdout
+    assert smi(node, "mig", "-i", pf, "-cgi", "14:1").returncode == 1     # 2g has no placement at 1
+    assert len(gis(node, pf)) == 1
+    vf = node.vfs(pf)[0]
+    write(node.device_path(vf, "nvidia/current_vgpu_type"), "1121")      # H100-2-20C takes the free 2g GI
+    assert read(node.device_path(vf, "nvidia/gpu_instance_id")) == "1"

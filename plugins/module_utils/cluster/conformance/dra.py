@@ -24,6 +24,9 @@ while one is allocated. The rows run through them the same way: the plan counts 
 (shareIDs) of claim-time devices of the profile, two on one physical GPU, and over-allocation.dra when the claim
 beyond the instances stays unallocated. That the VF is typed at prepare and cleared at unprepare is the node's
 side (tests/integration/dra/test_claim_time_examples.py); the cluster shows the allocation only.
+MIG-backed placements at claim time (issue 42.2; kubelet/dra/claim_time_mig.py) are one-claim devices that draw on
+the GPU's counters: the plan counts as many of a profile's placements as the counters let be allocated at once
+(`packed`), so the claim beyond them is the over-allocation.
 
 The scheduler reads a pool from the slices of its highest `pool.generation` only, and allocates from a
 pool once all `resourceSliceCount` slices of that generation are there (k8s.io/dynamic-resource-allocation
@@ -70,6 +73,32 @@ def slots(device):
         return 0
 
 
+def _count(value):
+    try:
+        return int(str((value or {}).get("value")))
+    except ValueError:
+        return None
+
+
+def packed(devices, counters):
+    """How many of `devices` (one claim each) the pool's counter sets (`counters`: {set: {counter: {value}}}) let
+    the scheduler allocate at once, first fit in name order as it tries them: MIG-backed placements of one profile
+    (kubelet/dra/claim_time_mig.py) share memory slices and a limited profile's instance counter, so a profile's 7
+    `1g.10gb+me` placements serve one claim. A counter that is not a plain number does not limit here."""
+    left = {name: {counter: _count(value) for counter, value in found.items()} for name, found in counters.items()}
+    count = 0
+    for device in sorted(devices, key=lambda d: str(d.get("name"))):
+        need = [(draw.get("counterSet"), counter, _count(value)) for draw in device.get("consumesCounters") or ()
+                for counter, value in (draw.get("counters") or {}).items()]
+        need = [(name, counter, n) for name, counter, n in need
+                if n is not None and (left.get(name) or {}).get(counter) is not None]
+        if all(left[name][counter] >= n for name, counter, n in need):
+            for name, counter, n in need:
+                left[name][counter] -= n
+            count += 1
+    return count
+
+
 def newest_pools(resource_slices, driver=DRA_VGPU_DRIVER):
     """{(node, pool): {"generation", "complete", "devices"}} of `driver`: the slices of each pool's highest
     generation, complete when resourceSliceCount of them are there."""
@@ -83,11 +112,13 @@ def newest_pools(resource_slices, driver=DRA_VGPU_DRIVER):
         generation = int(pool.get("generation") or 0)
         current = pools.get(key)
         if current is None or generation > current["generation"]:
-            current = pools[key] = {"generation": generation, "slices": 0, "devices": [],
+            current = pools[key] = {"generation": generation, "slices": 0, "devices": [], "counters": {},
                                     "expected": int(pool.get("resourceSliceCount") or 1)}
         if generation == current["generation"]:
             current["slices"] += 1
             current["devices"] += list(spec.get("devices") or ())
+            for counter_set in spec.get("sharedCounters") or ():
+                current["counters"][counter_set.get("name")] = counter_set.get("counters") or {}
     for entry in pools.values():
         entry["complete"] = entry.pop("slices") >= entry.pop("expected")
     return pools
@@ -180,20 +211,25 @@ def plan_workloads(profiles, resource_slices, nodes, device_class):
     of the claim-time devices among them) and the profiles no node publishes.
     """
     by_name = dict((n["metadata"]["name"], n) for n in nodes)
-    per_node, shared = {}, {}
+    per_node, shared, drawing, counters = {}, {}, {}, {}
     for (node, pool), entry in newest_pools(resource_slices).items():
         if not entry["complete"]:
             continue
+        counters[(node, pool)] = entry["counters"]
         for device in entry["devices"]:
             profile = _attribute(device, "profile")
             per_node.setdefault((profile, node), {})[(pool, device.get("name"))] = _attribute(device, "parentGPU")
             if claim_time(device):
                 shared.setdefault((profile, node), {})[(pool, device.get("name"))] = slots(device)
+            elif device.get("consumesCounters"):    # one claim each, as far as the counters let (packed)
+                drawing.setdefault((profile, node), {}).setdefault(pool, []).append(device)
     plans, missing = [], []
     for profile in profiles:
         def capacity(node):
             devices = per_node[(profile, node)]
-            return len(devices) + sum(n - 1 for n in (shared.get((profile, node)) or {}).values())
+            by_pool = drawing.get((profile, node)) or {}
+            limited = sum(len(found) - packed(found, counters[(node, pool)]) for pool, found in by_pool.items())
+            return len(devices) - limited + sum(n - 1 for n in (shared.get((profile, node)) or {}).values())
         candidates = sorted(((-capacity(node), node) for (p, node) in per_node if p == profile))
         if not candidates or not candidates[0][0]:
             missing.append(profile)

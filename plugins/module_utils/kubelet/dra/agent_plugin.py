@@ -58,7 +58,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_ke
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout, facts
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout, facts, mig
 
 
 def node_view(sysfs, type_names, serves=None):
@@ -68,12 +68,14 @@ def node_view(sysfs, type_names, serves=None):
     return dra_devices.NodeView(sysfs, lambda: facts.gather(sysfs, {}, type_names()), serves)
 
 
-def claim_time_preparer(sysfs, holders, kubelet_dir):
+def claim_time_preparer(sysfs, holders, kubelet_dir, runner=None, mig_options=None):
     """Prepare's chooser and writer for claim-time devices, given the node's holders (an inuse.Holders asking every
     holder source): what cannot change under the node lock (the VFs' groups and VFIO identities) read once per claim,
     the chosen VF asked the O(1) way (its group's EBUSY probe and the holder sources) once, right before its type is
-    written, never by a /proc walk per candidate; no node engine."""
-    return ClaimTimePreparer(sysfs, holders, pod_allocations.record_path(kubelet_dir))
+    written, never by a /proc walk per candidate; no node engine. `runner` (nvidia-smi) for MIG-backed placements,
+    their compute instances as the layout's (`mig_options`: mig.MigOptions)."""
+    return ClaimTimePreparer(sysfs, holders, pod_allocations.record_path(kubelet_dir), runner=runner,
+                             compute_instances=(mig_options or mig.MigOptions()).compute_instances)
 
 
 FULL_PUBLISH_INTERVAL = 600.0   # seconds between publishes that list the API even when nothing changed
@@ -93,11 +95,11 @@ SERVE_WITHOUT_INVENTORY = 20.0
 
 class VgpuDraPlugin:
     def __init__(self, settings, api, node_lock, log, sysfs, holders, type_names, watch_interval=1.0,
-                 clock=time.monotonic, serves=None, serve_without_inventory=SERVE_WITHOUT_INVENTORY):
+                 clock=time.monotonic, serves=None, serve_without_inventory=SERVE_WITHOUT_INVENTORY, runner=None):
         """`node_lock(timeout)`: the node's apply lock (node/holders/node_lock.py), waited for at most `timeout` s.
         `holders`: which VFs are held and by whom, for claim-time Prepare and Unprepare (an inuse.Holders asking every
         holder source: node/holders/kubelet_holders.node_holders); `type_names()`: a vgpu_apply.TypeNames for a full
-        read of the node (node_view)."""
+        read of the node (node_view); `runner`: the command runner for MIG-backed placements (nvidia-smi)."""
         self.settings, self.api, self.log = settings, api, log
         self.paths = KubeletPaths(settings.kubelet_dir)
         self.publisher = SlicePublisher(api, settings.node_name)
@@ -105,7 +107,7 @@ class VgpuDraPlugin:
         self.driver = DraDriver(settings.node_name, self._read_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
                                 boot_id=read_boot_id(settings.proc_root), ready=False,
-                                claim_time=claim_time_preparer(sysfs, holders, settings.kubelet_dir))
+                                claim_time=claim_time_preparer(sysfs, holders, settings.kubelet_dir, runner))
         self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
         self.claim_time_refused = None  # why the API server cannot take them (claim_time.FeatureMissing), for good
         self.withdrawing = {}          # profile device published withdrawn -> clock time it was first (_still_used)

@@ -120,9 +120,15 @@ class ProfileDevice:
 def offers(sysfs, claim_time_result):
     """[CounterSet, ..., ProfileDevice, ...] for the apply result's `claim_time` list (node/engine/claim_time_layout
     Modes.result); a GPU that offers no profile (no VFs yet) publishes nothing."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time_mig  # pylint: disable=import-outside-toplevel
     sets, found = [], []
     for gpu in claim_time_result or ():
         if not gpu.get("profiles"):
+            continue
+        if gpu.get("mig"):      # MIG-backed, placed at Prepare (claim_time_mig.py)
+            mig_items = claim_time_mig.offers(sysfs, gpu)
+            sets.append(mig_items[0])
+            found.extend(mig_items[1:])
             continue
         address = gpu["address"]
         root, numa = dra_devices.pcie_root(sysfs, address), dra_devices.numa_node(sysfs, address)

@@ -25,7 +25,7 @@ keeps its type (the reconcile clears a claim-time GPU's unheld, unrecorded types
 
 from __future__ import annotations
 
-from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, claim_time_mig
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.claims import ClaimError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.devices import DraDevice
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import vgpu_types
@@ -48,11 +48,13 @@ class ClaimTimePreparer:
     node/holders/kubelet_holders.node_holders), used under the node lock only; `begin()` once per claim prepared or
     unprepared. `record`: the allocation record's path (pod_allocations.record_path)."""
 
-    def __init__(self, sysfs, holders, record=None):
+    def __init__(self, sysfs, holders, record=None, runner=None, compute_instances=True):
         self.sysfs, self.holders, self.record = sysfs, holders, record
         self.begun = False
         self.devices = {}       # published device name -> claim_time.ProfileDevice
         self.vf_lists = {}      # PF address -> its VF addresses (_vfs)
+        self.mig = claim_time_mig.MigSteps(sysfs, runner, compute_instances) if runner is not None else None   # MIG-backed placements
+        self.progress = {}      # (claim UID, device name) -> its `mig` record (claim_time_mig.py), as the driver saves it
 
     def begin(self):
         """A new prepare or unprepare: the devices' facts are read again, once."""
@@ -81,6 +83,8 @@ class ClaimTimePreparer:
         Who holds the VF is asked once, by `write`, right before the type is written."""
         offer = self.devices[name]
         vfs = self._vfs(offer.gpu)
+        if isinstance(offer, claim_time_mig.PlacementDevice):
+            return self._choose_placement(ref, name, offer, vfs, earlier, taken)
         if earlier and earlier.get("key") in vfs and earlier["key"] not in taken:
             vf = earlier["key"]
             if (vgpu_types.read_current(self.sysfs, vf) or 0) in (0, offer.type_id):
@@ -93,6 +97,25 @@ class ClaimTimePreparer:
                 return self._device(name, offer, vf)
         raise ClaimError("%s: device %s: no free VF of GPU %s can take %s now (VFs without a type and without "
                          "holder offer no such type)" % (ref, name, offer.gpu, offer.profile))
+
+    def _choose_placement(self, ref, name, offer, vfs, earlier, taken):
+        """A MIG-backed placement: an untyped VF (its creatable list shows the type only once the GI exists), and the
+        claim's `mig` record: the earlier one after a crash (its GI adopted), else a new one."""
+        if self.mig is None:
+            raise ClaimError("%s: device %s is MIG-backed, and this driver runs no nvidia-smi" % (ref, name))
+        key = (ref.uid, name)
+        if earlier and isinstance(earlier.get("mig"), dict):
+            self.progress[key] = dict(earlier["mig"])
+        elif key not in self.progress:
+            self.progress[key] = offer.record()
+        vf = self.mig.choose(self.sysfs, vfs, taken, earlier.get("key") if earlier else None, offer.type_id)
+        if vf is None:
+            raise ClaimError("%s: device %s: GPU %s has no free VF for %s" % (ref, name, offer.gpu, offer.profile))
+        return self._device(name, offer, vf)
+
+    def mig_record(self, uid, name):
+        """The `mig` record of a claim's device (None: not MIG-backed), for the driver's checkpoint."""
+        return self.progress.get((uid, name))
 
     def _vfs(self, gpu):
         """The GPU's VFs, read once (33 sysfs reads) and again when one of them is gone (VFs re-enabled)."""
@@ -108,9 +131,24 @@ class ClaimTimePreparer:
                          pcie_root=offer.pcie_root, numa_node=offer.numa_node, product=offer.product,
                          framebuffer_mib=offer.size_mib)
 
-    def write(self, ref, device):
+    def write(self, ref, device, note=None):
         """Type the chosen VF (nothing to do when it has the type already) and read it back; VfHeld, nothing
-        written, when anything but the claim holds it now (asked right before the write, the one holder check)."""
+        written, when anything but the claim holds it now (asked right before the write, the one holder check).
+        A MIG-backed placement creates its GI first (`note()`: the driver saves the claim's record durably, called
+        before each step), then checks that the vGPU landed on it (claim_time_mig.py)."""
+        record = self.progress.get((ref.uid, device.name))
+        if record is None:
+            return self._write_type(ref, device)
+        self.mig.create(ref, record, note or (lambda: None))
+        self._write_type(ref, device)
+        try:
+            self.mig.check_landed(ref, device, record)
+        except ClaimError:
+            self._writer().clear_type(device.address, acting_for=(claim_holders.HOLDER % (ref.namespace, ref.name),))
+            raise
+        return None
+
+    def _write_type(self, ref, device):
         if (vgpu_types.read_current(self.sysfs, device.address) or 0) == device.type_id:
             return
         mine = (claim_holders.HOLDER % (ref.namespace, ref.name),)
@@ -122,7 +160,16 @@ class ClaimTimePreparer:
 
     def release(self, ref, record):
         """Clear the VF of a claim-time record (unprepare, a prepare that failed, a stale record) when nothing but the
-        claim holds it; None when cleared or already clear, else why it keeps its type."""
+        claim holds it, then destroy the GI a MIG-backed record created (never another); None when done, else why
+        the VF keeps its type (and its GI)."""
+        why = self._release_vf(ref, record)
+        if why is None and isinstance(record.get("mig"), dict) and self.mig is not None:
+            why = self.mig.destroy(record["mig"])
+        if why is None:
+            self.progress.pop((ref.uid, record.get("device")), None)
+        return why
+
+    def _release_vf(self, ref, record):
         vf = record.get("key")
         if not vf:
             return None

@@ -174,6 +174,7 @@ class DraDriver:
                     self.checkpoint.save()
                 raise
             self.checkpoint.set(ref.uid, ref.namespace, ref.name, COMPLETED, devices)
+            self._with_mig(ref)      # the GI unprepare destroys
             self.checkpoint.save()
             return Prepared(_answer_devices(self.checkpoint.get(ref.uid)), "")
 
@@ -200,7 +201,7 @@ class DraDriver:
             current = self.node_view.current(sorted({item.device for item in allocated if not self._chosen_now(item)}))
             held = self.checkpoint.holders()
             mine = HOLDER % (ref.namespace, ref.name)
-            earlier = {d["device"]: d for d in (self.checkpoint.get(ref.uid) or {}).get("devices") or ()}
+            earlier = {d["device"]: d for d in _gis_this_boot(self.checkpoint.get(ref.uid), self.checkpoint.boot_id)}
             entries, typed = [], []
             others = {key for key, names in held.items() if set(names) - {mine}}
             for item in allocated:
@@ -243,7 +244,7 @@ class DraDriver:
         for index, device in enumerate(typed):
             while True:
                 try:
-                    self.claim_time.write(ref, device)
+                    self.claim_time.write(ref, device, note=lambda: self._save_mig(ref))
                     break
                 except VfHeld as exc:
                     held_now.add(exc.vf)
@@ -257,6 +258,19 @@ class DraDriver:
     def _record_started(self, ref, entries, typed):
         self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries, typed))
         self.checkpoint.get(ref.uid)["startedAt"] = int(self.wall())     # clean_stale's age, across restarts
+        self._with_mig(ref)
+
+    def _with_mig(self, ref):
+        """Copy the MIG-backed devices' GI records (claim_time_mig.py) into the claim's checkpoint record."""
+        for record in (self.checkpoint.get(ref.uid) or {}).get("devices") or ():
+            found = self.claim_time.mig_record(ref.uid, record["device"]) if record.get("claimTime") else None
+            if found is not None:
+                record["mig"] = dict(found)
+
+    def _save_mig(self, ref):
+        """Before each GI step of a MIG-backed prepare: its record, durably (a crash finds what it was doing)."""
+        self._with_mig(ref)
+        self.checkpoint.save()
 
     def _chosen_now(self, item):
         return self.claim_time is not None and self.claim_time.owns(item.device)
@@ -266,7 +280,7 @@ class DraDriver:
         node lock. [(VF, why it keeps its type)]. `unsure_kept`: a VF whose holders cannot be read keeps its type
         (else the error goes to the caller). (A prepare that fails after the type write keeps its PrepareStarted
         record, VF typed: the kubelet's retry adopts the VF, its unprepare clears it.)"""
-        records = [d for d in (entry or {}).get("devices") or () if d.get("claimTime")]
+        records = [d for d in _gis_this_boot(entry, self.checkpoint.boot_id) if d.get("claimTime")]
         kept = []
         if records and self.claim_time is not None:
             # the in-use engine knows claims by name: a claim re-created under this name (another UID) is told
@@ -419,6 +433,15 @@ def _record(entries, claim_time_devices=()):
         if entry.device in claim_time_devices:
             record["claimTime"] = True     # its VF was typed by this prepare: unprepare clears it
     return records
+
+
+def _gis_this_boot(entry, boot_id):
+    """The entry's device records; a MIG-backed one recorded in another boot without its GI record (claim_time_mig.py):
+    a reboot removes every GI, so its GI ID may name another's GI now, never to be adopted or destroyed."""
+    devices = (entry or {}).get("devices") or ()
+    if (entry or {}).get("bootID") == boot_id:
+        return list(devices)
+    return [{k: v for k, v in d.items() if k != "mig"} for d in devices]
 
 
 def _answer_devices(entry):

@@ -37,10 +37,10 @@ import re
 from collections import OrderedDict, namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
-from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse, pf_driver
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_mig
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.vgpu_types import VgpuTypeError, parse_profile
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuWriter, attempt
@@ -99,12 +99,13 @@ def _profiles(value, origin):
             parsed = parse_profile(item)
         except VgpuTypeError as exc:
             raise LayoutError("%s: %s" % (origin, exc)) from None
-        if parsed.mig_backed:
-            raise LayoutError("%s: profile %s is MIG-backed; claim-time mode offers time-sliced profiles only"
-                              % (origin, shown(item)))
-        name = "%s-%d%s" % (parsed.model, parsed.size_gb, parsed.series)
+        if parsed.mig_backed:   # placed at Prepare (node/engine/claim_time_mig.py)
+            name = "%s-%d-%d%s%s" % (parsed.model, parsed.slices, parsed.size_gb, parsed.series, parsed.suffix or "")
+        else:
+            name = "%s-%d%s" % (parsed.model, parsed.size_gb, parsed.series)
         if name not in names:
             names.append(name)
+    claim_time_mig.check_allow(names, origin)
     return tuple(names)
 
 
@@ -229,6 +230,8 @@ class Modes:
                           "vfs": offer["vfs"], "profiles": offer["profiles"]})
             if address in reserved:
                 found[-1]["reserved"] = reserved[address]
+            if offer.get("mig"):     # a MIG claim-time GPU: placements (node/engine/claim_time_mig.py)
+                found[-1]["mig"] = offer["mig"]
         return found
 
 

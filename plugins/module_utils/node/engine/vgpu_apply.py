@@ -32,7 +32,7 @@ import os
 from collections import OrderedDict, namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse, kubelet_holders
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout, claim_time_mig
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import layout_fit
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import mig, sriov
@@ -415,9 +415,26 @@ class NodeEngine:
             raise LayoutError("GPU %s: claim-time mode needs a vendor-VFIO GPU (vGPU 17+ on Ada, Hopper or Blackwell); "
                               "this one is an mdev GPU" % gpu.address)
         view = self.view(gpu, framework, {}, vfs)
+        if claim_time_mig.wanted(allow):     # MIG-backed: placed at Prepare (node/engine/claim_time_mig.py)
+            self.modes.offers[gpu.address] = self._claim_time_mig_offers(view, allow)
+            return
         self.modes.offers[gpu.address] = {
             "model": view.model or model_name(gpu.vendor, gpu.device), "vfs": len(view.vfs),
             "profiles": claim_time_layout.offers(view, allow, claim_time_layout.max_instances(self.runner, gpu.address))}
+
+    def _claim_time_mig_offers(self, view, allow):
+        """A MIG claim-time GPU's offers: its free placements per allowed type, GIs our claims did not make left
+        alone (claim_time_mig.offers); not in MIG mode: nothing, and a warning."""
+        records = claim_time_mig.recorded(claim_holders.read_claims(
+            claim_holders.checkpoint_path(os.path.dirname(self.modes_file)))).get(view.gpu.address, [])
+        facts, profiles, warning = claim_time_mig.offers(self.smi, view, allow, records)
+        if warning:
+            self.modes.warnings.append(warning)
+        offer = {"model": view.model or model_name(view.gpu.vendor, view.gpu.device), "vfs": len(view.vfs),
+                 "profiles": profiles}
+        if facts is not None:
+            offer["mig"] = facts
+        return offer
 
     def _taking_over(self, selection):
         """The take_over PFs this plan selects that are not on the vGPU host driver yet (to be rebound)."""

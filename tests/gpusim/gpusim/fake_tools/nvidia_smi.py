@@ -9,7 +9,8 @@
   nvidia-smi [-i ID] -mig 0|1            MIG mode
   nvidia-smi [-i ID] --query-gpu=pci.bus_id,name,mig.mode.current --format=csv[,noheader]
   nvidia-smi mig [-i ID] -lgip | -lgipp | -lgi
-  nvidia-smi mig [-i ID] -cgi ID[,ID...] [-C]    GPU instances (by profile ID or name), -C: with compute instances
+  nvidia-smi mig [-i ID] -cgi ID[:START][,...] [-C]  GPU instances (by profile ID or name, at placement START),
+                                                  -C: with compute instances
   nvidia-smi mig [-i ID] -dci|-cci|-dgi [-gi ID[,ID...]]
 ID = index, PCI address (0000:41:00.0, 00000000:41:00.0, 41:00.0). Acts on $GPUSIM_ROOT (default /sys)
 through ROOT/.gpusim/state.json (read) and ROOT/.gpusim/ctl (write). GPUs are the NVIDIA PFs bound
@@ -245,13 +246,15 @@ def create_instances(snapshot, pairs, items, with_ci):
             print("Unable to create a GPU instance on GPU %2d: %s" % (index, why))
             return 3 if not gpu["mig_supported"] else 1
         for item in items:
+            item, dummy, start = item.partition(":")     # `<ID>:<start>`: at that placement (the start index)
             profile_id = _profile_id(gpu, item)
-            if profile_id is None:
+            if profile_id is None or (start and not start.isdigit()):
                 print("Unable to create a GPU instance on GPU %2d using profile %s: Invalid Argument" % (index, item))
                 return 2
             before = {gi["id"] for gi in _gpu(gpu["address"])["gis"]}
             try:
-                control("gi-create %s %d %d" % (gpu["address"], profile_id, 1 if with_ci else 0))
+                at = " " + start if start else ""
+                control("gi-create %s %d %d%s" % (gpu["address"], profile_id, 1 if with_ci else 0, at))
             except OSError as exc:
                 print("Unable to create a GPU instance on GPU %2d using profile %s: %s" % (index, item, _reason(exc)))
                 return 1

@@ -210,3 +210,19 @@ def test_the_gpus_dra_publishes_per_node_newest_generation():
     newer = SLICES + [dra_slice("gpu-b", [device("b-0", "L40S-24Q", GPU_B)], generation=2)]
     assert dra.dra_gpus(newer) == {"gpu-a": {GPU_A, GPU_B}, "gpu-b": {GPU_B}}
     assert dra.dra_gpus([dra_slice("gpu-a", [device("x", "L40S-24Q", GPU_A)], driver="other.example.com")]) == {}
+
+
+def test_mig_backed_placements_count_as_many_claims_as_their_counters_allow(monkeypatch):
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, devices, slices  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(devices, "pcie_root", lambda sysfs, address: None)
+    monkeypatch.setattr(devices, "numa_node", lambda sysfs, address: None)
+    shapes = [("H100-1-10C", 19, 1, 1, range(7)), ("H100-1-10CME", 20, 1, 1, range(7)), ("H100-3-40C", 9, 3, 4, (0, 4))]
+    gpu = {"address": GPU_A, "model": "H100", "vfs": 16,
+           "mig": {"memory_slices": 8, "compute_slices": 7, "limits": {"20": 1}},
+           "profiles": [{"profile": p, "type_name": "NVIDIA " + p, "type_id": 1118 + i, "size_mib": 10240,
+                         "gi_profile": g, "compute": c, "size": n, "starts": list(starts)}
+                        for i, (p, g, c, n, starts) in enumerate(shapes)]}
+    published = slices.desired_slices("gpu-a", claim_time.offers(None, [gpu]), 1)
+    plans, missing = dra.plan_workloads(["H100-1-10C", "H100-1-10CME", "H100-3-40C"], published, NODES, "c")
+    assert missing == [] and [(p["profile"], p["count"], len(p["devices"])) for p in plans] == [
+        ("H100-1-10C", 7, 7), ("H100-1-10CME", 1, 7), ("H100-3-40C", 2, 2)]

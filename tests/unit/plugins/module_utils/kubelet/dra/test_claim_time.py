@@ -85,7 +85,7 @@ def test_fixed_and_claim_time_devices_share_the_pool_and_a_change_bumps_the_gene
 
 def readme_claim_time_objects():
     text = (pathlib.Path(__file__).resolve().parents[6] / "README.md").read_text()
-    section = text.split("\n### Profiles chosen at claim time", 1)[1].split("\n## ", 1)[0]
+    section = text.split("\n### Profiles chosen at claim time", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     return [doc for block in re.findall(r"```yaml\n(.*?)```", section, re.S) for doc in yaml.safe_load_all(block)]
 
 

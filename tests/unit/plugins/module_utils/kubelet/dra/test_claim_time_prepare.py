@@ -215,10 +215,10 @@ def test_a_vf_held_at_the_write_is_not_written_the_next_free_vf_is_recorded_and_
     first = e.node.vfs(GPU1)[0]
     real_write = e.driver.claim_time.write
 
-    def opened_meanwhile(ref_, device):   # a VM opens the chosen VF between the choice and the write
+    def opened_meanwhile(ref_, device, **kwargs):   # a VM opens the chosen VF between the choice and the write
         if device.address == first:
             e.node.hold(first)
-        return real_write(ref_, device)
+        return real_write(ref_, device, **kwargs)
     monkeypatch.setattr(e.driver.claim_time, "write", opened_meanwhile)
     assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
     entry = checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0])

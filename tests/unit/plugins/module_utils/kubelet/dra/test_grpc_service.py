@@ -43,6 +43,8 @@ def test_the_kubelet_registers_the_plugin_from_getinfo(plugin, paths):
     assert info == {"type": "DRAPlugin", "name": DRIVER, "registered": True,
                     "endpoint": os.path.join(paths.plugin_dir(DRIVER), "dra.sock"),
                     "supported_versions": ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]}
+    # the double records the registration, then sends NotifyRegistrationStatus: under load the status comes later
+    kubelet.wait("NotifyRegistrationStatus", lambda k: service.registrar.status is not None)
     assert service.registrar.status == (True, "")
 
 

@@ -59,7 +59,8 @@ def test_vdm_document_with_claim_time_key_parses_and_the_layout_ignores_it():
 
 @pytest.mark.parametrize("entry, message", [
     ({"devices": [1], "profiles": ["nonsense"]}, "config.yaml: claim-time[0]: 'nonsense' is not a vGPU profile name"),
-    ({"devices": [1], "profiles": ["H100-1-10C"]}, "config.yaml: claim-time[0]: profile H100-1-10C is MIG-backed"),
+    ({"devices": [1], "profiles": ["H100-1-10C", "H100-20Q"]},
+     "config.yaml: claim-time[0]: profiles mix MIG-backed and time-sliced profiles"),
     ({"devices": [1], "profiles": []}, "config.yaml: claim-time[0]: profiles must be a non-empty list"),
     ({"profiles": ["L40S-24Q"]}, "config.yaml: claim-time[0]: devices is required"),
     ({"devices": [1], "bogus": 1}, "config.yaml: claim-time[0]: unknown field(s) 'bogus'"),
