@@ -19,6 +19,8 @@
    two VMs of the examples (docs/examples/claim-time) get a 12Q and a 24Q on its two GPUs, typed at prepare,
    cleared at unprepare, without a relabel; then MIG-backed vGPUs placed at claim time
    (tools/demo_claim_time_mig.py): one H100 in MIG mode, three claims get GPU instances created at prepare;
+   then the whole GPU or vGPUs (tools/demo_whole_gpu.py): a node of one L40S gives its GPU whole to one VM, then, once
+   that VM is deleted, as vGPUs to two others;
 6. tears everything down, unless --keep (then `tools/demo.py --down` does it later).
 Last, the conformance report of the demo cluster (playbooks/conformance.yml, KAR-0003 / KAR-0004) against
 the API emulator and the fake KubeVirt controller tests/fakes/vmi_controller.py.
@@ -57,6 +59,9 @@ CLAIM_TIME_WORK = os.path.join(DEMO, "claim-time")       # its DRA driver's kube
 CLAIM_TIME_NODE = "demo-claim-node"
 MIG_SYS = os.path.join(DEMO, "sys-claim-time-mig")    # the MIG-backed claim-time scene's node: one H100
 MIG_WORK = os.path.join(DEMO, "claim-time-mig")
+WHOLE_SYS = os.path.join(DEMO, "sys-whole-gpu")          # the whole-GPU scene's node: one L40S
+WHOLE_WORK = os.path.join(DEMO, "whole-gpu")
+WHOLE_NODE = "demo-whole-node"
 DEFAULT_GPUS = "l40s:2,a16:1,t4:2"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 KUBEVIRT_PATH = "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt"
@@ -171,14 +176,14 @@ def stop_api_server(state_dir):
 
 def down():
     stop_api_server(DEMO)
-    for root in (SYS, CLAIM_TIME_SYS, MIG_SYS):
+    for root in (SYS, CLAIM_TIME_SYS, MIG_SYS, WHOLE_SYS):
         if is_mounted(root):
             gpusim("down", root, check=False)
 
 
 def up(gpus):
     down()
-    for path in (FACTS, NODE_ROOT, CDI_DIR, CLAIM_TIME_WORK, MIG_WORK):
+    for path in (FACTS, NODE_ROOT, CDI_DIR, CLAIM_TIME_WORK, MIG_WORK, WHOLE_WORK):
         shutil.rmtree(path, ignore_errors=True)
     os.makedirs(SYS, exist_ok=True)
     os.makedirs(TOOLS, exist_ok=True)
@@ -831,14 +836,26 @@ def run_claim_time(env):
     """The claim-time scene (tools/demo_claim_time.py) on a second simulated node of two L40S: two VMs with different
     profiles land on its two GPUs, chosen by their claims, without a relabel. Returns its exit status."""
     section("Profiles chosen at claim time: two VMs, two profiles, one node's two GPUs, no relabel (README)")
-    os.makedirs(CLAIM_TIME_SYS, exist_ok=True)
-    os.makedirs(CLAIM_TIME_WORK, exist_ok=True)
-    gpusim("up", CLAIM_TIME_SYS, "--gpus", "l40s:2")
-    scene_env = dict(env, GPUSIM_ROOT=CLAIM_TIME_SYS, PYTHONPATH=os.path.join(REPO, ".build", "collections"))
-    argv = [sys.executable, os.path.join(REPO, "tools", "demo_claim_time.py"), "--api", api_server_url(),
-            "--kubeconfig", KUBECONFIG, "--sys", CLAIM_TIME_SYS, "--work", CLAIM_TIME_WORK, "--node", CLAIM_TIME_NODE]
-    print("$ %s   (gpusim %s: l40s:2)" % (" ".join(rel(a) if a.startswith(REPO) else a for a in argv[1:]),
-                                          rel(CLAIM_TIME_SYS)), flush=True)
+    return run_scene(env, "demo_claim_time.py", CLAIM_TIME_SYS, CLAIM_TIME_WORK, CLAIM_TIME_NODE, "l40s:2")
+
+
+def run_whole_gpu(env):
+    """The whole-GPU scene (tools/demo_whole_gpu.py) on a node of one L40S: given whole to one VM, then as vGPUs to
+    two others once it is deleted (one counter). Returns its exit status."""
+    section("The whole GPU or vGPUs: one VM gets the GPU whole, then two VMs get vGPUs of it (README)")
+    return run_scene(env, "demo_whole_gpu.py", WHOLE_SYS, WHOLE_WORK, WHOLE_NODE, "l40s:1")
+
+
+def run_scene(env, script, root, work, node, spec):
+    """A scene script of tools/ on its own simulated node (gpusim `spec` at `root`); its exit status."""
+    os.makedirs(root, exist_ok=True)
+    os.makedirs(work, exist_ok=True)
+    gpusim("up", root, "--gpus", spec)
+    scene_env = dict(env, GPUSIM_ROOT=root, PYTHONPATH=os.path.join(REPO, ".build", "collections"))
+    argv = [sys.executable, os.path.join(REPO, "tools", script), "--api", api_server_url(),
+            "--kubeconfig", KUBECONFIG, "--sys", root, "--work", work, "--node", node]
+    print("$ %s   (gpusim %s: %s)" % (" ".join(rel(a) if a.startswith(REPO) else a for a in argv[1:]), rel(root), spec),
+          flush=True)
     return subprocess.run(argv, cwd=REPO, env=scene_env, check=False).returncode
 
 
@@ -893,6 +910,8 @@ def main(argv=None):
                 rc = run_claim_time(env)
             if api_url and rc == 0:
                 rc = run_claim_time_mig(env)
+            if api_url and rc == 0:
+                rc = run_whole_gpu(env)
         finally:
             stop_serving(agent, kubelet)
     finally:

@@ -230,6 +230,10 @@ def _print_apply(result, check):
     for gpu in result.get("claim_time") or ():
         if gpu.get("reserved"):
             continue    # a warning says why (passed through)
+        if gpu.get("held_whole"):
+            _say("%s (%s, claim-time): given whole to %s (on vfio-pci, VFs off; step %s): left alone" % (
+                gpu["address"], gpu["model"] or "unknown model", gpu["held_whole"]["by"], gpu["held_whole"]["step"]))
+            continue
         if not gpu["vfs"]:
             enabling = result["diff"]["after"].get(gpu["address"], {}).get("vfs") == "enabled"
             _say("%s (%s, claim-time): awaits SR-IOV VFs: %s" % (

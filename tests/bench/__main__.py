@@ -1,4 +1,4 @@
-"""python -m tests.bench [--quick] [--parts p1,p2,p3,p4,p5,p6,p7,p8,p9,p11] [--out bench-results] [--runs-p1 N ...]
+"""python -m tests.bench [--quick] [--parts p1,p2,p3,p4,p5,p6,p7,p8,p9,p10,p11] [--out bench-results] [--runs-p1 N ...]
 
 Every option also reads an environment variable (BENCH_QUICK=1, BENCH_PARTS, BENCH_RUNS_P1, ...,
 BENCH_GPUS, BENCH_LATENCY_MS, BENCH_FLEET=4,16,32, BENCH_FORKS_RATIO, BENCH_OUT). Writes
@@ -18,17 +18,17 @@ import time
 
 from tests.bench import REPO, pidns, report
 
-PARTS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p11")
+PARTS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10", "p11")
 # parts that walk /proc on every apply: run again in their own pid namespace where this machine's walk is
 # incomplete (tests/bench/pidns.py)
 WALKING_PARTS = ("p1", "p2")
 # P2 is the ratio of two ansible-playbook wall times a few seconds long, each moving about 15 % from run to
 # run on a small VM: five alternating pairs (about 20 s more than three) keep the median off single outliers.
-FULL = {"runs": {"p1": 5, "p2": 5, "p3": 5, "p4": 3, "p5": 5, "p6": 5, "p7": 3, "p8": 3, "p9": 3, "p11": 1},
+FULL = {"runs": {"p1": 5, "p2": 5, "p3": 5, "p4": 3, "p5": 5, "p6": 5, "p7": 3, "p8": 3, "p9": 3, "p10": 3, "p11": 1},
         "allocate_calls": 1000,
         "claims_p7": 128, "gpus": 8, "gpus_p3": 8, "gpus_p4": 1,
         "latency_ms": 1000, "fleet": "4,16,32", "forks_ratio": 4, "idle_p5": 30, "resync_p5": 10}
-QUICK = {"runs": {"p1": 1, "p2": 1, "p3": 1, "p4": 1, "p5": 1, "p6": 1, "p7": 1, "p8": 1, "p9": 1, "p11": 1},
+QUICK = {"runs": {"p1": 1, "p2": 1, "p3": 1, "p4": 1, "p5": 1, "p6": 1, "p7": 1, "p8": 1, "p9": 1, "p10": 1, "p11": 1},
          "allocate_calls": 100,
          "claims_p7": 8, "gpus": 2, "gpus_p3": 2, "gpus_p4": 1,
          "latency_ms": 300, "fleet": "1,2", "forks_ratio": 1, "idle_p5": 4, "resync_p5": 2}
@@ -136,6 +136,9 @@ def run_part(part, args):
     if part == "p9":
         from tests.bench import claim_time
         return claim_time.run(argparse.Namespace(gpus=args.gpus, runs=args.runs["p9"]))
+    if part == "p10":
+        from tests.bench import whole_gpu
+        return whole_gpu.run(argparse.Namespace(gpus=min(args.gpus, 2), runs=args.runs["p10"]))
     if part == "p11":
         from tests.bench import claim_time_mig
         return claim_time_mig.run(argparse.Namespace(gpus=args.gpus, runs=args.runs["p11"]))

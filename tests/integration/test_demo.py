@@ -118,6 +118,25 @@ def check_claim_time_scene(out):
     assert not [k for k in labels if k.startswith("nvidia.com/vgpu.config")]
 
 
+def check_whole_gpu_scene(out):
+    """The whole GPU or vGPUs (issue 42 item 1): one L40S given whole to one VM (VFs off, vfio-pci), then, once that VM
+    is deleted, back to nvidia with its VFs and two 24Q vGPUs of it to two VMs. Read from the scene's gpusim."""
+    assert "One GPU, one counter: whole to one VM, then vGPUs to two others" in out, out[-4000:]
+    root = os.path.join(DEMO, "sys-whole-gpu")
+    with open(os.path.join(root, ".gpusim", "log"), encoding="utf-8") as handle:
+        log = [(e["path"], e["value"]) for e in (json.loads(line) for line in handle if line.strip())
+               if e["result"] == "ok"]
+    pf = "0000:41:00.0"
+    to_vfio = log.index(("bus/pci/drivers/vfio-pci/bind", pf))
+    back = log.index(("bus/pci/drivers/nvidia/bind", pf), to_vfio)
+    assert log.index(("bus/pci/devices/%s/sriov_numvfs" % pf, "0")) < to_vfio
+    typed = [(path.split("/")[3], value) for path, value in log[back:] if path.endswith("/current_vgpu_type")]
+    assert [v for _vf, v in typed] == ["1155", "1155", "0", "0"] and len({vf for vf, _v in typed}) == 2, typed
+    with open(os.path.join(root, "bus/pci/devices", pf, "sriov_numvfs"), encoding="utf-8") as handle:
+        assert int(handle.read()) == 32
+    assert os.path.basename(os.readlink(os.path.join(root, "bus/pci/devices", pf, "driver"))) == "nvidia"
+
+
 def test_make_demo_programs_the_node_attests_it_and_follows_a_relabel(tmp_path):
     log = tmp_path / "demo.log"   # a file, not a pipe: the API double and gpusim of --keep hold their stdout open
     try:
@@ -156,6 +175,7 @@ def test_make_demo_programs_the_node_attests_it_and_follows_a_relabel(tmp_path):
         assert sorted(type_id for _gpu, type_id in node.values() if type_id) == [1152] * 12  # 12 x L40S-8Q
         assert stored("/apis/resource.k8s.io/v1/deviceclasses/" + DRIVER)["spec"]["selectors"]
         check_claim_time_scene(out)
+        check_whole_gpu_scene(out)
     finally:
         subprocess.run([os.path.join(REPO, "tools", "demo.sh"), "--down"], cwd=REPO, capture_output=True,
                        timeout=120, check=False)

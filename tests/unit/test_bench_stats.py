@@ -48,7 +48,7 @@ def test_defaults_full_and_quick(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     full = parse_args([])
     assert full.runs == FULL["runs"] and full.fleet == [4, 16, 32] and full.forks_ratio == 4
-    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p11"] and full.gpus == 8 and full.latency_ms == 1000
+    assert full.parts == ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10", "p11"] and full.gpus == 8 and full.latency_ms == 1000
     assert (full.idle_p5, full.resync_p5) == (30, 10)
     quick = parse_args(["--quick", "--parts", "p3,p1", "--runs-p1", "2"])
     assert quick.parts == ["p1", "p3"] and quick.runs["p1"] == 2 and quick.runs["p3"] == QUICK["runs"]["p3"]
@@ -62,7 +62,7 @@ def test_environment_sets_options(monkeypatch):
     assert args.quick and args.runs["p4"] == 7 and args.fleet == [2, 8]
 
 
-@pytest.mark.parametrize("argv", [["--parts", "p10"], ["--fleet", "0,4"], ["--parts", ""], ["--runs-p1", "0"],
+@pytest.mark.parametrize("argv", [["--parts", "p99"], ["--fleet", "0,4"], ["--parts", ""], ["--runs-p1", "0"],
                                   ["--latency-ms", "soon"], ["--idle-p5", "0"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
@@ -93,7 +93,8 @@ def _p1_case(engine, floor, target):
 def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
     latency = {"p50_ms": 20.0, "p99_ms": 120.0}
     text = report.markdown({
-        "settings": {"quick": True, "parts": ["p1", "p9"], "runs": {"p1": 1, "p9": 1}}, "duration_s": 3.0,
+        "settings": {"quick": True, "parts": ["p1", "p9", "p10"], "runs": {"p1": 1, "p9": 1, "p10": 1}},
+        "duration_s": 3.0,
         "machine": {"cores": 2, "python": "3.12", "ansible_core": "2.21.5", "load_average_at_start": [1.0]},
         "results": {
             "p1": {"gpus": 1, "scan": "incomplete (pid 1 not inspectable)", "uniform": _p1_case(3.0, 1.0, 2.5),
@@ -103,6 +104,9 @@ def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
             "p9": {"gpus": 8, "profiles": ["L40S-12Q"] * 5, "published": {"slices": 2, "counter_sets": 8, "devices": 40},
                    "prepare_with_type_write": latency, "unprepare_clearing_type": latency, "target_p99_ms": 100.0,
                    "met": False},
+            "p10": {"gpus": 2, "prepare_whole": {"p50_ms": 400.0, "p99_ms": 900.0},
+                    "unprepare_to_vgpus": {"p50_ms": 700.0, "p99_ms": 1500.0}, "target_prepare_p99_ms": 1000.0,
+                    "target_unprepare_p99_ms": 2000.0, "met": True},
             "p11": {"gpus": 8, "profiles": ["H100-1-10C"] * 7,
                     "published": {"slices": 5, "counter_sets": 8, "devices": 200},
                     "prepare_gi_created_vf_typed": latency, "unprepare_gi_destroyed": latency,
@@ -116,6 +120,8 @@ def test_markdown_reports_p1_in_its_own_pid_namespace_and_the_claim_time_part():
     assert "P1 in-use checks per apply, uniform, own pid namespace" in lines
     claim_time = lines["P9 claim-time NodePrepareResources"]
     assert "p99 120.00 ms" in claim_time and "p99 ≤ 100 ms" in claim_time and "**no**" in claim_time
+    whole = lines["P10 whole-GPU NodePrepareResources"]
+    assert "p99 900 ms" in whole and "unprepare" in whole and "p99 1500 ms" in whole and whole.rstrip(" |").endswith("yes")
     mig = lines["P11 MIG-backed claim-time NodePrepareResources"]
     assert "200 devices" in mig and "p99 ≤ 1000 ms, unprepare ≤ 2000 ms" in mig and mig.rstrip(" |").endswith("yes")
 

@@ -54,10 +54,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.checkpoi
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.driver import DraDriver
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.grpc_service import DraService
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.publisher import SlicePublisher
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.whole_gpu import WholeGpuDevice, WholeGpuPreparer
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra.slice_keeper import SliceKeeper
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.paths import KubeletPaths
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.vgpu_device_plugin import KubeletDirError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout, facts, mig
 
 
@@ -107,7 +109,10 @@ class VgpuDraPlugin:
         self.driver = DraDriver(settings.node_name, self._read_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
                                 boot_id=read_boot_id(settings.proc_root), ready=False,
-                                claim_time=claim_time_preparer(sysfs, holders, settings.kubelet_dir, runner))
+                                claim_time=claim_time_preparer(sysfs, holders, settings.kubelet_dir, runner),
+                                # claim-time GPUs given whole (issue 42.1): sriov-manage through the runner
+                                whole=WholeGpuPreparer(sysfs, holders, runner or CommandRunner(),
+                                                       pod_allocations.record_path(settings.kubelet_dir)))
         self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
         self.claim_time_refused = None  # why the API server cannot take them (claim_time.FeatureMissing), for good
         self.withdrawing = {}          # profile device published withdrawn -> clock time it was first (_still_used)
@@ -193,7 +198,7 @@ class VgpuDraPlugin:
                 self._offer(planned[0], [gpu for gpu in planned[1] if gpu["address"] in recorded], allocated)
             else:   # the devices stay as last published (a restarted agent: as the API has them)
                 self.claim_time = self.claim_time or self._published_before()
-                self.driver.claim_time.update(self.claim_time)
+                self._update_preparers()
         on_claim_time = claim_time.gpus_of(self.claim_time)   # their VFs are typed by Prepare: no fixed devices
         if result is None:      # no apply says which GPUs are claim-time now: the last one's record does too
             on_claim_time = None if recorded is None else on_claim_time | recorded
@@ -235,8 +240,13 @@ class VgpuDraPlugin:
         """The claim-time devices published and prepared: the offers, and those still used (_still_used)."""
         offers = [] if self.claim_time_refused else claim_time.offers(sysfs, claim_time_result)
         self.claim_time = offers + self._still_used(offers, allocated)
-        self.driver.claim_time.update(self.claim_time)
+        self._update_preparers()
         self._save_published()
+
+    def _update_preparers(self):
+        """The claim-time devices published now, told to Prepare's choosers (profiles, whole GPUs)."""
+        self.driver.claim_time.update(self.claim_time)
+        self.driver.whole.update(self.claim_time)
 
     def _allocated(self):
         """{(pool, device)} the API's ResourceClaims have allocated from this node's pools; None when the API cannot
@@ -249,12 +259,12 @@ class VgpuDraPlugin:
             return None
 
     def _still_used(self, offers, allocated):
-        """The profile devices published before that `offers` no longer has, kept withdrawn (tainted NoSchedule) with
+        """The profile and whole-GPU devices published before that `offers` no longer has, kept withdrawn (tainted NoSchedule) with
         the counter sets of their GPUs while a claim may use them: a prepared one (the checkpoint) or an allocated one
         (the API, asked only for a device no prepared claim keeps); each stays at least WITHDRAW_GRACE s."""
         offered = {item.name for item in offers}
         gone = [item for item in self.claim_time or self._published_before()
-                if isinstance(item, claim_time.ProfileDevice) and item.name not in offered]
+                if isinstance(item, (claim_time.ProfileDevice, WholeGpuDevice)) and item.name not in offered]
         now = self.clock()
         prepared = {name for dummy, name in claims.prepared_devices(self.driver.prepared_claims(), self.driver.pools)}
         kept = []
@@ -317,7 +327,8 @@ class VgpuDraPlugin:
     def _save_published(self):
         """PUBLISHED_FILE holds the claim-time profile devices, when they changed (rarely: an allow-list edit, a
         claim-time GPU added, a device withdrawn for good)."""
-        devices = [item.to_api() for item in self.claim_time if isinstance(item, claim_time.ProfileDevice)]
+        devices = [item.to_api() for item in self.claim_time
+                   if isinstance(item, (claim_time.ProfileDevice, WholeGpuDevice))]
         if devices == self.saved:
             return
         try:
@@ -391,7 +402,7 @@ class VgpuDraPlugin:
                  "fixed-profile vGPUs are published" % (self.settings.node_name, exc,
                                                         ", ".join(sorted(claim_time.gpus_of(self.claim_time)))))
         self.claim_time = []
-        self.driver.claim_time.update([])
+        self._update_preparers()
 
     def close(self):
         self._stop.set()

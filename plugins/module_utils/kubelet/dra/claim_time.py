@@ -34,13 +34,12 @@ from dataclasses import dataclass, replace
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
 from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import devices as dra_devices
+from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import whole_gpu
 
 COUNTER = "gpu"                     # the one counter of a GPU's counter set
 INSTANCES = "instances"             # the consumable capacity of a profile device
 FRAMEWORK = "vendor-vfio"
-# the taint of a withdrawn profile device: NoSchedule keeps its allocated claims and stops new allocations (KEP-5055,
-# DRADeviceTaints: beta and on by default in 1.36, GA in 1.37; kubernetes pkg/features/kube_features.go)
-WITHDRAWN_TAINT = {"key": dra_devices.DRIVER + "/withdrawn", "effect": "NoSchedule"}
+WITHDRAWN_TAINT = dra_devices.WITHDRAWN_TAINT    # a withdrawn profile device's (devices.py says why)
 
 
 def counter_set_name(address):
@@ -96,13 +95,7 @@ class ProfileDevice:
                  "typeID": {"int": self.type_id}, "series": {"string": self.series},
                  "framebuffer": {"int": self.size_mib}, "framework": {"string": FRAMEWORK},
                  "parentGPU": {"string": self.gpu}, "claimTime": {"bool": True}}
-        if self.pcie_root:
-            attrs[dra_devices.PCIE_ROOT] = {"string": self.pcie_root}
-        if self.numa_node is not None:
-            attrs["numaNode"] = {"int": self.numa_node}
-        if self.product:
-            attrs["productName"] = {"string": self.product[:dra_devices.MAX_STRING]}
-        return attrs
+        return dra_devices.placed(attrs, self.pcie_root, self.numa_node, self.product)
 
     def to_api(self):
         entry = {"name": self.name, "attributes": self.attributes(), "allowMultipleAllocations": True,
@@ -118,12 +111,12 @@ class ProfileDevice:
 
 
 def offers(sysfs, claim_time_result):
-    """[CounterSet, ..., ProfileDevice, ...] for the apply result's `claim_time` list (node/engine/claim_time_layout
-    Modes.result); a GPU that offers no profile (no VFs yet) publishes nothing."""
+    """[CounterSet, ..., ProfileDevice and WholeGpuDevice, ...] for the apply result's `claim_time` list
+    (node/engine/claim_time_layout Modes.result); a GPU that offers no profile (no VFs yet) publishes nothing."""
     from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time_mig  # pylint: disable=import-outside-toplevel
     sets, found = [], []
     for gpu in claim_time_result or ():
-        if not gpu.get("profiles"):
+        if not gpu.get("profiles") and not gpu.get("held_whole"):   # a GPU given whole keeps its counter published
             continue
         if gpu.get("mig"):      # MIG-backed, placed at Prepare (claim_time_mig.py)
             mig_items = claim_time_mig.offers(sysfs, gpu)
@@ -133,6 +126,8 @@ def offers(sysfs, claim_time_result):
         address = gpu["address"]
         root, numa = dra_devices.pcie_root(sysfs, address), dra_devices.numa_node(sysfs, address)
         sets.append(CounterSet(counter_set_name(address), address))
+        if gpu.get("whole_gpu"):    # the whole GPU beside its profiles, drawing all of its counters (whole_gpu.py)
+            found.append(whole_gpu.device_for(sets[-1], gpu, root, numa))
         for offer in gpu["profiles"]:
             found.append(ProfileDevice(device_name(offer["profile"], address), address, offer["profile"],
                                        offer["type_name"], offer["type_id"], offer["size_mib"],
@@ -160,6 +155,7 @@ def from_slices(items):
                     _attribute(attrs, "productName"), bool(entry.get("taints"))))
             except (KeyError, TypeError, ValueError):
                 continue    # not one of ours as we write them: nothing to keep
+    found += whole_gpu.from_slices(items)
     sets = sorted({(device.counter_set, device.gpu) for device in found})
     return [CounterSet(name, gpu) for name, gpu in sets] + sorted(found, key=lambda device: device.name)
 

@@ -40,6 +40,10 @@ PCI_BUS_ID, PCIE_ROOT = STANDARD + "pciBusID", STANDARD + "pcieRoot"
 MDEV_UUID = "mdevUUID"          # unqualified: KubeVirt's key (pkg/dra/metadata/types.go)
 MAX_NAME = 63                   # a device name is a DNS label
 MAX_STRING = 64                 # an attribute's string value (resource.k8s.io/v1 DeviceAttribute)
+# the taint of a claim-time device no longer offered while claims may use it: NoSchedule keeps its allocated claims and
+# stops new allocations (KEP-5055, DRADeviceTaints: beta and on by default in 1.36, GA in 1.37; kubernetes
+# pkg/features/kube_features.go)
+WITHDRAWN_TAINT = {"key": DRIVER + "/withdrawn", "effect": "NoSchedule"}
 _LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
 
 
@@ -76,13 +80,7 @@ class DraDevice:
             attrs["typeID"] = {"int": self.type_id}
         if self.mdev_uuid:
             attrs[MDEV_UUID] = {"string": self.mdev_uuid}
-        if self.pcie_root:
-            attrs[PCIE_ROOT] = {"string": self.pcie_root}
-        if self.numa_node is not None:
-            attrs["numaNode"] = {"int": self.numa_node}
-        if self.product:
-            attrs["productName"] = {"string": self.product[:MAX_STRING]}
-        return attrs
+        return placed(attrs, self.pcie_root, self.numa_node, self.product)
 
     def capacity(self):
         # canonical (24Gi, not 24576Mi): the API server stores it so, and a listing publish compares with it
@@ -94,6 +92,17 @@ class DraDevice:
         if self.framebuffer_mib:
             entry["capacity"] = self.capacity()
         return entry
+
+
+def placed(attrs, root, numa, product):
+    """`attrs` with where the GPU sits and what it is, where known: pcieRoot, numaNode, productName."""
+    if root:
+        attrs[PCIE_ROOT] = {"string": root}
+    if numa is not None:
+        attrs["numaNode"] = {"int": numa}
+    if product:
+        attrs["productName"] = {"string": product[:MAX_STRING]}
+    return attrs
 
 
 def device_name(profile, ident):

@@ -72,10 +72,11 @@ CALL_BUDGET = 25.0      # seconds one NodePrepareResources may wait in all (+ on
 class DraDriver:
     def __init__(self, node_name, get_claim, node_view, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
                  boot_id=None, lock_wait=LOCK_WAIT, call_budget=CALL_BUDGET, clock=time.monotonic, ready=True,
-                 ready_wait=READY_WAIT, wall=time.time, claim_time=None):
+                 ready_wait=READY_WAIT, wall=time.time, claim_time=None, whole=None):
         """`node_lock(timeout)`: a context manager holding the node lock, NodeLockError after `timeout` s.
         `ready=False`: new claims wait for `inventory_known()` (module docstring, "Start").
-        `claim_time`: a claim_time_prepare.ClaimTimePreparer (devices whose VF Prepare chooses and types), or None."""
+        `claim_time`: a claim_time_prepare.ClaimTimePreparer (devices whose VF Prepare chooses and types), or None;
+        `whole`: a whole_gpu.WholeGpuPreparer (claim-time GPUs given whole to one claim), or None."""
         self.node_name, self.get_claim, self.node_view = node_name, get_claim, node_view   # devices.NodeView
         self.plugin_dir, self.cdi_dir, self.driver = plugin_dir, cdi_dir, driver
         self.node_lock = node_lock or (lambda timeout: contextlib.nullcontext())
@@ -92,6 +93,7 @@ class DraDriver:
         self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting
         self._preparing = set()           # UIDs a call is preparing now
         self.claim_time = claim_time
+        self.whole = whole          # whole_gpu.WholeGpuPreparer: claim-time GPUs given whole (issue 42 item 1)
 
     # --- the kubelet's calls ---------------------------------------------------------------------
     def prepare(self, refs):
@@ -169,10 +171,12 @@ class DraDriver:
                 devices = self._write(ref, claim, entries)
             except BaseException:
                 self._remove_files(ref)
-                if not any(d.get("claimTime") for d in (self.checkpoint.get(ref.uid) or {}).get("devices") or ()):
-                    self.checkpoint.drop(ref.uid)     # a typed claim-time VF stays recorded (_release_claim_time)
+                if not any(d.get("claimTime") or d.get("whole")
+                           for d in (self.checkpoint.get(ref.uid) or {}).get("devices") or ()):
+                    self.checkpoint.drop(ref.uid)     # a typed claim-time VF, a GPU given whole stay recorded
                     self.checkpoint.save()
                 raise
+            _carry_whole(self.checkpoint.get(ref.uid), devices)
             self.checkpoint.set(ref.uid, ref.namespace, ref.name, COMPLETED, devices)
             self._with_mig(ref)      # the GI unprepare destroys
             self.checkpoint.save()
@@ -198,7 +202,8 @@ class DraDriver:
             stack.enter_context(self._lock)
             if self.claim_time is not None and any(self._chosen_now(item) for item in allocated):
                 self.claim_time.begin()     # one in-use engine for this claim (claim_time_prepare.py)
-            current = self.node_view.current(sorted({item.device for item in allocated if not self._chosen_now(item)}))
+            current = self.node_view.current(sorted({item.device for item in allocated
+                                                     if not (self._chosen_now(item) or self._whole(item.device))}))
             held = self.checkpoint.holders()
             mine = HOLDER % (ref.namespace, ref.name)
             earlier = {d["device"]: d for d in _gis_this_boot(self.checkpoint.get(ref.uid), self.checkpoint.boot_id)}
@@ -208,6 +213,10 @@ class DraDriver:
                 if item.pool not in self.pools:
                     raise ClaimError("%s: device %s/%s is not in this node's pool (%s)" % (
                         ref, item.pool, item.device, self.pool))
+                if self._whole(item.device):     # a claim-time GPU given whole: checked now (whole_gpu.py)
+                    entries.append(claims.PreparedDevice(item.request, item.pool, self.whole.check(
+                        ref, item.device, earlier.get(item.device))))
+                    continue
                 if self._chosen_now(item):   # claim-time: a free VF of the allocated GPU (claim_time_prepare.py)
                     taken = others | {e.device.key for e in entries}
                     if item.device in [e.device.name for e in entries]:
@@ -224,14 +233,19 @@ class DraDriver:
                 if others:
                     raise ClaimError("%s: device %s is prepared for %s" % (ref, item.device, ", ".join(others)))
                 entries.append(claims.PreparedDevice(item.request, item.pool, device))
-            self._record_started(ref, entries, typed)
+            self._record_started(ref, entries, typed, earlier)
             # durable: after a power loss this record is what keeps a layout change off the claim's vGPUs, and a
             # claim-time VF typed next is found recorded after a crash
             self.checkpoint.save()
             try:
                 self._write_types(ref, entries, typed, others)
-            except BaseException:
+                self._take_whole(ref, entries)
+            except BaseException as exc:
                 self._release_claim_time(ref, self.checkpoint.get(ref.uid))
+                try:
+                    self._give_back_whole(ref, self.checkpoint.get(ref.uid))
+                except ClaimError as stuck:     # the record stays: the retry goes on, unprepare gives it back
+                    raise ClaimError("%s; giving the GPU back failed too: %s" % (exc, stuck)) from None
                 self.checkpoint.drop(ref.uid)
                 self.checkpoint.save()
                 raise
@@ -252,11 +266,17 @@ class DraDriver:
                     replacement = self.claim_time.choose(ref, device.name, None, taken)
                     entries[:] = [e._replace(device=replacement) if e.device is device else e for e in entries]
                     typed[index] = device = replacement
-                    self._record_started(ref, entries, typed)
+                    self._record_started(ref, entries, typed, {})
                     self.checkpoint.save()
 
-    def _record_started(self, ref, entries, typed):
+    def _record_started(self, ref, entries, typed, earlier):
+        """`earlier`: {device name: record} of this claim before (a whole GPU's step survives a retry)."""
+        kept = {name: record for name, record in (earlier or {}).items() if "whole" in record}
+        kept.update({r["device"]: r for r in (self.checkpoint.get(ref.uid) or {}).get("devices") or () if "whole" in r})
         self.checkpoint.set(ref.uid, ref.namespace, ref.name, STARTED, _record(entries, typed))
+        for record, entry in zip(self.checkpoint.get(ref.uid)["devices"], entries):
+            if self._whole(entry.device.name):
+                record["whole"] = (kept.get(entry.device.name) or {}).get("whole") or self.whole.record_of(entry.device)
         self.checkpoint.get(ref.uid)["startedAt"] = int(self.wall())     # clean_stale's age, across restarts
         self._with_mig(ref)
 
@@ -271,6 +291,33 @@ class DraDriver:
         """Before each GI step of a MIG-backed prepare: its record, durably (a crash finds what it was doing)."""
         self._with_mig(ref)
         self.checkpoint.save()
+
+    # --- whole GPUs (whole_gpu.py): every step recorded in the claim's record before it is taken ----------------
+    def _whole(self, name):
+        return self.whole is not None and self.whole.owns(name)
+
+    def _whole_step(self, ref, name):
+        """A recorder for the whole GPU of device `name`: the step saved durably (the caller holds self._lock)."""
+        def step(value):
+            for record in (self.checkpoint.get(ref.uid) or {}).get("devices") or ():
+                if record["device"] == name and isinstance(record.get("whole"), dict):
+                    record["whole"]["step"] = value
+            self.checkpoint.save()
+        return step
+
+    def _take_whole(self, ref, entries):
+        for entry in entries:
+            if self._whole(entry.device.name):
+                self.whole.take(ref, entry.device, self._whole_step(ref, entry.device.name))
+
+    def _give_back_whole(self, ref, entry):
+        """Every GPU the record gives whole back to vGPUs (the caller holds the node lock); a ClaimError (the record
+        stays) when one cannot be given back."""
+        for record in (entry or {}).get("devices") or ():
+            if isinstance(record.get("whole"), dict):
+                if self.whole is None:
+                    raise ClaimError("%s: GPU %s was given whole; this driver cannot give it back" % (ref, record["key"]))
+                self.whole.give_back(ref, record["key"], self._whole_step(ref, record["device"]))
 
     def _chosen_now(self, item):
         return self.claim_time is not None and self.claim_time.owns(item.device)
@@ -308,7 +355,7 @@ class DraDriver:
         """The node lock (at most lock_wait s) when an unprepare must clear claim-time VFs, else nothing."""
         with self._lock:
             entries = [self.checkpoint.get(ref.uid) or {} for ref in refs]
-        if not any(d.get("claimTime") for entry in entries for d in entry.get("devices") or ()):
+        if not any(d.get("claimTime") or d.get("whole") for entry in entries for d in entry.get("devices") or ()):
             return contextlib.nullcontext()
         return self.node_lock(self.lock_wait)
 
@@ -343,6 +390,7 @@ class DraDriver:
         entry = self.checkpoint.get(ref.uid)
         self._remove_files(ref)
         self._release_claim_time(ref, entry)
+        self._give_back_whole(ref, entry)     # fails: the record stays, the kubelet's retry goes on from its step
         if entry and (entry["namespace"], entry["name"]) != (ref.namespace, ref.name):
             self._remove_files(claims.ClaimRef(entry["namespace"], entry["name"], ref.uid))
         if entry is not None:
@@ -397,9 +445,10 @@ class DraDriver:
                         return False    # the kubelet prepared, unprepared or is preparing it since the read
                     self._remove_files(ref)
                     kept = self._release_claim_time(ref, entry, unsure_kept=True)
+                    self._give_back_whole(ref, entry)     # a GPU a cut-short prepare took goes back (ClaimError: kept)
                     self.checkpoint.drop(ref.uid)
                     self.checkpoint.save()
-        except NodeLockError as exc:
+        except (NodeLockError, ClaimError) as exc:
             log("DRA driver: %s (UID %s), left PrepareStarted: %s; not cleaned now: %s" % (ref, ref.uid, why, exc))
             return False
         log("DRA driver: %s (UID %s), left PrepareStarted: %s; its record and files removed%s" % (
@@ -433,6 +482,14 @@ def _record(entries, claim_time_devices=()):
         if entry.device in claim_time_devices:
             record["claimTime"] = True     # its VF was typed by this prepare: unprepare clears it
     return records
+
+
+def _carry_whole(entry, devices):
+    """A whole GPU's record (its step, its offers) kept from the PrepareStarted record into the completed one."""
+    whole = {d["device"]: d["whole"] for d in (entry or {}).get("devices") or () if "whole" in d}
+    for record in devices:
+        if record["device"] in whole:
+            record["whole"] = whole[record["device"]]
 
 
 def _gis_this_boot(entry, boot_id):

@@ -11,6 +11,7 @@ The declaration lives in the same file the agent reads (docs/design.md "Profiles
       - devices: [1] | all            # VDM-style: GPU indices or all; device-filter as in vgpu-configs
         device-filter: "0x26B910DE"
         profiles: [L40S-24Q, L40S-12Q]   # the allow-list; left out: the Q profiles the driver reports
+        whole-gpu: true               # opt-in: the GPU may also be given whole to one claim (node/engine/whole_gpu.py)
 
     {"layout": [...], "claim_time": [{"devices": ["0000:41:00.0"], "profiles": [...]}]}   # the simple form
 
@@ -37,6 +38,7 @@ import re
 from collections import OrderedDict, namedtuple
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
+from ansible_collections.accelops.vgpu.plugins.module_utils.errors import shown
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci, vgpu_types
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse, pf_driver
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
@@ -44,15 +46,17 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import c
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.vgpu_types import VgpuTypeError, parse_profile
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuWriter, attempt
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import whole_gpu
 
 VDM_KEY, LAYOUT_KEY = "claim-time", "claim_time"
-VDM_ENTRY_KEYS = ("devices", "device-filter", "profiles")
-LAYOUT_ENTRY_KEYS = ("devices", "device_filter", "profiles")
+VDM_ENTRY_KEYS = ("devices", "device-filter", "profiles", "whole-gpu")
+LAYOUT_ENTRY_KEYS = ("devices", "device_filter", "profiles", "whole_gpu")
 MODES_FILE = "claim-time-gpus.json"
 
 
-class ClaimTimeEntry(namedtuple("ClaimTimeEntry", "origin devices filters profiles")):
-    """`devices` None (all) or indices/addresses; `profiles` a tuple of short profile names or None."""
+class ClaimTimeEntry(namedtuple("ClaimTimeEntry", "origin devices filters profiles whole", defaults=(False,))):
+    """`devices` None (all) or indices/addresses; `profiles` a tuple of short profile names or None; `whole`: the
+    GPU may be given whole too (issue 42 item 1)."""
 
     __slots__ = ()
 
@@ -86,6 +90,24 @@ class Declaration:
                 if entry.selects(gpu):
                     chosen[gpu.address] = entry.profiles
         return chosen
+
+    def whole(self, gpus):
+        """The PF addresses of `gpus` whose last selecting entry says `whole-gpu: true`."""
+        found = OrderedDict()
+        for gpu in gpus:
+            for entry in self.entries:
+                if entry.selects(gpu):
+                    found[gpu.address] = entry.whole
+        return [address for address, whole in found.items() if whole]
+
+
+def _whole(value, origin, key, profiles):
+    if not isinstance(value, bool):
+        raise LayoutError("%s: %s must be true or false, not %s" % (origin, key, shown(value)))
+    if value and any(vgpu_types.mig_backed(profile) for profile in profiles or ()):
+        # in MIG mode the GPU's VFs and instances stay: passing it through whole is not offered there (yet)
+        raise LayoutError("%s: %s is for time-sliced claim-time GPUs; this entry's profiles are MIG-backed" % (origin, key))
+    return value
 
 
 def _profiles(value, origin):
@@ -124,7 +146,10 @@ def _entries(value, key, origin_prefix):
         else:
             devices = vgpu_layout._layout_devices(item["devices"], origin)  # pylint: disable=protected-access
         filters = vgpu_layout._filters(item.get("device-filter" if vdm else "device_filter"), origin)  # pylint: disable=protected-access
-        found.append(ClaimTimeEntry(origin, devices, filters, _profiles(item.get("profiles"), origin)))
+        whole_key = "whole-gpu" if vdm else "whole_gpu"
+        profiles = _profiles(item.get("profiles"), origin)
+        found.append(ClaimTimeEntry(origin, devices, filters, profiles,
+                                    _whole(item.get(whole_key, False), origin, whole_key, profiles)))
     return found
 
 
@@ -195,6 +220,15 @@ def check_moves(sysfs, before, after, held, vfs_of):
                                   held=[vf])
 
 
+def _check_whole_moves(before, after, given):
+    """LayoutError naming a GPU given whole to a claim that would leave claim-time mode (the layout would find it on
+    vfio-pci without VFs)."""
+    for address in sorted(set(before) - set(after)):
+        if address in given:
+            raise LayoutError("GPU %s: cannot move out of claim-time mode while it is given whole to %s; move it once "
+                              "that claim is gone" % (address, given[address][0]))
+
+
 class Modes:
     """What one plan found: the claim-time GPUs, the moves, the stale types to clear, the prepared claims' types to
     restore, the GPUs passed through (see `plan`)."""
@@ -210,10 +244,12 @@ class Modes:
         self.offers = {}                        # PF address -> {model, vfs, profiles: offers()}
         self.needs_vfs = []                     # claim-time GPUs without VFs that the apply enables first
         self.warnings = []
+        self.whole = []                         # claim-time GPUs declared whole-gpu: their whole device is published
+        self.held_whole = {}                    # PF -> (claim, record): given whole by a DRA claim (node/engine/whole_gpu.py)
 
     def offerable(self):
         """(address, allow-list) of the claim-time GPUs that may offer profiles (not passed through)."""
-        skipped = {s.address for s in self.reserved}
+        skipped = {s.address for s in self.reserved} | set(self.held_whole)   # held whole: offers as recorded
         return [(address, allow) for address, allow in self.gpus.items() if address not in skipped]
 
     @property
@@ -232,6 +268,11 @@ class Modes:
                 found[-1]["reserved"] = reserved[address]
             if offer.get("mig"):     # a MIG claim-time GPU: placements (node/engine/claim_time_mig.py)
                 found[-1]["mig"] = offer["mig"]
+            if address in self.whole:
+                found[-1]["whole_gpu"] = True
+            if address in self.held_whole:
+                holder, record = self.held_whole[address]
+                found[-1]["held_whole"] = {"by": holder, "step": record.get("step")}
         return found
 
 
@@ -262,14 +303,18 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, b
     gpus_here = sorted(set(chosen) | set(before))
     held = held_of(gpus_here + [vf for address in gpus_here for vf in vfs_of.get(address) or ()])
     check_moves(sysfs, before, chosen, held, vfs_of)
+    given = whole_gpu.held(claim_holders.read_claims(claim_holders.checkpoint_path(os.path.dirname(modes_file))))
+    given = {address: given[address] for address in gpus_here if address in given}
+    _check_whole_moves(before, chosen, given)
     parents = inuse.mdev_parents(sysfs)
-    reserved = pf_driver.skipped(sysfs, [pci.PciDevice(sysfs, address) for address in chosen])
+    # a GPU our Prepare gave whole (on vfio-pci, VFs off) is the claim's, not reserved by an operator: left alone
+    reserved = pf_driver.skipped(sysfs, [pci.PciDevice(sysfs, address) for address in chosen if address not in given])
     reserved = [s._replace(reason="%s; as a claim-time GPU it offers no vGPU" % s.reason) for s in reserved]
     passed_through = {s.address for s in reserved}
     claimed = None
     stale, restore, warnings, claims = [], OrderedDict(), [], {}
     for address in chosen:
-        if address in passed_through:
+        if address in passed_through or address in given:
             continue
         for vf in vfs_of.get(address) or ():
             current = vgpu_types.read_current(sysfs, vf)
@@ -300,6 +345,11 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, b
                         claims[vf] = tuple(by_claims)
     modes = Modes(chosen, before, stale, restore, reserved, recheck)
     modes.claims = claims
+    # held whole: its device stays published while the claim has it, declared or not (the counter stays charged)
+    modes.whole = sorted(set(declaration_.whole(gpus) if declaration_ is not None else ()) | set(given))
+    modes.held_whole = given
+    for address, (dummy, record) in given.items():   # published as when it was given: its VFs are off now
+        modes.offers[address] = dict(record.get("offers") or {"model": None, "vfs": 0, "profiles": []})
     modes.warnings.extend(warnings)
     return modes
 

@@ -485,6 +485,20 @@ def _apply_pf(sysfs, runner, plan, timeout, poll_interval, retries, retry_delay,
     _wait_ready(sysfs, plan, timeout, poll_interval, numvfs)
 
 
+def set_count(sysfs, runner, addresses, num_vfs, held, record=None, timeout=120.0, sriov_manage_path=None, take_over=()):
+    """`num_vfs` VFs on the PFs `addresses` (0 disables them), planned and applied, verified within `timeout` s;
+    sriov-manage where it can (all or no VFs), sysfs for another count. `held`: an inuse.Holders (asked before VFs go;
+    forgotten after: the devices and their groups changed). The node engine's set_vfs, and a whole-GPU Prepare's."""
+    method = "auto" if num_vfs in (0, "max") else "sysfs"
+    plan = plan_vfs(sysfs, runner, devices=list(addresses), num_vfs=num_vfs, method=method,
+                    state="present" if num_vfs else "absent", held=held, sriov_manage_path=sriov_manage_path,
+                    take_over=take_over)
+    try:
+        return apply_vfs(sysfs, runner, plan, timeout=timeout, record=record)
+    finally:
+        held.forget()
+
+
 def apply_vfs(sysfs, runner, plan, timeout=120.0, poll_interval=0.2, retries=3, retry_delay=2.0, record=None):
     """Execute a plan: changed PFs in parallel, each verified within `timeout` seconds. `record`: the device plugin's
     allocation record (pod_allocations.record_path), whose lock a discarded vGPU's write is made under.

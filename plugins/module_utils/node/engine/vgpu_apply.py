@@ -494,15 +494,9 @@ class NodeEngine:
     def set_vfs(self, addresses, num_vfs, wait_timeout=WAIT_TIMEOUT):
         """sriov engine: `num_vfs` VFs on the PFs (0 disables them), verified ready within `wait_timeout` s;
         sriov-manage where it can (all or no VFs), sysfs for another count."""
-        method = "auto" if num_vfs in (0, "max") else "sysfs"
-        plan = sriov.plan_vfs(self.sysfs, self.runner, devices=list(addresses), num_vfs=num_vfs, method=method,
-                              state="present" if num_vfs else "absent", held=self.in_use,
-                              sriov_manage_path=self.sriov_manage_path, take_over=self.take_over)
-        try:
-            return sriov.apply_vfs(self.sysfs, self.runner, plan, timeout=wait_timeout,
-                                   record=pod_allocations.record_path(self.kubelet_dir))
-        finally:
-            self.in_use.forget()    # VFs came or went: the devices and their groups are read again
+        return sriov.set_count(self.sysfs, self.runner, addresses, num_vfs, self.in_use,
+                               pod_allocations.record_path(self.kubelet_dir), wait_timeout,
+                               self.sriov_manage_path, self.take_over)
 
     def execute(self, plans):
         """Writes, GPU by GPU: clears/removals, mixed-size mode when the plan needs it, creations.

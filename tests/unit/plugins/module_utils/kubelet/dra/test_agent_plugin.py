@@ -172,6 +172,20 @@ def test_a_claim_time_gpu_is_published_as_profile_devices_and_a_counter_set_neve
     assert plugin.dra.driver.claim_time.owns("l40s-24q-gpu-0000-41-00-0")
 
 
+def test_a_whole_gpu_claim_time_gpu_publishes_its_whole_device_and_the_driver_prepares_it(plugin):
+    """whole-gpu (issue 42.1): the agent publishes the whole device beside the profiles and hands it to Prepare."""
+    result = apply_result(plugin.node)
+    result["gpus"] = []
+    result["claim_time"] = [{"address": L40S, "model": "L40S", "vfs": 2, "allow": None, "whole_gpu": True, "profiles": [
+        {"profile": "L40S-24Q", "type_name": "NVIDIA L40S-24Q", "type_id": 1155, "size_mib": 24576,
+         "max_instances": 2}]}]
+    plugin.dra.reconciled("uid-1", plugin.sysfs, result)
+    devices_ = {d["name"]: d for s in plugin.api.slices.values() for d in s["spec"].get("devices") or ()}
+    assert devices_["whole-gpu-0000-41-00-0"]["consumesCounters"] == [
+        {"counterSet": "gpu-0000-41-00-0", "counters": {"gpu": {"value": "1"}}}]
+    assert plugin.dra.driver.whole.owns("whole-gpu-0000-41-00-0")
+
+
 def test_a_server_without_partitionable_devices_refuses_claim_time_once_and_fixed_vgpus_stay_published(plugin):
     """An API server < 1.36 or with the gates off drops the fields (kube_api_rules.drop_disabled_fields, as its
     resourceslice strategy does): claim-time mode is refused with one line naming the node, the GPU and the field."""
@@ -260,6 +274,23 @@ def test_a_profile_no_longer_offered_stays_published_tainted_while_a_claim_uses_
     assert D12 in stored_devices(plugin.api)
     plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
     assert sorted(stored_devices(plugin.api)) == [D24] and not plugin.dra.driver.claim_time.owns(D12)
+
+
+def test_a_whole_device_no_longer_declared_stays_published_tainted_while_a_claim_has_it_allocated(plugin):
+    """whole-gpu dropped from the declaration while a whole-GPU claim is allocated: withdrawing the device would free
+    the GPU's counter for vGPU claims (kubernetes#140806); it stays, tainted, like a profile no longer offered."""
+    whole = claim_time_result(plugin.node, ["L40S-24Q"])
+    whole["claim_time"][0]["whole_gpu"] = True
+    plugin.dra.reconciled("uid-1", plugin.sysfs, whole)
+    plugin.api.claims = [allocated("whole-gpu-0000-41-00-0")]
+    plugin.clock[0] += agent_plugin.WITHDRAW_GRACE
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"]))
+    found = stored_devices(plugin.api)
+    assert found["whole-gpu-0000-41-00-0"]["taints"] == [{"key": "vgpu.accelops.io/withdrawn", "effect": "NoSchedule"}]
+    assert found["whole-gpu-0000-41-00-0"]["consumesCounters"] and plugin.dra.driver.whole.owns("whole-gpu-0000-41-00-0")
+    plugin.api.claims, plugin.clock[0] = [], plugin.clock[0] + agent_plugin.WITHDRAW_GRACE
+    plugin.dra.reconciled("uid-1", plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"]))
+    assert sorted(stored_devices(plugin.api)) == [D24]
 
 
 def test_a_profile_no_longer_offered_goes_after_the_grace_when_no_claim_uses_it(plugin):
