@@ -21,6 +21,23 @@ def test_read_strips_newline_and_parses_hex(tree):
     assert tree.read_int("bus/pci/devices/0000:01:00.0/vendor") == 0x10DE
 
 
+def test_an_attribute_is_read_with_one_read_call_and_a_long_file_whole(tree, tmp_path, monkeypatch):
+    # on gpusim's FUSE tree (no attribute cache) every fstat, isatty and read is a round trip: a short read is
+    # the end, so an attribute costs one read(), not open()'s fstat, isatty and a second read for the end
+    from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import sysfs as sysfs_module
+    long_text = "x" * (sysfs_module.READ_SIZE * 2 + 10)
+    (tmp_path / "long").write_text(long_text + "\n")
+    calls, real_read = [], os.read
+    monkeypatch.setattr(os, "read", lambda fd, size: calls.append(size) or real_read(fd, size))
+    assert tree.read("bus/pci/devices/0000:01:00.0/vendor") == "0x10de"
+    assert len(calls) == 1
+    with tree.walk_cache():
+        assert tree.read("bus/pci/devices/0000:01:00.0/sriov_numvfs") == "0"
+    assert len(calls) == 2
+    assert tree.read("long") == long_text
+    assert len(calls) == 5
+
+
 def test_missing_attribute_is_default_for_optional_reads(tree):
     assert tree.read_optional("bus/pci/devices/0000:01:00.0/nope", "x") == "x"
     assert tree.read_int("bus/pci/devices/0000:01:00.0/nope", 7) == 7
