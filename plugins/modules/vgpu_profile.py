@@ -243,7 +243,7 @@ options:
         C(vgpu_profiles_resources) (what the C(accelops.vgpu.vgpu_profiles) role publishes for the
         cluster roles; cached where a fact cache is configured), so no C(set_fact) task is needed.
       - They are returned once, as facts (a registered result holds them under RV(ansible_facts)), not also
-        as RV(gpus) and RV(resources). A node's per-VF list is large (8 GPUs with 32 VFs each, about 23 kB),
+        as RV(gpus) and RV(resources): a node's per-VF list is large (8 GPUs with 32 VFs each, about 23 kB),
         and every copy costs the node and the controller on every run.
     type: bool
     default: false
