@@ -239,12 +239,9 @@ options:
     type: str
   publish_facts:
     description:
-      - Return RV(gpus) and RV(resources) as the host facts C(vgpu_profiles_gpus) and
+      - Also return RV(gpus) and RV(resources) as the host facts C(vgpu_profiles_gpus) and
         C(vgpu_profiles_resources) (what the C(accelops.vgpu.vgpu_profiles) role publishes for the
         cluster roles; cached where a fact cache is configured), so no C(set_fact) task is needed.
-      - They are returned once, as facts (a registered result holds them under RV(ansible_facts)), not also
-        as RV(gpus) and RV(resources): a node's per-VF list is large (8 GPUs with 32 VFs each, about 23 kB),
-        and every copy costs the node and the controller on every run.
     type: bool
     default: false
   mig_mode_order:
@@ -362,7 +359,7 @@ gpus_not_changed:
   sample: ["0000:42:00.0"]
 gpus:
   description: One entry per GPU (PF) the layout selects, with every vGPU slot before and after.
-  returned: unless O(publish_facts) (then as the fact C(vgpu_profiles_gpus))
+  returned: always
   type: list
   elements: dict
   sample:
@@ -390,7 +387,7 @@ reserved:
   sample: [{address: "0000:42:00.0", driver: vfio-pci, reason: "bound to vfio-pci, not to the vGPU host driver nvidia"}]
 resources:
   description: One entry per profile in use on the selected GPUs, what KubeVirt needs to expose it.
-  returned: unless O(publish_facts) (then as the fact C(vgpu_profiles_resources))
+  returned: always
   type: list
   elements: dict
   sample:
@@ -427,7 +424,7 @@ boot_unit_actions:
   elements: str
   sample: ["systemctl daemon-reload", "systemctl enable accelops-vgpu.service", "systemctl start accelops-vgpu.service"]
 ansible_facts:
-  description: With O(publish_facts), RV(gpus) and RV(resources) as host facts (instead of at the top level).
+  description: With O(publish_facts), RV(gpus) and RV(resources) as host facts.
   returned: when O(publish_facts) is true
   type: dict
   contains:
@@ -523,11 +520,9 @@ def main():
         diff["before"]["boot_files"], diff["after"]["boot_files"] = boot["diff"]["before"], boot["diff"]["after"]
     fields = dict(boot_files_outdated=boot["outdated"], boot_files_installed=boot["installed"],
                   boot_files_removed=boot["removed"], boot_unit_actions=boot["actions"])
-    if params["publish_facts"]:   # one copy, as facts
+    if params["publish_facts"]:
         fields["ansible_facts"] = {"vgpu_profiles_gpus": result["gpus"], "vgpu_profiles_resources": result["resources"]}
-    else:
-        fields.update(gpus=result["gpus"], resources=result["resources"])
-    exit_with_diff(module, result["changed"] or boot["changed"], diff,
+    exit_with_diff(module, result["changed"] or boot["changed"], diff, gpus=result["gpus"], resources=result["resources"],
                    vfs_enabled=result["vfs_enabled"], reserved=result["reserved"], **fields)
 
 

@@ -91,7 +91,7 @@ def test_check_mode_predicts_a_layout_change_and_writes_nothing(gpusim_node, run
     real = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert real.rc == 0, real
     assert changed_tasks(real) == changed_tasks(check)
-    applied = next(r for r in real.results if "vfs_enabled" in r)
+    applied = next(r for r in real.results if "resources" in r)
     # the layout file holds every label: only the selection (for the manager image) and the unit (--selected) change
     assert applied["changed"] and applied["boot_files_installed"] == [
         str(tmp_path / "root/etc/accelops-vgpu/selected"), str(tmp_path / "root/etc/systemd/system/accelops-vgpu.service")]
@@ -113,7 +113,7 @@ def test_check_mode_on_a_fresh_node(gpusim_node, run_playbook, tmp_path):
     assert node.writes() == []
     assert check.rc == 0, check
     assert not (tmp_path / "root").exists()
-    layout = next(result for result in check.results if "vfs_enabled" in result)
+    layout = next(result for result in check.results if "resources" in result)
     assert layout["changed"] is True
     l40s = node.pfs("l40s")[0]
     assert layout["diff"]["after"][l40s] == {"vfs": "enabled", "profiles": {"L40S-24Q": 2}}
@@ -125,7 +125,7 @@ def test_check_mode_on_a_fresh_node(gpusim_node, run_playbook, tmp_path):
     real = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert real.rc == 0, real
     assert changed_tasks(real) == changed_tasks(check)
-    assert next(r for r in real.results if "vfs_enabled" in r)["vfs_enabled"] == [l40s]   # the T4 has no SR-IOV
+    assert next(r for r in real.results if "resources" in r)["vfs_enabled"] == [l40s]   # the T4 has no SR-IOV
     assert int(node.read("bus/pci/devices/%s/sriov_numvfs" % l40s)) == len(node.vfs(l40s)) > 0
 
 
@@ -137,7 +137,7 @@ def test_check_mode_on_a_fresh_node_with_the_sriov_role(gpusim_node, run_playboo
     assert node.writes() == []
     assert check.rc == 0, check
     assert not (tmp_path / "root").exists()
-    validate, layout = [result for result in check.results if "vfs_enabled" in result]
+    validate, layout = [result for result in check.results if "resources" in result]
     assert validate["changed"] is False and layout["changed"] is True
     l40s = node.pfs("l40s")[0]
     assert layout["diff"]["after"][l40s] == {"vfs": "enabled", "profiles": {"L40S-24Q": 2}}
@@ -288,7 +288,7 @@ def test_boot_files_changed_on_the_node_are_put_back(gpusim_node, run_playbook, 
     again = run_playbook(ROLE_TASKS, node, extra_vars=variables)
     assert again.rc == 0, again
     assert changed_tasks(again) == ["accelops.vgpu.vgpu_profiles : Apply vGPU layout 'fleet'"]
-    assert next(r for r in again.results if "vfs_enabled" in r)["boot_files_installed"] == [
+    assert next(r for r in again.results if "resources" in r)["boot_files_installed"] == [
         str(layout), str(cli), str(unit)]
     assert dict((path, path.read_bytes()) for path in (layout, cli, unit)) == installed
     assert os.stat(cli).st_mode & 0o777 == 0o755
@@ -349,7 +349,7 @@ def test_the_module_keeps_the_boot_unit_enabled_and_started(gpusim_node, run_pla
     variables = role_vars(node, root, vgpu_profiles_manage_service=True)
     check = run_playbook(tasks, node, check=True, extra_vars=variables)
     assert actions(check) == []
-    assert next(r for r in check.results if "vfs_enabled" in r)["boot_unit_actions"] == [
+    assert next(r for r in check.results if "resources" in r)["boot_unit_actions"] == [
         "systemctl daemon-reload", "systemctl enable accelops-vgpu.service", "systemctl start accelops-vgpu.service"]
     assert actions(run_playbook(tasks, node, extra_vars=variables)) == [
         "daemon-reload", "enable accelops-vgpu.service", "start accelops-vgpu.service"]

@@ -62,20 +62,6 @@ def test_l40s_profiles_are_applied_once_and_then_left_alone(gpusim_node, run_pla
     assert node.log() == []
 
 
-def test_publish_facts_returns_the_gpus_and_resources_once_as_facts(gpusim_node, run_playbook):
-    # one copy of the per-VF list: the node and the controller pay for every copy on every run (P2)
-    node = gpusim_node("l40s:1")
-    run = run_playbook(enable_and_apply(vdm("default", publish_facts=True)) + [
-        {"name": "seen", "ansible.builtin.debug": {"msg": "{{ vgpu_profiles_resources | map(attribute='count') | list }}"}}],
-        node)
-    assert run.rc == 0, run
-    result = run.task("profiles")
-    assert "gpus" not in result and "resources" not in result
-    assert vgpus(dict(gpus=result["ansible_facts"]["vgpu_profiles_gpus"]), "0000:41:00.0") == [
-        ("0000:41:00.4", None, "L40S-24Q"), ("0000:41:00.5", None, "L40S-24Q")]
-    assert run.task("seen")["msg"] == [2]
-
-
 def test_a_vf_a_dra_claim_uses_under_another_kubelet_dir_blocks_the_resize_in_check_mode_too(
         gpusim_node, run_playbook, tmp_path):
     node = gpusim_node("l40s:2")
