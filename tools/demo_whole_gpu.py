@@ -119,14 +119,6 @@ class WholeScene(Scene):
             preparer.update(self.offers)
         return driver
 
-    def phase(self, name):
-        return ((self.api.get("%s/%s" % (VMIS, name)) or {}).get("status") or {}).get("phase")
-
-    def claim_of(self, vmi_):
-        uid = self.api.get("%s/%s" % (VMIS, vmi_["metadata"]["name"]))["metadata"]["uid"]
-        return next(c for c in self.api.items(DRA + "namespaces/%s/resourceclaims" % NAMESPACE)
-                    if any(o.get("uid") == uid for o in c["metadata"].get("ownerReferences") or ()))
-
     def start(self, names, template_name):
         for name in names:
             self.api.call("POST", VMIS, vmi(name, template_name, self.node))

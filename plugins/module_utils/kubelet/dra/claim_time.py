@@ -106,7 +106,9 @@ class ProfileDevice:
     def counter_set_for(self, kept, current):
         """The counter set of this device's GPU while `kept` (withdrawn devices of that GPU, this one among them) stay
         published: `current` (what the GPU offers now) when it has the same shape, else the shape they consume."""
-        return current if type(current) is CounterSet else CounterSet(self.counter_set, self.gpu)
+        # a MigCounterSet is a CounterSet too, but not this shape
+        same = type(current) is CounterSet      # pylint: disable=unidiomatic-typecheck
+        return current if same else CounterSet(self.counter_set, self.gpu)
 
     def to_api(self):
         entry = {"name": self.name, "attributes": self.attributes(), "allowMultipleAllocations": True,
@@ -150,9 +152,10 @@ def with_withdrawn(offers, kept):
     """`offers` (offers()) and `kept` (devices no longer offered that stay published while claims may use them) as one
     list in which every device's counter set has the counters it consumes: a kept device keeps its consumption, and
     its GPU the counter shape it was published with (the allocator charges a device's consumption against its counter
-    set by counter name: structured/internal/incubating allocator_incubating.go checkAvailableCounters). The shape the GPU offers now waits while kept devices of another shape remain: a MIG-backed placement
-    withdrawn from a GPU that left claim-time or MIG mode keeps its memory slices, a `+me` placement its instance
-    counter (claim_time_mig.PlacementDevice), and offered devices those sets cannot serve are not published yet."""
+    set by counter name: structured/internal/incubating allocator_incubating.go checkAvailableCounters). The shape
+    the GPU offers now waits while kept devices of another shape remain: a MIG-backed placement withdrawn from a GPU
+    that left claim-time or MIG mode keeps its memory slices, a `+me` placement its instance counter
+    (claim_time_mig.PlacementDevice), and offered devices those sets cannot serve are not published yet."""
     sets = {item.name: item for item in offers if isinstance(item, CounterSet)}
     by_set = {}
     for item in kept:

@@ -400,8 +400,8 @@ class DraDriver:
             vf, why = left[0]
             gi = next(d["mig"] for d in entry["devices"] if d.get("key") == vf)
             return ("%s: the GPU instance %s its prepare created on GPU %s at %d:%d stays (VF %s: %s); its record "
-                    "stays, the kubelet retries the unprepare" % (ref, gi.get("gi", "?"), gi["gpu"], gi["start"],
-                                                                   gi["size"], vf, why))
+                    "stays, the kubelet retries the unprepare"
+                    % (ref, gi.get("gi", "?"), gi["gpu"], gi["start"], gi["size"], vf, why))
         if entry is not None:
             self.checkpoint.drop(ref.uid)
             self.checkpoint.save()

@@ -51,7 +51,8 @@ class Env:
         return vgpu_apply.NodeEngine(Sysfs(self.node.root), CommandRunner(), self.node.dev_root, "/proc",
                                      cache_dir=str(self.tmp), kubelet_dir=self.kubelet)
 
-    def reconcile(self, doc=DOC):
+    def reconcile(self, doc=None):
+        doc = doc or DOC
         self.engine.claim_time = declaration(doc)
         return vgpu_apply.apply(self.engine, vgpu_layout.from_document(doc, "default"), enable_vfs=True)
 
