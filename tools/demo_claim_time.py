@@ -122,16 +122,16 @@ class Scene:
               "now or later):" % self.node)
         print("  claim-time: [{devices: all, profiles: [%s]}]" % ", ".join(PROFILES))
         vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
-        self.engine.claim_time = declaration(CONFIG)
+        self.engine.claim_time_declaration = declaration(CONFIG)
         result = vgpu_apply.apply(self.engine, vgpu_layout.from_document(CONFIG, "default"))
         self.offers = claim_time.offers(self.sysfs, result["claim_time"])
         SlicePublisher(self.client, self.node, uid).publish(self.offers)
         self.driver = DraDriver(self.node, lambda ns, name: self.client.get_resource_claim(ns, name, timeout=10),
                                 devices.NodeView(self.sysfs, lambda: facts.gather(self.sysfs, {})), self.plugin_dir,
                                 self.cdi_dir, boot_id="demo",
-                                claim_time=ClaimTimePreparer(self.sysfs, node_holders(
+                                typer=ClaimTimePreparer(self.sysfs, node_holders(
                                     self.sysfs, self.engine.dev_root, self.engine.proc_root, self.engine.kubelet_dir)))
-        self.driver.claim_time.update(self.offers)
+        self.driver.typer.update(self.offers)
         typed = self.typed()
         print("After the apply: %d VFs enabled, %d typed (a claim-time GPU's VFs are typed by Prepare only)" % (
             len(self.vfs()), len(typed)))

@@ -74,7 +74,7 @@ def run(args):
     print("$ nvidia-smi -i %s -mig 1   (the operator, with the GPU idle: claim time never toggles MIG mode)" % pf)
     smi.run(pf, ["-i", pf, "-mig", "1"], "-mig 1")
     print("claim-time: [{devices: all, profiles: [%s]}]" % ", ".join(PROFILES))
-    engine.claim_time = declaration(CONFIG)
+    engine.claim_time_declaration = declaration(CONFIG)
     result = vgpu_apply.apply(engine, vgpu_layout.from_document(CONFIG, "default"))
     offers = claim_time.offers(sysfs, result["claim_time"])
     [counters] = [o for o in offers if isinstance(o, claim_time_mig.MigCounterSet)]
@@ -87,8 +87,8 @@ def run(args):
     published = slices.desired_slices(NODE, offers, 1)
     driver = DraDriver(NODE, lambda ns, name: claims[(ns, name)], devices.NodeView(
         sysfs, lambda: facts.gather(sysfs, {})), plugin_dir, os.path.join(args.work, "cdi"), boot_id="demo",
-        claim_time=ClaimTimePreparer(sysfs, engine.begin(), runner=runner))
-    driver.claim_time.update(offers)
+        typer=ClaimTimePreparer(sysfs, engine.begin(), runner=runner))
+    driver.typer.update(offers)
     claims, refs, ok = {}, [], True
     for index, profile in enumerate(WANTED):
         body = claim(index, profile)

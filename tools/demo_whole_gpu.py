@@ -88,7 +88,7 @@ class WholeScene(Scene):
         print("Node %s: one L40S, claim-time with whole-gpu:" % self.node)
         print("  claim-time: [{devices: all, profiles: [L40S-24Q, L40S-12Q], whole-gpu: true}]")
         vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
-        self.engine.claim_time = declaration(CONFIG)
+        self.engine.claim_time_declaration = declaration(CONFIG)
         result = vgpu_apply.apply(self.engine, vgpu_layout.from_document(CONFIG, "default"))
         self.offers = claim_time.offers(self.sysfs, result["claim_time"])
         self.gpu = result["claim_time"][0]["address"]
@@ -112,10 +112,10 @@ class WholeScene(Scene):
         holders = node_holders(self.sysfs, self.engine.dev_root, self.engine.proc_root, self.engine.kubelet_dir)
         driver = DraDriver(self.node, lambda ns, name: self.client.get_resource_claim(ns, name, timeout=10),
                            NodeView(self.sysfs, lambda: facts.gather(self.sysfs, {})), self.plugin_dir, self.cdi_dir,
-                           boot_id="demo", claim_time=ClaimTimePreparer(self.sysfs, holders),
+                           boot_id="demo", typer=ClaimTimePreparer(self.sysfs, holders),
                            whole=whole_gpu.WholeGpuPreparer(self.sysfs, holders, CommandRunner(),
                                                             pod_allocations.record_path(self.engine.kubelet_dir)))
-        for preparer in (driver.claim_time, driver.whole):
+        for preparer in (driver.typer, driver.whole):
             preparer.update(self.offers)
         return driver
 

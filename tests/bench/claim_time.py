@@ -100,7 +100,7 @@ def run(args):
             # every GPU claim-time; the label-driven layout (it must name something) selects no GPU here
             doc = {"layout": [{"device_filter": "0x1234ABCD", "profiles": {}}],
                    "claim_time": [{"devices": "all", "profiles": PROFILES}]}
-            engine.claim_time = declaration(doc)
+            engine.claim_time_declaration = declaration(doc)
             applied = vgpu_apply.apply(engine, vgpu_layout.from_document(doc), lock_timeout=60)
             items = claim_time.offers(engine.sysfs, applied["claim_time"])
             bodies = slices.desired_slices(NODE, items, 1)
@@ -117,9 +117,9 @@ def run(args):
                                NodeView(engine.sysfs, lambda: facts.gather(engine.sysfs, {})),
                                claim_holders.plugin_dir(work), os.path.join(work, "cdi"), boot_id="bench",
                                # wired as the agent wires it: the node's holders, no engine
-                               claim_time=agent_plugin.claim_time_preparer(
+                               typer=agent_plugin.claim_time_preparer(
                                    engine.sysfs, node_holders(engine.sysfs, gpu_node.dev_root, "/proc", work), work))
-            driver.claim_time.update(items)
+            driver.typer.update(items)
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]
 
             def check_typed():

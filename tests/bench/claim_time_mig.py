@@ -62,7 +62,7 @@ def run(args):
                 gpu_node.ctl("mig", gpu, "1")
             doc = {"layout": [{"device_filter": "0x1234ABCD", "profiles": {}}],
                    "claim_time": [{"devices": "all", "profiles": PROFILES}]}
-            node_engine.claim_time = declaration(doc)
+            node_engine.claim_time_declaration = declaration(doc)
             applied = vgpu_apply.apply(node_engine, vgpu_layout.from_document(doc), lock_timeout=60)
             items = claim_time.offers(node_engine.sysfs, applied["claim_time"])
             bodies = slices.desired_slices(NODE, items, 1)
@@ -79,9 +79,9 @@ def run(args):
             driver = DraDriver(NODE, lambda ns, name: json.loads(json.dumps(objects[ns, name])),
                                NodeView(node_engine.sysfs, lambda: facts.gather(node_engine.sysfs, {})),
                                claim_holders.plugin_dir(work), os.path.join(work, "cdi"), boot_id="bench",
-                               claim_time=agent_plugin.claim_time_preparer(   # as the agent wires it
+                               typer=agent_plugin.claim_time_preparer(   # as the agent wires it
                                    node_engine.sysfs, node_engine.begin(), work, node_engine.runner))
-            driver.claim_time.update(items)
+            driver.typer.update(items)
             smi = mig.Smi(NodeRunner(gpu_node))
             refs = [ClaimRef("vms", body["metadata"]["name"], body["metadata"]["uid"]) for body in objects.values()]
 

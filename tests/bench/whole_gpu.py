@@ -67,7 +67,7 @@ def run(args):
             vgpu_apply.apply(engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True, lock_timeout=60)
             doc = {"layout": [{"device_filter": "0x1234ABCD", "profiles": {}}],
                    "claim_time": [{"devices": "all", "profiles": ["L40S-24Q", "L40S-12Q"], "whole_gpu": True}]}
-            engine.claim_time = declaration(doc)
+            engine.claim_time_declaration = declaration(doc)
             applied = vgpu_apply.apply(engine, vgpu_layout.from_document(doc), lock_timeout=60)
             items = claim_time.offers(engine.sysfs, applied["claim_time"])
             bodies = slices.desired_slices(NODE, items, 1)

@@ -241,7 +241,7 @@ class Agent:
         s = self.settings
         check_roots(s.sysfs_root, s.dev_root, s.proc_root)  # a mount lost while running fails the reconcile
         return vgpu_apply.NodeEngine(Sysfs(s.sysfs_root), CommandRunner(), s.dev_root, s.proc_root,
-                                     sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir, claim_time=claim_time,
+                                     sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir, claim_time_declaration=claim_time,
                                      before_writes=self.device_plugin.withdraw if self.device_plugin else None)
 
     def reconcile(self, node, wanted):
@@ -309,9 +309,9 @@ class Agent:
             entries = self.config.entries(name)
             if broken is not None:
                 raise broken
-            if engine.claim_time:       # served by the DRA driver only (DEVICE_PLUGIN_GPUS naming one: an error)
+            if engine.claim_time_declaration:       # served by the DRA driver only (DEVICE_PLUGIN_GPUS naming one: an error)
                 every = vgpu_layout.nvidia_gpus(engine.sysfs)
-                agent_settings.check_claim_time(s, every, engine.claim_time.select(every))
+                agent_settings.check_claim_time(s, every, engine.claim_time_declaration.select(every))
             result = vgpu_apply.apply(engine, entries, mixed_size=s.mixed_size, lock_timeout=s.lock_timeout,
                                       enable_vfs=True, wait_timeout=s.wait_timeout, before_changes=before_changes,
                                       stop=self.stop)

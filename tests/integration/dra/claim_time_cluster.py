@@ -68,7 +68,7 @@ class ClaimTimeNode:
                                             cache_dir=str(tmp_path), kubelet_dir=kubelet)
         vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
         doc = document(profiles)
-        self.engine.claim_time = declaration(doc)
+        self.engine.claim_time_declaration = declaration(doc)
         result = vgpu_apply.apply(self.engine, vgpu_layout.from_document(doc, "default"))
         sysfs = self.engine.sysfs
         self.offers = claim_time.offers(sysfs, result["claim_time"])
@@ -78,9 +78,9 @@ class ClaimTimeNode:
         self.driver = DraDriver(NODE, lambda ns, name: self.client.get_resource_claim(ns, name, timeout=10),
                                 devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})), self.plugin_dir,
                                 self.cdi_dir, boot_id="boot-1",
-                                claim_time=ClaimTimePreparer(sysfs, node_holders(sysfs, gpu_node.dev_root, "/proc",
+                                typer=ClaimTimePreparer(sysfs, node_holders(sysfs, gpu_node.dev_root, "/proc",
                                                                                  kubelet)))
-        self.driver.claim_time.update(self.offers)
+        self.driver.typer.update(self.offers)
 
     def offer(self, device):
         return next(o for o in self.offers if o.name == device)

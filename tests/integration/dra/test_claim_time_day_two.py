@@ -59,7 +59,7 @@ def test_narrowing_the_allow_list_under_a_prepared_claim_never_lets_the_schedule
                                         lambda: node.engine.names, clock=lambda: clock[0])
 
     def reconcile(profiles):
-        node.engine.claim_time = declaration(document(profiles))
+        node.engine.claim_time_declaration = declaration(document(profiles))
         result = vgpu_apply.apply(node.engine, vgpu_layout.from_document(document(profiles), "default"))
         plugin.reconciled(NODE_UID, node.engine.sysfs, result)
 

@@ -109,11 +109,11 @@ class VgpuDraPlugin:
         self.driver = DraDriver(settings.node_name, self._read_claim, self.view,
                                 self.paths.plugin_dir(dra_devices.DRIVER), settings.cdi_dir, node_lock=node_lock,
                                 boot_id=read_boot_id(settings.proc_root), ready=False,
-                                claim_time=claim_time_preparer(sysfs, holders, settings.kubelet_dir, runner),
+                                typer=claim_time_preparer(sysfs, holders, settings.kubelet_dir, runner),
                                 # claim-time GPUs given whole (issue 42.1): sriov-manage through the runner
                                 whole=WholeGpuPreparer(sysfs, holders, runner or CommandRunner(),
                                                        pod_allocations.record_path(settings.kubelet_dir)))
-        self.claim_time = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
+        self.offers = []           # claim-time counter sets and devices (claim_time.offers) of the last apply
         self.claim_time_refused = None  # why the API server cannot take them (claim_time.FeatureMissing), for good
         self.withdrawing = {}          # profile device published withdrawn -> clock time it was first (_still_used)
         self.pool_settled = False      # publishing `<node>/<driver>`, no claim uses the node's name (_choose_pool)
@@ -197,9 +197,9 @@ class VgpuDraPlugin:
                 # a GPU the failed apply did not finish moving to claim-time (not recorded) offers nothing yet
                 self._offer(planned[0], [gpu for gpu in planned[1] if gpu["address"] in recorded], allocated)
             else:   # the devices stay as last published (a restarted agent: as the API has them)
-                self.claim_time = self.claim_time or self._published_before()
+                self.offers = self.offers or self._published_before()
                 self._update_preparers()
-        on_claim_time = claim_time.gpus_of(self.claim_time)   # their VFs are typed by Prepare: no fixed devices
+        on_claim_time = claim_time.gpus_of(self.offers)   # their VFs are typed by Prepare: no fixed devices
         if result is None:      # no apply says which GPUs are claim-time now: the last one's record does too
             on_claim_time = None if recorded is None else on_claim_time | recorded
         current = [device for device in current if on_claim_time is not None and device.parent_gpu not in on_claim_time]
@@ -213,7 +213,7 @@ class VgpuDraPlugin:
         try:
             with self._publishing:
                 try:
-                    plan = self.publisher.publish(current + self.claim_time, force=full)
+                    plan = self.publisher.publish(current + self.offers, force=full)
                 except claim_time.FeatureMissing as exc:
                     self._refuse_claim_time(exc)
                     plan = self.publisher.publish(current, force=True)
@@ -240,14 +240,14 @@ class VgpuDraPlugin:
         """The claim-time devices published and prepared: the offers, and those still used (_still_used)."""
         offers = [] if self.claim_time_refused else claim_time.offers(sysfs, claim_time_result)
         # withdrawn devices keep their counters (a placement its memory slices): claim_time.with_withdrawn
-        self.claim_time = claim_time.with_withdrawn(offers, self._still_used(offers, allocated))
+        self.offers = claim_time.with_withdrawn(offers, self._still_used(offers, allocated))
         self._update_preparers()
         self._save_published()
 
     def _update_preparers(self):
         """The claim-time devices published now, told to Prepare's choosers (profiles, whole GPUs)."""
-        self.driver.claim_time.update(self.claim_time)
-        self.driver.whole.update(self.claim_time)
+        self.driver.typer.update(self.offers)
+        self.driver.whole.update(self.offers)
 
     def _allocated(self):
         """{(pool, device)} the API's ResourceClaims have allocated from this node's pools; None when the API cannot
@@ -264,7 +264,7 @@ class VgpuDraPlugin:
         NoSchedule) while a claim may use them: a prepared one (the checkpoint) or an allocated one
         (the API, asked only for a device no prepared claim keeps); each stays at least WITHDRAW_GRACE s."""
         offered = {item.name for item in offers}
-        gone = [item for item in self.claim_time or self._published_before()
+        gone = [item for item in self.offers or self._published_before()
                 if isinstance(item, (claim_time.ProfileDevice, WholeGpuDevice)) and item.name not in offered]
         now = self.clock()
         prepared = {name for dummy, name in claims.prepared_devices(self.driver.prepared_claims(), self.driver.pools)}
@@ -325,7 +325,7 @@ class VgpuDraPlugin:
     def _save_published(self):
         """PUBLISHED_FILE holds the claim-time profile devices, when they changed (rarely: an allow-list edit, a
         claim-time GPU added, a device withdrawn for good)."""
-        devices = [item.to_api() for item in self.claim_time
+        devices = [item.to_api() for item in self.offers
                    if isinstance(item, (claim_time.ProfileDevice, WholeGpuDevice))]
         if devices == self.saved:
             return
@@ -388,7 +388,7 @@ class VgpuDraPlugin:
             if entry.get("state") != COMPLETED:
                 continue
             for device in entry.get("devices") or ():
-                offer = self.driver.claim_time.devices.get(device.get("device"))
+                offer = self.driver.typer.devices.get(device.get("device"))
                 if device.get("claimTime") and offer is not None and device.get("typeID"):
                     found.setdefault(offer.gpu, []).append((device["key"], device["typeID"]))
         return found
@@ -398,8 +398,8 @@ class VgpuDraPlugin:
         self.claim_time_refused = str(exc)
         self.log("DRA driver: claim-time mode refused on node %s: %s; the claim-time GPUs %s offer nothing, "
                  "fixed-profile vGPUs are published" % (self.settings.node_name, exc,
-                                                        ", ".join(sorted(claim_time.gpus_of(self.claim_time)))))
-        self.claim_time = []
+                                                        ", ".join(sorted(claim_time.gpus_of(self.offers)))))
+        self.offers = []
         self._update_preparers()
 
     def close(self):

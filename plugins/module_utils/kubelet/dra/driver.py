@@ -72,10 +72,10 @@ CALL_BUDGET = 25.0      # seconds one NodePrepareResources may wait in all (+ on
 class DraDriver:
     def __init__(self, node_name, get_claim, node_view, plugin_dir, cdi_dir, driver=DRIVER, node_lock=None,
                  boot_id=None, lock_wait=LOCK_WAIT, call_budget=CALL_BUDGET, clock=time.monotonic, ready=True,
-                 ready_wait=READY_WAIT, wall=time.time, claim_time=None, whole=None):
+                 ready_wait=READY_WAIT, wall=time.time, typer=None, whole=None):
         """`node_lock(timeout)`: a context manager holding the node lock, NodeLockError after `timeout` s.
         `ready=False`: new claims wait for `inventory_known()` (module docstring, "Start").
-        `claim_time`: a claim_time_prepare.ClaimTimePreparer (devices whose VF Prepare chooses and types), or None;
+        `typer`: a claim_time_prepare.ClaimTimePreparer (devices whose VF Prepare chooses and types), or None;
         `whole`: a whole_gpu.WholeGpuPreparer (claim-time GPUs given whole to one claim), or None."""
         self.node_name, self.get_claim, self.node_view = node_name, get_claim, node_view   # devices.NodeView
         self.plugin_dir, self.cdi_dir, self.driver = plugin_dir, cdi_dir, driver
@@ -92,7 +92,7 @@ class DraDriver:
         self.pool = self.pools[0]         # the pool published now (the agent's plugin sets it: agent_plugin.py)
         self._lock = threading.Lock()     # the checkpoint and the claim files; never held while waiting
         self._preparing = set()           # UIDs a call is preparing now
-        self.claim_time = claim_time
+        self.typer = typer
         self.whole = whole          # whole_gpu.WholeGpuPreparer: claim-time GPUs given whole (issue 42 item 1)
 
     # --- the kubelet's calls ---------------------------------------------------------------------
@@ -200,8 +200,8 @@ class DraDriver:
             except NodeLockError as exc:
                 raise ClaimError("%s: not prepared within %.0f s: %s; the kubelet retries" % (ref, wait, exc)) from None
             stack.enter_context(self._lock)
-            if self.claim_time is not None and any(self._chosen_now(item) for item in allocated):
-                self.claim_time.begin()     # one in-use engine for this claim (claim_time_prepare.py)
+            if self.typer is not None and any(self._chosen_now(item) for item in allocated):
+                self.typer.begin()     # one in-use engine for this claim (claim_time_prepare.py)
             current = self.node_view.current(sorted({item.device for item in allocated
                                                      if not (self._chosen_now(item) or self._whole(item.device))}))
             held = self.checkpoint.holders()
@@ -222,7 +222,7 @@ class DraDriver:
                     if item.device in [e.device.name for e in entries]:
                         raise ClaimError("%s: device %s is allocated twice in one claim; ask one vGPU per request"
                                          % (ref, item.device))
-                    typed.append(self.claim_time.choose(ref, item.device, earlier.get(item.device), taken))
+                    typed.append(self.typer.choose(ref, item.device, earlier.get(item.device), taken))
                     entries.append(claims.PreparedDevice(item.request, item.pool, typed[-1]))
                     continue
                 device = current.get(item.device)
@@ -260,12 +260,12 @@ class DraDriver:
         for index, device in enumerate(typed):
             while True:
                 try:
-                    self.claim_time.write(ref, device, note=lambda: self._save_mig(ref))
+                    self.typer.write(ref, device, note=lambda: self._save_mig(ref))
                     break
                 except VfHeld as exc:
                     held_now.add(exc.vf)
                     taken = others | held_now | {e.device.key for e in entries if e.device is not device}
-                    replacement = self.claim_time.choose(ref, device.name, None, taken)
+                    replacement = self.typer.choose(ref, device.name, None, taken)
                     entries[:] = [e._replace(device=replacement) if e.device is device else e for e in entries]
                     typed[index] = device = replacement
                     self._record_started(ref, entries, typed, {})
@@ -285,7 +285,7 @@ class DraDriver:
     def _with_mig(self, ref):
         """Copy the MIG-backed devices' GI records (claim_time_mig.py) into the claim's checkpoint record."""
         for record in (self.checkpoint.get(ref.uid) or {}).get("devices") or ():
-            found = self.claim_time.mig_record(ref.uid, record["device"]) if record.get("claimTime") else None
+            found = self.typer.mig_record(ref.uid, record["device"]) if record.get("claimTime") else None
             if found is not None:
                 record["mig"] = dict(found)
 
@@ -322,7 +322,7 @@ class DraDriver:
                 self.whole.give_back(ref, record["key"], self._whole_step(ref, record["device"]))
 
     def _chosen_now(self, item):
-        return self.claim_time is not None and self.claim_time.owns(item.device)
+        return self.typer is not None and self.typer.owns(item.device)
 
     def _release_claim_time(self, ref, entry, unsure_kept=False):
         """Clear the VFs a claim-time record typed, where nothing but the claim holds them; the caller holds the
@@ -331,7 +331,7 @@ class DraDriver:
         record, VF typed: the kubelet's retry adopts the VF, its unprepare clears it.)"""
         records = [d for d in _gis_this_boot(entry, self.checkpoint.boot_id) if d.get("claimTime")]
         kept = []
-        if records and self.claim_time is not None:
+        if records and self.typer is not None:
             # the in-use engine knows claims by name: a claim re-created under this name (another UID) is told
             # apart here, by the record
             others = claim_holders.holders({uid: e for uid, e in self.checkpoint.claims.items() if uid != ref.uid})
@@ -342,9 +342,9 @@ class DraDriver:
                         why = "%s holds it too" % ", ".join(others[record["key"]])
                     else:
                         if not begun:
-                            self.claim_time.begin()     # this lock hold's in-use engine
+                            self.typer.begin()     # this lock hold's in-use engine
                             begun = True
-                        why = self.claim_time.release(ref, record)
+                        why = self.typer.release(ref, record)
                 except (EngineError, OSError) as exc:
                     if not unsure_kept:
                         raise

@@ -216,7 +216,7 @@ class NodeEngine:
     layout and writes it (`apply()` runs the whole flow)."""
 
     def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None,
-                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR, take_over=(), claim_time=None,
+                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR, take_over=(), claim_time_declaration=None,
                  before_writes=None):
         self.sysfs, self.runner = sysfs, runner
         # GPUs passed through (not on nvidia) are skipped, never rebound, unless listed here (node/holders/pf_driver.py)
@@ -233,7 +233,7 @@ class NodeEngine:
         self.holders = None     # inuse.Holders of the apply under way (held() makes one)
         # GPUs whose profile DRA claims choose (node/engine/claim_time_layout.py): the agent's declaration; plan()
         # leaves those GPUs out and records the modes in `modes`. None: a caller without one keeps the recorded modes
-        self.claim_time = claim_time
+        self.claim_time_declaration = claim_time_declaration
         self.modes_file = claim_time_layout.modes_path(kubelet_dir)
         self.boot_id = claim_holders.read_boot_id(proc_root)   # claim-time types are restored for this boot's claims
         self.modes = claim_time_layout.Modes()
@@ -353,7 +353,7 @@ class NodeEngine:
         def held_for_modes(scope):
             walked.append(True)
             return self.held(scope, reuse=reuse)
-        self.modes = claim_time_layout.plan(self.sysfs, self.claim_time, list(gpus.values()), self.modes_file,
+        self.modes = claim_time_layout.plan(self.sysfs, self.claim_time_declaration, list(gpus.values()), self.modes_file,
                                             held_for_modes, vfs_of, recheck=self.in_use.recheck,
                                             boot_id=self.boot_id)
         selection = OrderedDict((a, e) for a, e in selection.items() if a not in self.modes.gpus)

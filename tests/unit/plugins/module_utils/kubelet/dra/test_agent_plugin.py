@@ -170,7 +170,7 @@ def test_a_claim_time_gpu_is_published_as_profile_devices_and_a_counter_set_neve
         names = [d["name"] for s in stored for d in s["spec"].get("devices") or ()]
         assert "l40s-24q-gpu-0000-41-00-0" in names and not [n for n in names if n.startswith("l40s-24q-0000-41")]
         assert [c["name"] for s in stored for c in s["spec"].get("sharedCounters") or ()] == ["gpu-0000-41-00-0"]
-    assert plugin.dra.driver.claim_time.owns("l40s-24q-gpu-0000-41-00-0")
+    assert plugin.dra.driver.typer.owns("l40s-24q-gpu-0000-41-00-0")
 
 
 def test_a_whole_gpu_claim_time_gpu_publishes_its_whole_device_and_the_driver_prepares_it(plugin):
@@ -206,7 +206,7 @@ def test_a_server_without_partitionable_devices_refuses_claim_time_once_and_fixe
     assert plugin.api.published() == ["l40s-24q-0000-41-00-4", "l40s-24q-0000-41-00-5"]
     refused = [line for line in lines if "claim-time mode refused" in line]
     assert len(refused) == 1 and "0000:99:00.0" in refused[0] and "spec.sharedCounters" in refused[0]
-    assert not plugin.dra.driver.claim_time.owns("l40s-24q-gpu-0000-99-00-0")
+    assert not plugin.dra.driver.typer.owns("l40s-24q-gpu-0000-99-00-0")
 
 
 def test_a_failed_first_reconcile_never_offers_the_vfs_of_a_gpu_the_last_apply_made_claim_time(plugin, tmp_path):
@@ -261,7 +261,7 @@ def test_a_profile_no_longer_offered_stays_published_tainted_while_a_claim_uses_
         plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
         found = stored_devices(plugin.api)
         assert found[D12]["taints"] == [{"key": "vgpu.accelops.io/withdrawn", "effect": "NoSchedule"}]
-        assert "taints" not in found[D24] and plugin.dra.driver.claim_time.owns(D12)
+        assert "taints" not in found[D24] and plugin.dra.driver.typer.owns(D12)
         assert [c["name"] for s in plugin.api.slices.values() for c in s["spec"].get("sharedCounters") or ()] == [
             "gpu-0000-41-00-0"]
         plugin.clock[0] += agent_plugin.WITHDRAW_GRACE
@@ -274,7 +274,7 @@ def test_a_profile_no_longer_offered_stays_published_tainted_while_a_claim_uses_
     plugin.api.down = False
     assert D12 in stored_devices(plugin.api)
     plugin.dra.reconciled("uid-1", plugin.sysfs, narrowed)
-    assert sorted(stored_devices(plugin.api)) == [D24] and not plugin.dra.driver.claim_time.owns(D12)
+    assert sorted(stored_devices(plugin.api)) == [D24] and not plugin.dra.driver.typer.owns(D12)
 
 
 def test_a_whole_device_no_longer_declared_stays_published_tainted_while_a_claim_has_it_allocated(plugin):
@@ -357,7 +357,7 @@ def test_a_restarted_agent_keeps_a_used_profile_the_new_config_no_longer_offers(
     found = stored_devices(plugin.api)
     assert found[D12]["taints"] and found[D12]["capacity"] == {"instances": {
         "value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}}
-    assert again.driver.claim_time.owns(D12)
+    assert again.driver.typer.owns(D12)
 
 
 def test_a_restarted_agents_failed_first_reconcile_keeps_the_claim_time_devices_the_api_has(plugin, tmp_path):
@@ -369,7 +369,7 @@ def test_a_restarted_agents_failed_first_reconcile_keeps_the_claim_time_devices_
     assert {D12, D24} <= stored and not [n for n in stored if n.startswith("l40s-24q-0000-41")]
     assert [c["name"] for s in plugin.api.slices.values() for c in s["spec"].get("sharedCounters") or ()] == [
         "gpu-0000-41-00-0"]
-    assert again.driver.claim_time.owns(D12) and again.driver.claim_time.owns(D24)   # its claims prepare too
+    assert again.driver.typer.owns(D12) and again.driver.typer.owns(D24)   # its claims prepare too
 
 
 def test_a_failed_apply_that_planned_the_claim_time_offers_serves_them_on_recorded_gpus_only(plugin, tmp_path):
@@ -385,7 +385,7 @@ def test_a_failed_apply_that_planned_the_claim_time_offers_serves_them_on_record
     again.reconciled("uid-1", planned=(plugin.sysfs, claim_time_result(plugin.node, ["L40S-24Q"])["claim_time"]))
     found = stored_devices(plugin.api)
     assert "taints" not in found[D24] and found[D12]["taints"]
-    assert again.driver.claim_time.owns(D24) and again.driver.claim_time.owns(D12)
+    assert again.driver.typer.owns(D24) and again.driver.typer.owns(D12)
     claim_time_layout.write_modes(modes, [])
     plugin.dra.driver.checkpoint.drop("uid-a")
     plugin.dra.driver.checkpoint.save()
@@ -409,7 +409,7 @@ def test_a_used_profile_no_longer_offered_survives_a_reboot_that_wiped_the_slice
     again.reconciled("uid-1", plugin.sysfs, narrowed)
     found = stored_devices(plugin.api)
     assert found[D12]["taints"] and found[D12]["capacity"]["instances"]["value"] == "4"
-    assert again.driver.claim_time.owns(D12)
+    assert again.driver.typer.owns(D12)
 
 
 def test_with_no_reconcile_finished_the_sockets_are_served_after_a_while_and_new_claims_still_wait(plugin):
@@ -483,7 +483,7 @@ def test_a_withdrawn_placement_keeps_the_counters_it_consumes(plugin, after):
     found = stored_devices(plugin.api)
     assert found[ME0]["taints"] and found[ME0]["consumesCounters"] == before
     assert counter_shapes_hold(plugin.api)
-    assert plugin.dra.driver.claim_time.owns(ME0)
+    assert plugin.dra.driver.typer.owns(ME0)
     for item in plugin.api.slices.values():
         assert_valid(dict(item, apiVersion="resource.k8s.io/v1", kind="ResourceSlice"))
 
@@ -503,4 +503,4 @@ def test_a_restarted_agent_keeps_a_used_placement_the_new_config_no_longer_offer
         found = stored_devices(plugin.api)
         assert found[ME0]["taints"] and found[ME0]["consumesCounters"] == before["consumesCounters"]
         assert found[ME0]["attributes"] == before["attributes"]
-        assert counter_shapes_hold(plugin.api) and again.driver.claim_time.owns(ME0)
+        assert counter_shapes_hold(plugin.api) and again.driver.typer.owns(ME0)

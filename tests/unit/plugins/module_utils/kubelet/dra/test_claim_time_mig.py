@@ -47,7 +47,7 @@ class Env:
         if mig_on:
             for pf in node.pfs():
                 node.ctl("mig", pf, "1")      # MIG mode is set beforehand (the claim-time path never toggles it)
-        self.engine.claim_time = declaration(DOC)
+        self.engine.claim_time_declaration = declaration(DOC)
         self.store = ClaimStore()
         self.plugin_dir, self.cdi_dir = claim_holders.plugin_dir(self.kubelet), str(tmp_path / "cdi")
         self.smi = mig.Smi(CommandRunner())
@@ -63,8 +63,8 @@ class Env:
         sysfs = self.engine.sysfs
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
                            self.plugin_dir, self.cdi_dir, boot_id=boot_id or self.engine.boot_id,
-                           claim_time=ClaimTimePreparer(sysfs, self.engine.begin(), runner=CommandRunner()))
-        driver.claim_time.update(self.offers)
+                           typer=ClaimTimePreparer(sysfs, self.engine.begin(), runner=CommandRunner()))
+        driver.typer.update(self.offers)
         return driver
 
     def add(self, uid, *device_names):

@@ -37,7 +37,7 @@ class Env:
         self.engine = vgpu_apply.NodeEngine(Sysfs(node.root), CommandRunner(), node.dev_root, "/proc",
                                             cache_dir=str(tmp_path), kubelet_dir=self.kubelet)
         vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
-        self.engine.claim_time = declaration(DOC)
+        self.engine.claim_time_declaration = declaration(DOC)
         self.result = vgpu_apply.apply(self.engine, vgpu_layout.from_document(DOC, "default"))
         self.store = ClaimStore(*claims)
         self.plugin_dir, self.cdi_dir = claim_holders.plugin_dir(self.kubelet), str(tmp_path / "cdi")
@@ -48,9 +48,9 @@ class Env:
         sysfs = self.engine.sysfs
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
                            self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id,   # this boot
-                           claim_time=ClaimTimePreparer(sysfs, node_holders(sysfs, self.node.dev_root, "/proc",
+                           typer=ClaimTimePreparer(sysfs, node_holders(sysfs, self.node.dev_root, "/proc",
                                                                             self.kubelet)))
-        driver.claim_time.update(claim_time.offers(sysfs, self.result["claim_time"]))
+        driver.typer.update(claim_time.offers(sysfs, self.result["claim_time"]))
         return driver
 
     def current(self, vf):
@@ -199,8 +199,8 @@ def test_the_agents_preparer_needs_no_engine_reads_the_facts_once_per_prepare_an
         return real(self, names, *args, **kwargs)
     monkeypatch.setattr(inuse.Holders, "recheck", spy)
     monkeypatch.setattr(inuse.Holders, "forget", lambda self: forgotten.append(self) or real_forget(self))
-    e.driver.claim_time = agent_plugin.claim_time_preparer(e.engine.sysfs, holders, e.kubelet)
-    e.driver.claim_time.update(claim_time.offers(e.engine.sysfs, e.result["claim_time"]))
+    e.driver.typer = agent_plugin.claim_time_preparer(e.engine.sysfs, holders, e.kubelet)
+    e.driver.typer.update(claim_time.offers(e.engine.sysfs, e.result["claim_time"]))
     assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
     vf = vf_of(checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0]))
     assert forgotten == [holders] and asked == [(True, [vf], vf, 0)]
@@ -213,13 +213,13 @@ def test_a_vf_held_at_the_write_is_not_written_the_next_free_vf_is_recorded_and_
     one = claim("vm-a", UIDS[0], [D24], NODE)
     e = env(one)
     first = e.node.vfs(GPU1)[0]
-    real_write = e.driver.claim_time.write
+    real_write = e.driver.typer.write
 
     def opened_meanwhile(ref_, device, **kwargs):   # a VM opens the chosen VF between the choice and the write
         if device.address == first:
             e.node.hold(first)
         return real_write(ref_, device, **kwargs)
-    monkeypatch.setattr(e.driver.claim_time, "write", opened_meanwhile)
+    monkeypatch.setattr(e.driver.typer, "write", opened_meanwhile)
     assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
     entry = checkpoint.Checkpoint(e.plugin_dir).get(UIDS[0])
     vf = vf_of(entry)

@@ -53,7 +53,7 @@ class Env:
 
     def reconcile(self, doc=None):
         doc = doc or DOC
-        self.engine.claim_time = declaration(doc)
+        self.engine.claim_time_declaration = declaration(doc)
         return vgpu_apply.apply(self.engine, vgpu_layout.from_document(doc, "default"), enable_vfs=True)
 
     def start(self):
@@ -61,7 +61,7 @@ class Env:
         holders = node_holders(sysfs, self.node.dev_root, "/proc", self.kubelet)   # as agent_plugin wires them
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
                            self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id,
-                           claim_time=ClaimTimePreparer(sysfs, holders),
+                           typer=ClaimTimePreparer(sysfs, holders),
                            whole=whole_gpu.WholeGpuPreparer(sysfs, holders, CommandRunner(),
                                                             pod_allocations.record_path(self.kubelet)))
         self.offer(driver)
@@ -69,7 +69,7 @@ class Env:
 
     def offer(self, driver=None):
         items = claim_time.offers(self.engine.sysfs, self.result["claim_time"])
-        for preparer in ((driver or self.driver).claim_time, (driver or self.driver).whole):
+        for preparer in ((driver or self.driver).typer, (driver or self.driver).whole):
             preparer.update(items)
         return items
 

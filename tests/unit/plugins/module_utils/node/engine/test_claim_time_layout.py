@@ -38,7 +38,7 @@ def declare(document):
 
 
 def apply(engine, document):
-    engine.claim_time = declare(document)
+    engine.claim_time_declaration = declare(document)
     return vgpu_apply.apply(engine, vgpu_layout.from_document(document, "default", "config.yaml"))
 
 
@@ -118,7 +118,7 @@ def test_the_boot_unit_without_a_declaration_keeps_the_agents_claim_time_gpus(l4
     node, engine = l40s
     apply(engine, dict(VDM, **{"claim-time": [{"devices": [1]}]}))
     node.clear_log()
-    engine.claim_time = None   # the node CLI / boot unit: declares nothing
+    engine.claim_time_declaration = None   # the node CLI / boot unit: declares nothing
     vgpu_apply.apply(engine, vgpu_layout.from_document(VDM, "default"))
     assert all(vf.startswith("0000:41:") for vf, dummy in type_writes(node)) and type_writes(node) == []
 
@@ -156,7 +156,7 @@ def test_after_a_reboot_apply_enables_a_claim_time_gpus_vfs_and_offers_it_check_
     apply(engine, dict(VDM, **{"claim-time": [{"devices": "all", "profiles": ["L40S-24Q"]}]}))
     node.ctl("reboot")
     node.clear_log()
-    engine.claim_time = None                    # as the node CLI / boot unit runs it
+    engine.claim_time_declaration = None                    # as the node CLI / boot unit runs it
     layout = vgpu_layout.from_document(VDM, "default")
     assert vgpu_apply.check(engine, layout) == ["GPU %s: claim-time mode: SR-IOV VFs are not enabled" % gpu
                                                 for gpu in (GPU0, GPU1)]
