@@ -103,6 +103,8 @@ def examples():
 
 
 class Scene:
+    namespace, vmis = NAMESPACE, VMIS       # a subclass's scene runs in a namespace of its own
+
     def __init__(self, args):
         self.args, self.api, self.node = args, Api(args.api), args.node
         self.sysfs = Sysfs(args.sys)
@@ -235,11 +237,11 @@ class Scene:
 
     # reads
     def phase(self, name):
-        return ((self.api.get("%s/%s" % (VMIS, name)) or {}).get("status") or {}).get("phase")
+        return ((self.api.get("%s/%s" % (self.vmis, name)) or {}).get("status") or {}).get("phase")
 
     def claim_of(self, vmi):
-        uid = self.api.get("%s/%s" % (VMIS, vmi["metadata"]["name"]))["metadata"]["uid"]
-        return next(c for c in self.api.items(DRA + "namespaces/%s/resourceclaims" % NAMESPACE)
+        uid = self.api.get("%s/%s" % (self.vmis, vmi["metadata"]["name"]))["metadata"]["uid"]
+        return next(c for c in self.api.items(DRA + "namespaces/%s/resourceclaims" % self.namespace)
                     if any(o.get("uid") == uid for o in c["metadata"].get("ownerReferences") or ()))
 
     def offer(self, name):

@@ -70,6 +70,8 @@ def vmi(name, template_name, node):
 
 
 class WholeScene(Scene):
+    namespace, vmis = NAMESPACE, VMIS
+
     def __init__(self, args):
         super().__init__(args)
         self.engine = vgpu_apply.NodeEngine(self.sysfs, CommandRunner(), os.path.join(args.sys, ".gpusim", "dev"),
