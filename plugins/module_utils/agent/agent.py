@@ -56,7 +56,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.boot import handover
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import mig, vgpu_apply
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import LOCK_KEY_ENV, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.roots import check_roots
@@ -111,6 +111,9 @@ class Agent:
         self.serial = time.time_ns()
         self.checks = 0             # reconciles run: each reads the node's sysfs once (a check-mode plan)
         self.reconcile_engine = None  # the engine of the reconcile under way (its in-use answers, read once)
+        # nvidia-smi answers fixed while the driver stays loaded (node/engine/mig.py FixedAnswers): asked once, not
+        # at every reconcile under the node lock
+        self.smi_answers = mig.FixedAnswers()
         self.planned = None     # (sysfs, claim-time offers) a failed apply planned before it failed
         # a vGPU-manager restart between reconciles (agent/manager_probe.py): noticed, re-applied, reported; the DRA
         # driver's prepared claim-time VFs too (a restart resets them under the claims)
@@ -242,7 +245,8 @@ class Agent:
         check_roots(s.sysfs_root, s.dev_root, s.proc_root)  # a mount lost while running fails the reconcile
         return vgpu_apply.NodeEngine(Sysfs(s.sysfs_root), CommandRunner(), s.dev_root, s.proc_root,
                                      sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir, claim_time=claim_time,
-                                     before_writes=self.device_plugin.withdraw if self.device_plugin else None)
+                                     before_writes=self.device_plugin.withdraw if self.device_plugin else None,
+                                     smi_answers=self.smi_answers)
 
     def reconcile(self, node, wanted):
         name = wanted[0]

@@ -162,11 +162,42 @@ def parse_placements(text):
     return result
 
 
-class Smi:
-    """nvidia-smi through the engine's command runner; failures are one line naming the GPU."""
+class FixedAnswers(dict):
+    """nvidia-smi answers that stay while the driver stays loaded: `vgpu -s -v` (supported types), `mig -lgipp`
+    (placements), `mig -lgip` (profiles); {PF: (identity, {args: output})}. Kept by whoever lives across
+    reconciles (the agent: a reconcile holds the node lock, and on 8 GPUs 5 calls each at 0.3-1 s outlast DRA
+    Prepare's wait for it). MIG mode and `-lgi` change and are never kept. `identity(pf)`: a driver reload (the
+    module's version), a GPU swapped (device ID, driver) or a reboot (boot ID) makes the PF's answers stale."""
 
-    def __init__(self, runner):
+
+def identity(sysfs, pf, boot_id):
+    device = "bus/pci/devices/%s/" % pf
+    return (boot_id, sysfs.read_optional("module/nvidia/version"), sysfs.read_optional(device + "device"),
+            sysfs.link_name(device + "driver"))
+
+
+class Smi:
+    """nvidia-smi through the engine's command runner; failures are one line naming the GPU. `fixed`
+    (FixedAnswers) with `identity(pf)`: the fixed answers are asked once per PF and identity."""
+
+    def __init__(self, runner, fixed=None, identity=None):
         self.runner = runner
+        self.fixed = FixedAnswers() if fixed is None else fixed
+        self.identity = identity or (lambda pf: None)
+
+    def run_fixed(self, pf, args, what):
+        """The output of a fixed-answer call (class FixedAnswers), asked only when not kept for this identity."""
+        key = self.identity(pf)
+        kept = self.fixed.get(pf)
+        if kept is None or kept[0] != key:
+            kept = self.fixed[pf] = (key, {})
+        args = tuple(args)
+        if args in kept[1]:
+            return kept[1][args]
+        out = self.run(pf, args, what)[1]
+        if (out or "").strip():    # an empty answer (-lgipp with MIG mode off) is asked again
+            kept[1][args] = out
+        return out
 
     def _tool(self):
         tool = self.runner.which(NVIDIA_SMI)
@@ -186,7 +217,10 @@ class Smi:
                                    "--query-gpu=mig.mode.current")[1])
 
     def supported(self, pf):
-        return parse_supported(self.run(pf, ["vgpu", "-i", pf, "-s", "-v"], "vgpu -s -v")[1])
+        return parse_supported(self.supported_text(pf))
+
+    def supported_text(self, pf):
+        return self.run_fixed(pf, ["vgpu", "-s", "-v", "-i", pf], "vgpu -s -v")
 
     def instances(self, pf):
         rc, out = self.run(pf, ["mig", "-i", pf, "-lgi"], "mig -lgi", ok_codes=(0, 6))
@@ -194,8 +228,8 @@ class Smi:
 
     def geometry(self, pf):
         """{profile ID: (compute, memory slices, starts, max)} from -lgipp and -lgip (MIG mode on)."""
-        places = parse_placements(self.run(pf, ["mig", "-i", pf, "-lgipp"], "mig -lgipp")[1])
-        profiles = parse_profiles(self.run(pf, ["mig", "-i", pf, "-lgip"], "mig -lgip")[1])
+        places = parse_placements(self.run_fixed(pf, ["mig", "-i", pf, "-lgipp"], "mig -lgipp"))
+        profiles = parse_profiles(self.run_fixed(pf, ["mig", "-i", pf, "-lgip"], "mig -lgip"))
         result = {}
         for profile_id, (name, dummy, total) in profiles.items():
             size, starts = places.get(profile_id, (None, ()))

@@ -439,3 +439,44 @@ def test_an_unprepare_whose_gi_cannot_be_destroyed_fails_and_keeps_its_record_fo
     assert e.gis() == [mine] and e.record(UIDS[7])["mig"]["gi"] == mine.gi_id and e.current(vf) == 0
     assert e.driver.unprepare([one]) == {UIDS[7]: ""} and e.gis() == []
     assert checkpoint.Checkpoint(e.plugin_dir).claims == {}
+
+
+def _smi_calls(calls):
+    return [argv[1:] for argv in calls if os.path.basename(argv[0]) == "nvidia-smi"]
+
+
+def test_an_agent_reconcile_of_an_unchanged_mig_claim_time_node_asks_nvidia_smi_only_for_mode_and_instances(
+        env, monkeypatch, tmp_path):
+    """The agent builds a node engine per reconcile, under the node lock; -lgipp, -lgip and `vgpu -s -v` answer the
+    same while the driver stays loaded, so only the first reconcile asks them (MIG mode and -lgi every time)."""
+    import argparse  # pylint: disable=import-outside-toplevel
+    from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent as agent_module
+    from ansible_collections.accelops.vgpu.plugins.module_utils.agent import settings as agent_settings
+    e = env("h100-pcie:3")
+    calls = []
+
+    class Counting(CommandRunner):
+        def run(self, argv, check=True):
+            calls.append([str(a) for a in argv])
+            return super().run(argv, check)
+    monkeypatch.setattr(agent_module, "CommandRunner", Counting)
+    settings = agent_settings.resolve(argparse.Namespace(), dict(
+        NODE_NAME=NODE, DEFAULT_VGPU_CONFIG="default", CONFIG_FILE=str(tmp_path / "config.yaml"), NAMESPACE="vgpu",
+        ACCELOPS_VGPU_SYSFS_ROOT=e.node.root, ACCELOPS_VGPU_DEV_ROOT=e.node.dev_root, ACCELOPS_VGPU_PROC_ROOT="/proc",
+        STATUS_FILE=str(tmp_path / "status.json"), KUBELET_DIR=e.kubelet))
+    agent = agent_module.Agent(settings, None, "vgpu")
+    per_reconcile = []
+    for dummy in range(2):
+        del calls[:]
+        result = vgpu_apply.apply(agent.engine(declaration(DOC)), vgpu_layout.from_document(DOC, "default"))
+        assert len(result["claim_time"]) == 3 and all(g["profiles"] for g in result["claim_time"])
+        per_reconcile.append(_smi_calls(calls))
+    first, second = per_reconcile
+    assert len(first) == 5 * 3, first     # mode, -lgi, `vgpu -s -v`, -lgipp, -lgip: each once per GPU
+    asked = sorted(" ".join(a for a in args if a not in e.node.pfs()) for args in second)
+    assert asked == sorted(["-i --query-gpu=mig.mode.current --format=csv,noheader", "mig -i -lgi"] * 3), second
+    e.node.ctl("driver", "unload")
+    e.node.ctl("driver", "load", "580.2")     # a reload may change what the GPU supports: asked again
+    del calls[:]
+    vgpu_apply.apply(agent.engine(declaration(DOC)), vgpu_layout.from_document(DOC, "default"), enable_vfs=True)
+    assert any(args[:1] == ["vgpu"] for args in _smi_calls(calls)) and any("-lgipp" in a for a in _smi_calls(calls))
