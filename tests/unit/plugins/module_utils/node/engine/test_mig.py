@@ -228,7 +228,7 @@ def test_check_pending_fits_an_empty_gpu_before_vfs_are_enabled():
                              "        Name                              : NVIDIA H100-3-40C\n"
                              "        GPU Instance Profile ID           : 9\n")
     runner = FakeRunner({("-i", PF, "--query-gpu=mig.mode.current", "--format=csv,noheader"): (0, "Disabled\n", ""),
-                         ("vgpu", "-i", PF, "-s", "-v"): (0, supported, "")})
+                         ("vgpu", "-s", "-v", "-i", PF): (0, supported, "")})
     mig.check_pending(mig.Smi(runner), PF, {"H100-1-20C": 4})
     mig.check_pending(mig.Smi(runner), PF, {"H100-40C": 2})            # time-sliced: nothing to ask
     with pytest.raises(LayoutError, match="GPU instances 1g.20gb, 1g.20gb, 3g.40gb, 3g.40gb do not fit"):
