@@ -176,6 +176,11 @@ def identity(sysfs, pf, boot_id):
             sysfs.link_name(device + "driver"))
 
 
+def cached_smi(runner, answers, sysfs, boot_id):
+    """A Smi asking the fixed answers once per PF and identity (`answers`: a FixedAnswers kept across engines)."""
+    return Smi(runner, answers, lambda pf: identity(sysfs, pf, boot_id))
+
+
 class Smi:
     """nvidia-smi through the engine's command runner; failures are one line naming the GPU. `fixed`
     (FixedAnswers) with `identity(pf)`: the fixed answers are asked once per PF and identity."""

@@ -228,7 +228,8 @@ class NodeEngine:
         self.kubelet_dir = kubelet_dir
         self.holder_sources = kubelet_holders.holder_sources(kubelet_dir)
         # MIG-backed vGPU (node/engine/mig.py); `smi_answers`: a mig.FixedAnswers kept across engines (the agent's)
-        self.smi = mig.Smi(runner, smi_answers, lambda pf: mig.identity(sysfs, pf, self.boot_id))
+        self.boot_id = claim_holders.read_boot_id(proc_root)   # claim-time types are restored for this boot's claims
+        self.smi = mig.cached_smi(runner, smi_answers, sysfs, self.boot_id)
         self.mig_options = mig_options or mig.MigOptions()
         self.dev_root, self.proc_root = dev_root, proc_root
         self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage
@@ -239,7 +240,6 @@ class NodeEngine:
         # leaves those GPUs out and records the modes in `modes`. None: a caller without one keeps the recorded modes
         self.claim_time = claim_time
         self.modes_file = claim_time_layout.modes_path(kubelet_dir)
-        self.boot_id = claim_holders.read_boot_id(proc_root)   # claim-time types are restored for this boot's claims
         self.modes = claim_time_layout.Modes()
         # before_writes(names): told which VFs and mdevs the writes will touch, before the first (the agent's device
         # plugin stops serving them: VgpuDevicePlugin.withdraw)

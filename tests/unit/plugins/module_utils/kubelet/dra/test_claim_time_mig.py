@@ -110,18 +110,33 @@ def test_a_gpu_not_in_mig_mode_offers_nothing_and_says_so(env):
     assert e.offers == [] and any("need MIG mode, which is off" in w for w in e.result["warnings"])
 
 
-def test_prepare_creates_the_gi_at_the_placement_types_a_vf_on_it_and_unprepare_destroys_it(env):
+def _counting(monkeypatch):
+    calls, run = [], CommandRunner.run
+
+    def counted(self, argv, check=True):
+        calls.append([str(a) for a in argv])
+        return run(self, argv, check)
+    monkeypatch.setattr(CommandRunner, "run", counted)
+    return calls
+
+
+def test_prepare_creates_the_gi_at_the_placement_types_a_vf_on_it_and_unprepare_destroys_it(env, monkeypatch):
     e = env()
     one = e.add(UIDS[0], name("H100-3-40C", 0))
+    calls = _counting(monkeypatch)
     answer = e.driver.prepare([one])[UIDS[0]]
     assert answer.error == ""
+    # under the node lock: one -lgi (placement free?) and the create; nothing fixed (supported types, geometry) asked
+    assert _smi_calls(calls) == [["mig", "-i", PF, "-lgi"], ["mig", "-i", PF, "-cgi", "9:0", "-C"]]
     [gi] = e.gis()
     record = e.record(UIDS[0])
     assert (gi.profile_id, gi.start, gi.size) == (9, 0, 4)
     assert record["mig"] == {"gpu": PF, "giProfile": 9, "start": 0, "size": 4, "before": [], "ci": True, "gi": gi.gi_id}
     vf = record["key"]
     assert e.current(vf) == TYPE_3G and node_mig.landed_on(e.engine.sysfs, vf) == gi.gi_id
+    del calls[:]
     assert e.driver.unprepare([one]) == {UIDS[0]: ""}
+    assert [args[3] for args in _smi_calls(calls)] == ["-lgi", "-dci", "-dgi"]
     assert e.gis() == [] and e.current(vf) == 0
 
 
@@ -453,13 +468,7 @@ def test_an_agent_reconcile_of_an_unchanged_mig_claim_time_node_asks_nvidia_smi_
     from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent as agent_module
     from ansible_collections.accelops.vgpu.plugins.module_utils.agent import settings as agent_settings
     e = env("h100-pcie:3")
-    calls = []
-
-    class Counting(CommandRunner):
-        def run(self, argv, check=True):
-            calls.append([str(a) for a in argv])
-            return super().run(argv, check)
-    monkeypatch.setattr(agent_module, "CommandRunner", Counting)
+    calls = _counting(monkeypatch)
     settings = agent_settings.resolve(argparse.Namespace(), dict(
         NODE_NAME=NODE, DEFAULT_VGPU_CONFIG="default", CONFIG_FILE=str(tmp_path / "config.yaml"), NAMESPACE="vgpu",
         ACCELOPS_VGPU_SYSFS_ROOT=e.node.root, ACCELOPS_VGPU_DEV_ROOT=e.node.dev_root, ACCELOPS_VGPU_PROC_ROOT="/proc",
