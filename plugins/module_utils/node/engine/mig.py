@@ -162,12 +162,16 @@ def parse_placements(text):
     return result
 
 
+_UNREAD = object()   # MIG mode not read yet when a fixed answer was kept
+
+
 class FixedAnswers(dict):
     """nvidia-smi answers that stay while the driver stays loaded: `vgpu -s -v` (supported types), `mig -lgipp`
-    (placements), `mig -lgip` (profiles); {PF: (identity, {args: output})}. Kept by whoever lives across
-    reconciles (the agent: a reconcile holds the node lock, and on 8 GPUs 5 calls each at 0.3-1 s outlast DRA
-    Prepare's wait for it). MIG mode and `-lgi` change and are never kept. `identity(pf)`: a driver reload (the
-    module's version), a GPU swapped (device ID, driver) or a reboot (boot ID) makes the PF's answers stale."""
+    (placements), `mig -lgip` (profiles); {PF: (identity, MIG mode they were read in, {args: output})}. Kept by
+    whoever lives across reconciles (the agent: a reconcile holds the node lock, and on 8 GPUs 5 calls each at
+    0.3-1 s outlast DRA Prepare's 10 s wait for it). MIG mode and `-lgi` change and are never kept. `identity(pf)`:
+    a driver reload (the module's version), a GPU swapped (device ID, driver) or a reboot (boot ID) makes the PF's
+    answers stale, and so does a MIG mode read other than theirs (whether `vgpu -s -v` depends on it: UNCONFIRMED)."""
 
 
 def identity(sysfs, pf, boot_id):
@@ -189,19 +193,20 @@ class Smi:
         self.runner = runner
         self.fixed = FixedAnswers() if fixed is None else fixed
         self.identity = identity or (lambda pf: None)
+        self.modes = {}      # PF -> the MIG mode this Smi read last
 
     def run_fixed(self, pf, args, what):
         """The output of a fixed-answer call (class FixedAnswers), asked only when not kept for this identity."""
         key = self.identity(pf)
         kept = self.fixed.get(pf)
         if kept is None or kept[0] != key:
-            kept = self.fixed[pf] = (key, {})
+            kept = self.fixed[pf] = (key, self.modes.get(pf, _UNREAD), {})
         args = tuple(args)
-        if args in kept[1]:
-            return kept[1][args]
+        if args in kept[2]:
+            return kept[2][args]
         out = self.run(pf, args, what)[1]
         if (out or "").strip():    # an empty answer (-lgipp with MIG mode off) is asked again
-            kept[1][args] = out
+            kept[2][args] = out
         return out
 
     def _tool(self):
@@ -218,8 +223,15 @@ class Smi:
         return rc, out
 
     def mode(self, pf):
-        return parse_mode(self.run(pf, ["-i", pf, "--query-gpu=mig.mode.current", "--format=csv,noheader"],
+        mode = parse_mode(self.run(pf, ["-i", pf, "--query-gpu=mig.mode.current", "--format=csv,noheader"],
                                    "--query-gpu=mig.mode.current")[1])
+        kept = self.fixed.get(pf)
+        if kept is not None and kept[1] is not _UNREAD and kept[1] != mode:
+            del self.fixed[pf]      # read in the other MIG mode: asked again
+        elif kept is not None:
+            self.fixed[pf] = (kept[0], mode, kept[2])
+        self.modes[pf] = mode
+        return mode
 
     def supported(self, pf):
         return parse_supported(self.supported_text(pf))
