@@ -52,11 +52,12 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.agent.http_endpoint 
 from ansible_collections.accelops.vgpu.plugins.module_utils.agent.telemetry import Telemetry, node_vgpu_counts
 from ansible_collections.accelops.vgpu.plugins.module_utils.atomic_file import RENAME, write_file
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import kubelet_holders, pod_allocations
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, kubelet_holders
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import pod_allocations
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import claim_time_layout
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.boot import handover
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import vgpu_apply
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import mig, vgpu_apply
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import LOCK_KEY_ENV, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.roots import check_roots
@@ -93,7 +94,7 @@ def _meta(node, key):
 
 class Agent:
     def __init__(self, settings, api, namespace, clock=time.monotonic, device_plugin=None, dra_plugin=None,
-                 telemetry=None):
+                 telemetry=None, smi_answers=None):
         self.settings, self.api, self.namespace, self.clock = settings, api, namespace, clock
         self.telemetry = telemetry or Telemetry(settings, clock)  # metrics and probe state (agent/telemetry.py)
         self.device_plugin = device_plugin  # kubelet.vgpu_device_plugin.VgpuDevicePlugin, or None
@@ -111,6 +112,9 @@ class Agent:
         self.serial = time.time_ns()
         self.checks = 0             # reconciles run: each reads the node's sysfs once (a check-mode plan)
         self.reconcile_engine = None  # the engine of the reconcile under way (its in-use answers, read once)
+        # nvidia-smi answers fixed while the driver stays loaded (node/engine/mig.py FixedAnswers): asked once, not
+        # at every reconcile under the node lock
+        self.smi_answers = mig.FixedAnswers() if smi_answers is None else smi_answers
         self.planned = None     # (sysfs, claim-time offers) a failed apply planned before it failed
         # a vGPU-manager restart between reconciles (agent/manager_probe.py): noticed, re-applied, reported; the DRA
         # driver's prepared claim-time VFs too (a restart resets them under the claims)
@@ -241,8 +245,10 @@ class Agent:
         s = self.settings
         check_roots(s.sysfs_root, s.dev_root, s.proc_root)  # a mount lost while running fails the reconcile
         return vgpu_apply.NodeEngine(Sysfs(s.sysfs_root), CommandRunner(), s.dev_root, s.proc_root,
-                                     sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir, claim_time_declaration=claim_time,
-                                     before_writes=self.device_plugin.withdraw if self.device_plugin else None)
+                                     sriov_manage_path=s.sriov_manage, kubelet_dir=s.kubelet_dir,
+                                     claim_time_declaration=claim_time,
+                                     before_writes=self.device_plugin.withdraw if self.device_plugin else None,
+                                     smi_answers=self.smi_answers)
 
     def reconcile(self, node, wanted):
         name = wanted[0]
@@ -574,9 +580,10 @@ def main(args):
         os.environ[LOCK_KEY_ENV] = settings.lock_key  # the engine names the node lock after it
     telemetry = Telemetry(settings)
     api = telemetry.instrument(kube.KubeClient(credentials))  # API errors and the watch counted
-    device_plugin, dra_plugin = kubelet_plugins(settings, api)
+    answers = mig.FixedAnswers()     # one for the reconciles and the DRA driver's full reads
+    device_plugin, dra_plugin = kubelet_plugins(settings, api, answers)
     agent = Agent(settings, api, settings.namespace or credentials.namespace or "default",
-                  device_plugin=device_plugin, dra_plugin=dra_plugin, telemetry=telemetry)
+                  device_plugin=device_plugin, dra_plugin=dra_plugin, telemetry=telemetry, smi_answers=answers)
     if settings.metrics_port is not None:  # /metrics, /healthz, /readyz (agent/http_endpoint.py)
         try:
             endpoint = HttpEndpoint(telemetry, settings.metrics_bind_address, settings.metrics_port).start()
@@ -589,7 +596,7 @@ def main(args):
     return agent.run()
 
 
-def kubelet_plugins(settings, api):
+def kubelet_plugins(settings, api, smi_answers=None):
     """(device plugin, DRA plugin), each started, or None where the settings leave it off. The DRA plugin gets the
     node's holders (every holder source, no node engine) for claim-time Prepare and Unprepare."""
     sysfs = Sysfs(settings.sysfs_root)
@@ -612,11 +619,15 @@ def kubelet_plugins(settings, api):
         except ImportError as exc:
             raise agent_settings.SettingsError("DRA_DRIVER=true needs the Python packages grpcio and protobuf "
                                                "(the agent image has them): %s" % exc) from None
+        boot_id = claim_holders.read_boot_id(settings.proc_root)
+
+        def type_names():     # a full read's names: the reconciles' fixed nvidia-smi answers, not asked again
+            runner = CommandRunner()
+            return vgpu_apply.TypeNames(sysfs, runner, smi=mig.cached_smi(runner, smi_answers, sysfs, boot_id))
         dra_plugin = agent_plugin.VgpuDraPlugin(
             settings, api, lambda timeout: node_lock(settings.sysfs_root, timeout), log, sysfs,
             kubelet_holders.node_holders(sysfs, settings.dev_root, settings.proc_root, settings.kubelet_dir),
-            lambda: vgpu_apply.TypeNames(sysfs, CommandRunner()),
-            serves=agent_settings.served(settings.dra_driver_gpus, gpus), runner=CommandRunner()).start()
+            type_names, serves=agent_settings.served(settings.dra_driver_gpus, gpus), runner=CommandRunner()).start()
     return device_plugin, dra_plugin
 
 

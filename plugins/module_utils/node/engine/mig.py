@@ -162,11 +162,52 @@ def parse_placements(text):
     return result
 
 
-class Smi:
-    """nvidia-smi through the engine's command runner; failures are one line naming the GPU."""
+_UNREAD = object()   # MIG mode not read yet when a fixed answer was kept
 
-    def __init__(self, runner):
+
+class FixedAnswers(dict):
+    """nvidia-smi answers that stay while the driver stays loaded: `vgpu -s -v` (supported types), `mig -lgipp`
+    (placements), `mig -lgip` (profiles); {PF: (identity, MIG mode they were read in, {args: output})}. Kept by
+    whoever lives across reconciles (the agent: a reconcile holds the node lock, and on 8 GPUs 5 calls each at
+    0.3-1 s outlast DRA Prepare's 10 s wait for it). MIG mode and `-lgi` change and are never kept. `identity(pf)`:
+    a driver reload (the module's version), a GPU swapped (device ID, driver) or a reboot (boot ID) makes the PF's
+    answers stale, and so does a MIG mode read other than theirs (whether `vgpu -s -v` depends on it: UNCONFIRMED)."""
+
+
+def identity(sysfs, pf, boot_id):
+    device = "bus/pci/devices/%s/" % pf
+    return (boot_id, sysfs.read_optional("module/nvidia/version"), sysfs.read_optional(device + "device"),
+            sysfs.link_name(device + "driver"))
+
+
+def cached_smi(runner, answers, sysfs, boot_id):
+    """A Smi asking the fixed answers once per PF and identity (`answers`: a FixedAnswers kept across engines)."""
+    return Smi(runner, answers, lambda pf: identity(sysfs, pf, boot_id))
+
+
+class Smi:
+    """nvidia-smi through the engine's command runner; failures are one line naming the GPU. `fixed`
+    (FixedAnswers) with `identity(pf)`: the fixed answers are asked once per PF and identity."""
+
+    def __init__(self, runner, fixed=None, identity=None):
         self.runner = runner
+        self.fixed = FixedAnswers() if fixed is None else fixed
+        self.identity = identity or (lambda pf: None)
+        self.modes = {}      # PF -> the MIG mode this Smi read last
+
+    def run_fixed(self, pf, args, what):
+        """The output of a fixed-answer call (class FixedAnswers), asked only when not kept for this identity."""
+        key = self.identity(pf)
+        kept = self.fixed.get(pf)
+        if kept is None or kept[0] != key:
+            kept = self.fixed[pf] = (key, self.modes.get(pf, _UNREAD), {})
+        args = tuple(args)
+        if args in kept[2]:
+            return kept[2][args]
+        out = self.run(pf, args, what)[1]
+        if (out or "").strip():    # an empty answer (-lgipp with MIG mode off) is asked again
+            kept[2][args] = out
+        return out
 
     def _tool(self):
         tool = self.runner.which(NVIDIA_SMI)
@@ -182,11 +223,21 @@ class Smi:
         return rc, out
 
     def mode(self, pf):
-        return parse_mode(self.run(pf, ["-i", pf, "--query-gpu=mig.mode.current", "--format=csv,noheader"],
+        mode = parse_mode(self.run(pf, ["-i", pf, "--query-gpu=mig.mode.current", "--format=csv,noheader"],
                                    "--query-gpu=mig.mode.current")[1])
+        kept = self.fixed.get(pf)
+        if kept is not None and kept[1] is not _UNREAD and kept[1] != mode:
+            del self.fixed[pf]      # read in the other MIG mode: asked again
+        elif kept is not None:
+            self.fixed[pf] = (kept[0], mode, kept[2])
+        self.modes[pf] = mode
+        return mode
 
     def supported(self, pf):
-        return parse_supported(self.run(pf, ["vgpu", "-i", pf, "-s", "-v"], "vgpu -s -v")[1])
+        return parse_supported(self.supported_text(pf))
+
+    def supported_text(self, pf):
+        return self.run_fixed(pf, ["vgpu", "-s", "-v", "-i", pf], "vgpu -s -v")
 
     def instances(self, pf):
         rc, out = self.run(pf, ["mig", "-i", pf, "-lgi"], "mig -lgi", ok_codes=(0, 6))
@@ -194,8 +245,8 @@ class Smi:
 
     def geometry(self, pf):
         """{profile ID: (compute, memory slices, starts, max)} from -lgipp and -lgip (MIG mode on)."""
-        places = parse_placements(self.run(pf, ["mig", "-i", pf, "-lgipp"], "mig -lgipp")[1])
-        profiles = parse_profiles(self.run(pf, ["mig", "-i", pf, "-lgip"], "mig -lgip")[1])
+        places = parse_placements(self.run_fixed(pf, ["mig", "-i", pf, "-lgipp"], "mig -lgipp"))
+        profiles = parse_profiles(self.run_fixed(pf, ["mig", "-i", pf, "-lgip"], "mig -lgip"))
         result = {}
         for profile_id, (name, dummy, total) in profiles.items():
             size, starts = places.get(profile_id, (None, ()))

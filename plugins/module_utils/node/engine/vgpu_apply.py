@@ -109,8 +109,9 @@ class TypeNames:
     makes the framebuffer check possible.
     """
 
-    def __init__(self, sysfs, runner, cache_dir=None):
+    def __init__(self, sysfs, runner, cache_dir=None, smi=None):
         self.sysfs, self.runner = sysfs, runner
+        self.smi = smi or mig.Smi(runner)   # its FixedAnswers: `vgpu -s -v` asked once, also for mig.prepare
         self.path = os.path.join(cache_dir or lock_dir(), lock_name(sysfs.root)[:-len(".lock")] + "-vgpu-types.json")
         try:
             with open(self.path) as handle:
@@ -132,11 +133,12 @@ class TypeNames:
         return known + from_smi, bool(from_smi)
 
     def _from_smi(self, pf):
-        tool = self.runner.which(NVIDIA_SMI) if self.runner else None
-        if not tool:
+        if not self.runner:
             return []
-        rc, out, dummy = self.runner.run([tool, "vgpu", "-s", "-v", "-i", pf], check=False)
-        return vt.parse_smi_supported(out) if rc == 0 else []
+        try:
+            return vt.parse_smi_supported(self.smi.supported_text(pf))
+        except LayoutError:    # no nvidia-smi, or it failed: names from the cache only
+            return []
 
     def supported(self, pf):
         """Every type the GPU supports as the node cache knows it (no driver call), or None."""
@@ -216,8 +218,8 @@ class NodeEngine:
     layout and writes it (`apply()` runs the whole flow)."""
 
     def __init__(self, sysfs, runner, dev_root="/dev", proc_root="/proc", cache_dir=None, sriov_manage_path=None,
-                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR, take_over=(), claim_time_declaration=None,
-                 before_writes=None):
+                 mig_options=None, kubelet_dir=claim_holders.DEFAULT_KUBELET_DIR, take_over=(),
+                 claim_time_declaration=None, before_writes=None, smi_answers=None):
         self.sysfs, self.runner = sysfs, runner
         # GPUs passed through (not on nvidia) are skipped, never rebound, unless listed here (node/holders/pf_driver.py)
         self.take_over, self.skipped = tuple(take_over or ()), []
@@ -225,17 +227,19 @@ class NodeEngine:
         # VM's (node/holders/kubelet_holders.py)
         self.kubelet_dir = kubelet_dir
         self.holder_sources = kubelet_holders.holder_sources(kubelet_dir)
-        self.smi, self.mig_options = mig.Smi(runner), mig_options or mig.MigOptions()  # MIG-backed vGPU (node/engine/mig.py)
+        # MIG-backed vGPU (node/engine/mig.py); `smi_answers`: a mig.FixedAnswers kept across engines (the agent's)
+        self.boot_id = claim_holders.read_boot_id(proc_root)   # claim-time types are restored for this boot's claims
+        self.smi = mig.cached_smi(runner, smi_answers, sysfs, self.boot_id)
+        self.mig_options = mig_options or mig.MigOptions()
         self.dev_root, self.proc_root = dev_root, proc_root
         self.sriov_manage_path = sriov_manage_path  # for enable_vfs; None = find sriov-manage
-        self.names = TypeNames(sysfs, runner, cache_dir)
+        self.names = TypeNames(sysfs, runner, cache_dir, self.smi)
         self.planned_held = {}  # what plan() saw held: a device held since then stops its GPU
         self.holders = None     # inuse.Holders of the apply under way (held() makes one)
         # GPUs whose profile DRA claims choose (node/engine/claim_time_layout.py): the agent's declaration; plan()
         # leaves those GPUs out and records the modes in `modes`. None: a caller without one keeps the recorded modes
         self.claim_time_declaration = claim_time_declaration
         self.modes_file = claim_time_layout.modes_path(kubelet_dir)
-        self.boot_id = claim_holders.read_boot_id(proc_root)   # claim-time types are restored for this boot's claims
         self.modes = claim_time_layout.Modes()
         # before_writes(names): told which VFs and mdevs the writes will touch, before the first (the agent's device
         # plugin stops serving them: VgpuDevicePlugin.withdraw)

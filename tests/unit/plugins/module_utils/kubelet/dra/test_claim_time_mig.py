@@ -110,18 +110,33 @@ def test_a_gpu_not_in_mig_mode_offers_nothing_and_says_so(env):
     assert e.offers == [] and any("need MIG mode, which is off" in w for w in e.result["warnings"])
 
 
-def test_prepare_creates_the_gi_at_the_placement_types_a_vf_on_it_and_unprepare_destroys_it(env):
+def _counting(monkeypatch):
+    calls, run = [], CommandRunner.run
+
+    def counted(self, argv, check=True):
+        calls.append([str(a) for a in argv])
+        return run(self, argv, check)
+    monkeypatch.setattr(CommandRunner, "run", counted)
+    return calls
+
+
+def test_prepare_creates_the_gi_at_the_placement_types_a_vf_on_it_and_unprepare_destroys_it(env, monkeypatch):
     e = env()
     one = e.add(UIDS[0], name("H100-3-40C", 0))
+    calls = _counting(monkeypatch)
     answer = e.driver.prepare([one])[UIDS[0]]
     assert answer.error == ""
+    # under the node lock: one -lgi (placement free?) and the create; nothing fixed (supported types, geometry) asked
+    assert _smi_calls(calls) == [["mig", "-i", PF, "-lgi"], ["mig", "-i", PF, "-cgi", "9:0", "-C"]]
     [gi] = e.gis()
     record = e.record(UIDS[0])
     assert (gi.profile_id, gi.start, gi.size) == (9, 0, 4)
     assert record["mig"] == {"gpu": PF, "giProfile": 9, "start": 0, "size": 4, "before": [], "ci": True, "gi": gi.gi_id}
     vf = record["key"]
     assert e.current(vf) == TYPE_3G and node_mig.landed_on(e.engine.sysfs, vf) == gi.gi_id
+    del calls[:]
     assert e.driver.unprepare([one]) == {UIDS[0]: ""}
+    assert [args[3] for args in _smi_calls(calls)] == ["-lgi", "-dci", "-dgi"]
     assert e.gis() == [] and e.current(vf) == 0
 
 
@@ -439,3 +454,38 @@ def test_an_unprepare_whose_gi_cannot_be_destroyed_fails_and_keeps_its_record_fo
     assert e.gis() == [mine] and e.record(UIDS[7])["mig"]["gi"] == mine.gi_id and e.current(vf) == 0
     assert e.driver.unprepare([one]) == {UIDS[7]: ""} and e.gis() == []
     assert checkpoint.Checkpoint(e.plugin_dir).claims == {}
+
+
+def _smi_calls(calls):
+    return [argv[1:] for argv in calls if os.path.basename(argv[0]) == "nvidia-smi"]
+
+
+def test_an_agent_reconcile_of_an_unchanged_mig_claim_time_node_asks_nvidia_smi_only_for_mode_and_instances(
+        env, monkeypatch, tmp_path):
+    """The agent builds a node engine per reconcile, under the node lock; -lgipp, -lgip and `vgpu -s -v` answer the
+    same while the driver stays loaded, so only the first reconcile asks them (MIG mode and -lgi every time)."""
+    import argparse  # pylint: disable=import-outside-toplevel
+    from ansible_collections.accelops.vgpu.plugins.module_utils.agent import agent as agent_module
+    from ansible_collections.accelops.vgpu.plugins.module_utils.agent import settings as agent_settings
+    e = env("h100-pcie:3")
+    calls = _counting(monkeypatch)
+    settings = agent_settings.resolve(argparse.Namespace(), dict(
+        NODE_NAME=NODE, DEFAULT_VGPU_CONFIG="default", CONFIG_FILE=str(tmp_path / "config.yaml"), NAMESPACE="vgpu",
+        ACCELOPS_VGPU_SYSFS_ROOT=e.node.root, ACCELOPS_VGPU_DEV_ROOT=e.node.dev_root, ACCELOPS_VGPU_PROC_ROOT="/proc",
+        STATUS_FILE=str(tmp_path / "status.json"), KUBELET_DIR=e.kubelet))
+    agent = agent_module.Agent(settings, None, "vgpu")
+    per_reconcile = []
+    for dummy in range(2):
+        del calls[:]
+        result = vgpu_apply.apply(agent.engine(declaration(DOC)), vgpu_layout.from_document(DOC, "default"))
+        assert len(result["claim_time"]) == 3 and all(g["profiles"] for g in result["claim_time"])
+        per_reconcile.append(_smi_calls(calls))
+    first, second = per_reconcile
+    assert len(first) == 5 * 3, first     # mode, -lgi, `vgpu -s -v`, -lgipp, -lgip: each once per GPU
+    asked = sorted(" ".join(a for a in args if a not in e.node.pfs()) for args in second)
+    assert asked == sorted(["-i --query-gpu=mig.mode.current --format=csv,noheader", "mig -i -lgi"] * 3), second
+    e.node.ctl("driver", "unload")
+    e.node.ctl("driver", "load", "580.2")     # a reload may change what the GPU supports: asked again
+    del calls[:]
+    vgpu_apply.apply(agent.engine(declaration(DOC)), vgpu_layout.from_document(DOC, "default"), enable_vfs=True)
+    assert any(args[:1] == ["vgpu"] for args in _smi_calls(calls)) and any("-lgipp" in a for a in _smi_calls(calls))

@@ -228,10 +228,34 @@ def test_check_pending_fits_an_empty_gpu_before_vfs_are_enabled():
                              "        Name                              : NVIDIA H100-3-40C\n"
                              "        GPU Instance Profile ID           : 9\n")
     runner = FakeRunner({("-i", PF, "--query-gpu=mig.mode.current", "--format=csv,noheader"): (0, "Disabled\n", ""),
-                         ("vgpu", "-i", PF, "-s", "-v"): (0, supported, "")})
+                         ("vgpu", "-s", "-v", "-i", PF): (0, supported, "")})
     mig.check_pending(mig.Smi(runner), PF, {"H100-1-20C": 4})
     mig.check_pending(mig.Smi(runner), PF, {"H100-40C": 2})            # time-sliced: nothing to ask
     with pytest.raises(LayoutError, match="GPU instances 1g.20gb, 1g.20gb, 3g.40gb, 3g.40gb do not fit"):
         mig.check_pending(mig.Smi(runner), PF, {"H100-3-40C": 2, "H100-1-20C": 2})
     with pytest.raises(LayoutError, match="names no GPU instance profile for H100-7-80C"):
         mig.check_pending(mig.Smi(runner), PF, {"H100-7-80C": 1})
+
+
+def test_fixed_answers_are_asked_once_per_identity_and_mig_mode_and_mode_and_instances_every_time():
+    mode, lgipp = ("-i", PF, "--query-gpu=mig.mode.current", "--format=csv,noheader"), ("mig", "-i", PF, "-lgipp")
+    runner = FakeRunner({mode: (0, "Enabled\n", ""), ("vgpu", "-s", "-v", "-i", PF): (0, SUPPORTED, ""),
+                         ("mig", "-i", PF, "-lgip"): (0, LGIP, ""), lgipp: (0, "", ""),
+                         ("mig", "-i", PF, "-lgi"): (0, LGI, "")})
+    answers, identity = mig.FixedAnswers(), ["driver 580.1"]
+
+    def reconcile():      # a new Smi per engine, the answers kept across them (the agent's)
+        del runner.calls[:]
+        smi = mig.Smi(runner, answers, lambda pf: identity[0])
+        smi.mode(PF), smi.instances(PF), smi.supported(PF), smi.geometry(PF), smi.supported(PF)
+        return [call[-1] for call in runner.calls]
+    # -lgipp answered empty (as with MIG mode off) is not kept
+    assert reconcile() == ["--format=csv,noheader", "-lgi", PF, "-lgipp", "-lgip"]
+    runner.answers[lgipp] = (0, LGIPP, "")
+    assert reconcile() == ["--format=csv,noheader", "-lgi", "-lgipp"]
+    assert reconcile() == ["--format=csv,noheader", "-lgi"]
+    identity[0] = "driver 580.2"          # a reload, a swapped GPU, a reboot
+    assert reconcile() == ["--format=csv,noheader", "-lgi", PF, "-lgipp", "-lgip"]
+    runner.answers[mode] = (0, "Disabled\n", "")     # read in the other MIG mode: asked again
+    assert reconcile()[2:] == [PF, "-lgipp", "-lgip"]
+    assert reconcile()[2:] == []
