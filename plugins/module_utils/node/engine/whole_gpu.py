@@ -20,7 +20,8 @@ driver_override set only that driver binds the device; an empty write clears it.
 enabled (nvidia's remove takes them down under any VM; sriov-manage disables them first for the same reason).
 
 A PF that a record says a claim holds whole is this driver's, not an operator's reservation (node/pf_driver.py):
-`held(claims)` names those PFs; the reconcile (claim_time_layout.plan) neither touches nor reports them reserved.
+node/holders/claim_holders.held_whole names those PFs; the reconcile (claim_time_layout.plan), vgpu_facts and
+sriov_vfs neither touch nor report them reserved.
 A reboot leaves the PF on nvidia without VFs and the record in place: the kubelet prepares the claim again
 (STEP_DISABLE finds no VF, STEP_BIND rebinds) or unprepares it (VFs enabled again).
 """
@@ -40,17 +41,6 @@ PREPARE_STEPS = (STEP_CHECKED, STEP_DISABLE, STEP_BIND, STEP_BOUND)
 
 class WholeGpuError(EngineError):
     """A whole-GPU step that cannot be taken; the message names the GPU."""
-
-
-def held(claims):
-    """{PF address: (claim holder name, the device's `whole` record)} of every checkpoint claim (node/claim_holders
-    format) holding a GPU whole."""
-    found = {}
-    for entry in (claims or {}).values():
-        for device in entry.get("devices") or ():
-            if isinstance(device.get("whole"), dict):
-                found[device["key"]] = (claim_holders.HOLDER % (entry["namespace"], entry["name"]), device["whole"])
-    return found
 
 
 def busy(sysfs, pf, found, mine=()):
