@@ -146,12 +146,16 @@ class WholeGpuPreparer:
         mine = claim_holders.HOLDER % (ref.namespace, ref.name)
         try:
             driver = pci.PciDevice(self.sysfs, device.gpu).driver
+            found = self.holders.held([device.gpu] + pci.PciDevice(self.sysfs, device.gpu).virtfns())
+            # another claim's record holds the PF (given whole to it, a stale allocation): named, not guessed at
+            others = [h for h in found.get(device.gpu) or () if claim_holders.is_claim_holder(h) and h != mine]
+            if others:
+                why = "it is given whole to %s" % ", ".join(sorted(others))
             # a retry after a crash finds the PF where this claim's recorded step left it (any driver): ours
-            if driver != whole_gpu.HOST_DRIVER and not (earlier or {}).get("whole"):
+            elif driver != whole_gpu.HOST_DRIVER and not (earlier or {}).get("whole"):
                 why = "it is bound to %s, not by this driver (an operator's passthrough?)" % (driver or "no driver")
             else:
-                scope = [device.gpu] + pci.PciDevice(self.sysfs, device.gpu).virtfns()
-                why = whole_gpu.busy(self.sysfs, device.gpu, self.holders.held(scope), (mine,))
+                why = whole_gpu.busy(self.sysfs, device.gpu, found, (mine,))
         except (SysfsError, OSError) as exc:
             why = "it cannot be read (%s)" % exc
         if why:

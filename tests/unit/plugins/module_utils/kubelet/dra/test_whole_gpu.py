@@ -378,3 +378,64 @@ def test_a_seeded_sequence_of_claims_never_gets_one_gpu_whole_and_as_vgpus_and_e
         if step % 9 == 8:       # a reconcile now and then: what it offers does not change under the claims
             e.result = e.reconcile()
     assert refused and {kinds[name] for name in kinds} == set(KINDS)
+
+
+# --- trying to break it (a fleet's day: restarts, reboots, stale allocations, operators) -----------------------------
+
+def test_a_vm_holding_the_pf_keeps_it_at_unprepare_until_it_lets_go(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.hold(GPU1)           # the VM's QEMU still has the PF's VFIO group open
+    answer = e.driver.unprepare([ref(one)])[UIDS[0]]
+    assert "GPU %s is not given back to vGPUs yet: GPU %s: still held by" % (GPU1, GPU1) in answer
+    assert whole_state(e) == ("vfio-pci", 0) and e.record(UIDS[0])["devices"][0]["whole"]["step"] == "bound"
+    e.reconcile()
+    assert whole_state(e) == ("vfio-pci", 0)
+    e.node.release(GPU1)
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
+
+
+@pytest.mark.parametrize("whole_first", [True, False])
+def test_one_call_with_a_whole_claim_and_a_vgpu_claim_of_the_same_gpu_prepares_one_only(env, whole_first):
+    """A stale allocation (the scheduler never gives both): whichever comes first in the kubelet's call is prepared,
+    the other is refused naming why, and the GPU is in the first one's state."""
+    one, two = claim("vm-whole", UIDS[0], [WHOLE], NODE), claim("vm-24q", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    refs = [ref(one), ref(two)] if whole_first else [ref(two), ref(one)]
+    answers = e.driver.prepare(refs)
+    first, second = (UIDS[0], UIDS[1]) if whole_first else (UIDS[1], UIDS[0])
+    assert answers[first].error == "" and answers[second].error and e.record(second) is None
+    assert whole_state(e) == (("vfio-pci", 0) if whole_first else ("nvidia", 32))
+    assert e.driver.unprepare([ref(one), ref(two)]) == {UIDS[0]: "", UIDS[1]: ""}
+    assert whole_state(e) == ("nvidia", 32)
+
+
+def test_a_second_whole_claim_of_a_gpu_given_whole_is_refused_naming_the_claim_that_has_it(env):
+    one, two = claim("vm-whole", UIDS[0], [WHOLE], NODE), claim("vm-other", UIDS[1], [WHOLE], NODE)
+    e = env(one, two)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    answer = e.driver.prepare([ref(two)])[UIDS[1]]
+    assert "GPU %s cannot be given whole: it is given whole to DRA claim vms/vm-whole" % GPU1 in answer.error
+    assert whole_state(e) == ("vfio-pci", 0) and e.record(UIDS[1]) is None
+
+
+def test_after_a_reboot_the_boot_units_apply_without_a_declaration_leaves_the_vfs_off(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("reboot")
+    boot = e.make_engine()      # the boot unit: `accelops-vgpu apply`, no claim-time declaration, enable_vfs
+    vgpu_apply.apply(boot, vgpu_layout.from_document(DOC, "default"), enable_vfs=True)
+    assert whole_state(e) == ("nvidia", 0)
+
+
+def test_a_vgpu_manager_restart_while_the_gpu_is_given_whole_changes_nothing(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("manager-restart")
+    result = e.reconcile()
+    assert whole_state(e) == ("vfio-pci", 0) and [g for g in result["claim_time"] if g["address"] == GPU1][0][
+        "held_whole"]["step"] == "bound"
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
