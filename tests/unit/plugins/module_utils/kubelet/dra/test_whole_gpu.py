@@ -439,3 +439,43 @@ def test_a_vgpu_manager_restart_while_the_gpu_is_given_whole_changes_nothing(env
     assert whole_state(e) == ("vfio-pci", 0) and [g for g in result["claim_time"] if g["address"] == GPU1][0][
         "held_whole"]["step"] == "bound"
     assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
+
+
+def test_a_layout_apply_that_lost_the_claim_time_record_still_leaves_a_gpu_given_whole_alone(env):
+    """The modes file (claim-time-gpus.json) gone, a layout of `devices: all`: the checkpoint alone says the GPU is a
+    claim's; after a reboot it is on nvidia without VFs, and the layout would have given it VFs and vGPUs."""
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("reboot")
+    os.remove(e.engine.modes_file)
+    everything = {"version": "v1", "vgpu-configs": {"default": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}]}}
+    result = vgpu_apply.apply(e.make_engine(), vgpu_layout.from_document(everything, "default"), enable_vfs=True)
+    assert whole_state(e) == ("nvidia", 0)
+    [skipped] = [s for s in result["reserved"] if s["address"] == GPU1]
+    assert "given whole to DRA claim vms/vm-whole (step bound)" in skipped["reason"]
+
+
+@pytest.mark.parametrize("edit", ["to-the-layout", "out-of-claim-time", "whole-gpu-off"])
+def test_the_operator_editing_the_config_under_a_live_whole_claim_never_takes_the_gpu(env, edit):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    doc = json.loads(json.dumps(DOC))
+    if edit == "to-the-layout":
+        doc["vgpu-configs"]["default"][0]["devices"] = [0, 1]
+        del doc["claim-time"]
+    elif edit == "out-of-claim-time":
+        del doc["claim-time"]
+    else:
+        del doc["claim-time"][0]["whole-gpu"]
+    e.node.clear_log()
+    if edit == "whole-gpu-off":     # allowed: its device stays published while the claim has it
+        result = e.reconcile(doc)
+        assert {i.name for i in claim_time.offers(e.engine.sysfs, result["claim_time"])} >= {WHOLE}
+    else:
+        with pytest.raises(LayoutError, match="GPU %s: cannot move out of claim-time mode while it is given whole to "
+                                              "DRA claim vms/vm-whole" % GPU1):
+            e.reconcile(doc)
+    assert whole_state(e) == ("vfio-pci", 0) and [w for w in e.node.log() if GPU1 in w["path"] + w["value"]] == []
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
