@@ -182,11 +182,12 @@ class WholeGpuPreparer:
             # the sriov engine's errors (SriovError) name the PF; said as this claim's error
             raise ClaimError("%s: GPU %s cannot be given whole: %s" % (ref, device.gpu, exc)) from None
 
-    def give_back(self, ref, gpu, step):
-        """Unprepare's steps (node/engine/whole_gpu.give_back) for the PF `gpu`; a ClaimError naming it when they fail."""
+    def give_back(self, ref, gpu, step, ours=True):
+        """Unprepare's steps (node/engine/whole_gpu.give_back) for the PF `gpu`; a ClaimError naming it when they fail.
+        `ours`: the claim's record is of this boot (else the PF's driver is not this driver's doing)."""
         self.holders.forget()
         try:
-            whole_gpu.give_back(self.sysfs, gpu, self._set_vfs, step, self.holders.held([gpu]))
+            whole_gpu.give_back(self.sysfs, gpu, self._set_vfs, step, self.holders.held([gpu]), ours)
         except Exception as exc:  # pylint: disable=broad-exception-caught
             raise ClaimError("%s: GPU %s is not given back to vGPUs yet: %s; the kubelet retries" % (
                 ref, gpu, exc)) from None

@@ -479,3 +479,34 @@ def test_the_operator_editing_the_config_under_a_live_whole_claim_never_takes_th
             e.reconcile(doc)
     assert whole_state(e) == ("vfio-pci", 0) and [w for w in e.node.log() if GPU1 in w["path"] + w["value"]] == []
     assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
+
+
+def test_after_a_reboot_a_pf_someone_else_bound_to_vfio_pci_is_not_taken_for_the_claims_record(env):
+    """The record says the claim had the GPU whole, but a reboot put the PF back on nvidia: whoever bound it to vfio-pci
+    since (the GPU Operator's vfio-manager at boot, NVIDIA's DRA driver with PassthroughSupport, whose Configure takes a
+    PF already on vfio-pci as done: k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/vfio-device.go) is not this driver. The
+    kubelet's prepare again is refused, its unprepare drops the record without rebinding the PF, and it stays reserved."""
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("reboot")
+    e.node.bind(GPU1, "vfio-pci")       # not by us: the boot's vfio-manager, or another DRA driver
+    e.driver = e.start()
+    e.driver.checkpoint.boot_id = "another-boot"
+    answer = e.driver.prepare([ref(one)])[UIDS[0]]
+    assert "GPU %s cannot be given whole: it is bound to vfio-pci, not by this driver" % GPU1 in answer.error
+    e.node.clear_log()
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and e.record(UIDS[0]) is None
+    assert whole_state(e) == ("vfio-pci", 0) and [w for w in e.node.log() if w["result"] == "ok"] == []
+    [gpu] = [g for g in e.reconcile()["claim_time"] if g["address"] == GPU1]
+    assert "reserved" in gpu and "held_whole" not in gpu
+
+
+def test_after_a_reboot_the_unprepare_of_a_claim_never_prepared_again_gives_the_vfs_back(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("reboot")
+    e.driver = e.start()
+    e.driver.checkpoint.boot_id = "another-boot"
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
