@@ -260,9 +260,10 @@ class Dying:
 
 
 PREPARE_POINTS = [("step", node_whole.STEP_DISABLE), ("vfs", 0), ("step", node_whole.STEP_BIND),
-                  ("write", "driver_override"), ("write", "nvidia/unbind"), ("step", node_whole.STEP_BOUND)]
+                  ("write", "driver_override"), ("write", "nvidia/unbind"), ("write", "vfio-pci/bind"),
+                  ("step", node_whole.STEP_BOUND)]
 UNPREPARE_POINTS = [("step", node_whole.STEP_RETURN), ("write", "driver_override"), ("write", "vfio-pci/unbind"),
-                    ("step", node_whole.STEP_ENABLE), ("vfs", "max")]
+                    ("write", "nvidia/bind"), ("step", node_whole.STEP_ENABLE), ("vfs", "max")]
 
 
 def whole_state(e):
