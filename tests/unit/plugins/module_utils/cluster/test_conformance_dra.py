@@ -236,10 +236,10 @@ def test_the_whole_gpu_and_its_vgpus_exclude_each_other_through_the_scheduler_do
     from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DraAllocator, Unallocatable  # pylint: disable=import-outside-toplevel
     monkeypatch.setattr(devices, "pcie_root", lambda sysfs, address: None)
     monkeypatch.setattr(devices, "numa_node", lambda sysfs, address: None)
-    gpus = [{"address": address, "model": "L40S", "vfs": 32, "whole_gpu": whole,
-             "profiles": [{"profile": p, "type_name": "NVIDIA " + p, "type_id": t, "size_mib": s, "max_instances": m}
-                          for p, t, s, m in (("L40S-24Q", 1155, 24576, 2), ("L40S-12Q", 1154, 12288, 4))]}
-             for address, whole in ((GPU_A, False), (GPU_B, True))]
+    profiles = [{"profile": p, "type_name": "NVIDIA " + p, "type_id": t, "size_mib": s, "max_instances": m}
+                for p, t, s, m in (("L40S-24Q", 1155, 24576, 2), ("L40S-12Q", 1154, 12288, 4))]
+    gpus = [{"address": address, "model": "L40S", "vfs": 32, "whole_gpu": whole, "profiles": profiles}
+            for address, whole in ((GPU_A, False), (GPU_B, True))]
     published = slices.desired_slices("gpu-a", claim_time.offers(None, gpus), 1)
     assert dra.plan_exclusion(["L40S-48Q"], published, NODES, "vgpu.accelops.io") is None
     plan_ = dra.plan_exclusion(["L40S-12Q", "L40S-24Q"], published, NODES, "vgpu.accelops.io")
