@@ -96,7 +96,7 @@ ansible_facts:
             held_whole:
               description:
                 - The DRA claim this collection's DRA driver gave the GPU whole to (V(by)) and the step its record is
-                  at (V(step), V(bound) once prepared), null otherwise. Such a GPU is held, not reserved: no module
+                  at (V(step), V(bound) once prepared), null otherwise. Such a GPU is held, not reserved; no module
                   gives it VFs or rebinds it until the claim is unprepared.
               type: dict
             held:
