@@ -224,7 +224,8 @@ def main():
         plan = sriov.plan_vfs(node.sysfs, node.runner, params["devices"], params["num_vfs"], params["state"],
                               params["method"], params["force"], held=node.holders(),
                               sriov_manage_path=params["sriov_manage_path"],
-                              take_over=module_glue.addresses(params["take_over"], "take_over"))
+                              take_over=module_glue.addresses(params["take_over"], "take_over"),
+                              whole=node.held_whole())
         result["pfs"] = plan.as_list()
         result["reserved"] = [s.to_dict() for s in plan.skipped]
         for skipped in plan.skipped:

@@ -81,6 +81,7 @@ ansible_facts:
               mig_mode: null
               gpu_instances: []
               reserved: null
+              held_whole: null
               held: false
               holders: []
           contains:
@@ -92,6 +93,12 @@ ansible_facts:
                   O(accelops.vgpu.vgpu_profile#module:take_over).
               type: str
               sample: bound to vfio-pci, not to the vGPU host driver nvidia (reserved for whole-GPU passthrough)
+            held_whole:
+              description:
+                - The DRA claim this collection's DRA driver gave the GPU whole to (V(by)) and the step its record is
+                  at (V(step), V(bound) once prepared), null otherwise. Such a GPU is held, not reserved; no module
+                  gives it VFs or rebinds it until the claim is unprepared.
+              type: dict
             held:
               description: Whether a process holds the GPU's own VFIO group (a VM it is passed through to).
               type: bool
@@ -198,7 +205,7 @@ def main():
     with module_glue.engine_errors(module):
         smi = mig.Smi(node.runner)
         found = facts.gather(node.sysfs, node.held(), vgpu_apply.TypeNames(node.sysfs, node.runner),
-                             lambda pf: mig.facts(smi, pf))
+                             lambda pf: mig.facts(smi, pf), node.held_whole())
     module.exit_json(changed=False, ansible_facts={"vgpu": found})
 
 

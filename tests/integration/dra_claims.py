@@ -22,3 +22,15 @@ def prepare_claim(kubelet_dir, vf, type_id, namespace="vms", name="vm-a-gpu"):
         "cdiIDs": ["%s/vgpu=%s" % (DRIVER, device)]}])
     record.save()
     return HOLDER % (namespace, name)
+
+
+def prepare_whole_claim(kubelet_dir, pf, step="bound", namespace="vms", name="vm-whole"):
+    """Record the claim `namespace/name` as holding the GPU `pf` whole at `step` (kubelet/dra/whole_gpu.py: the
+    device's `whole` record); returns how the safety checks name it."""
+    device = "whole-gpu-" + pf.replace(":", "-").replace(".", "-")
+    record = checkpoint.Checkpoint(KubeletPaths(str(kubelet_dir)).plugin_dir(DRIVER))
+    record.set(CLAIM_UID, namespace, name, checkpoint.COMPLETED, [{
+        "requests": ["gpu"], "pool": "gpu-a", "device": device, "key": pf, "whole": {"step": step, "offers": {}},
+        "cdiIDs": ["%s/vgpu=%s" % (DRIVER, device)]}])
+    record.save()
+    return HOLDER % (namespace, name)

@@ -7,7 +7,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import s
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import lock_path, node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import CommandRunner
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
-from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim
+from ansible_collections.accelops.vgpu.tests.integration.dra_claims import prepare_claim, prepare_whole_claim
 from ansible_collections.accelops.vgpu.tests.unit.plugins.module_utils.node.fake_node import Rendezvous
 
 SPEC = "l40s:2,nic:1"
@@ -92,6 +92,32 @@ def test_a_vf_a_dra_claim_uses_under_another_kubelet_dir_is_never_discarded(gpus
     assert run.task("disable")["msg"] == "%s: VF %s is held by a VM (%s); refusing to change 32 -> 0 VFs" % (
         pf, vf, claim)
     assert sysfs_writes(node) == []
+
+
+def test_a_gpu_a_dra_claim_holds_whole_is_never_given_vfs_nor_called_reserved(gpusim_node, run_playbook, tmp_path):
+    """After a reboot a GPU given whole (issue 42) is back on nvidia without VFs until the kubelet prepares its claim
+    again: `devices: all` must not enable them, a named entry is refused even with take_over, and vgpu_facts says who
+    holds it (on vfio-pci too: held, not an operator's reservation)."""
+    node = gpusim_node("l40s:2")
+    whole, other = node.pfs("l40s")
+    kubelet_dir = tmp_path / "kubelet"
+    claim = prepare_whole_claim(kubelet_dir, whole)
+    options = {"kubelet_dir": str(kubelet_dir)}
+    run = run_playbook([
+        {"name": "all", "accelops.vgpu.sriov_vfs": dict(options, devices="all")},
+        {"name": "named", "accelops.vgpu.sriov_vfs": dict(options, devices=[whole], take_over=[whole]),
+         "ignore_errors": True}], node)
+    assert (numvfs(node, whole), numvfs(node, other)) == (0, 32)
+    [skipped] = run.task("all")["reserved"]
+    assert skipped["address"] == whole and "given whole to %s (step bound)" % claim in skipped["reason"]
+    assert run.task("named")["msg"].startswith("devices: %s is given whole to %s" % (whole, claim))
+    node.bind(whole, "vfio-pci")            # prepared again by the kubelet
+    run = run_playbook([{"name": "facts", "accelops.vgpu.vgpu_facts": options},
+                        {"name": "absent", "accelops.vgpu.sriov_vfs": dict(options, devices="all", state="absent")}],
+                       node)
+    [gpu] = [g for g in run.task("facts")["ansible_facts"]["vgpu"]["gpus"] if g["address"] == whole]
+    assert gpu["reserved"] is None and gpu["held_whole"] == {"by": claim, "step": "bound"}
+    assert [s["address"] for s in run.task("absent")["reserved"]] == [whole] and numvfs(node, other) == 0
 
 
 def test_force_discards_profiles_but_not_held_vfs(gpusim_node, run_playbook):

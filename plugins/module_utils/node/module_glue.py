@@ -22,7 +22,7 @@ import contextlib
 import copy
 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw import pci
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import inuse, kubelet_holders, roots
+from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse, kubelet_holders, roots
 from ansible_collections.accelops.vgpu.plugins.module_utils.errors import EngineError, one_line
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.node_lock import node_lock
 from ansible_collections.accelops.vgpu.plugins.module_utils.runner import FunctionRunner
@@ -71,6 +71,10 @@ class NodeContext:
         """An inuse.Holders for this run (what sriov_vfs re-checks right before VFs are removed)."""
         return inuse.Holders(self.sysfs, self.dev_root, self.proc_root,
                              kubelet_holders.holder_sources(self.kubelet_dir))
+
+    def held_whole(self):
+        """The GPUs DRA claims hold whole (claim_holders.held_whole): held, not reserved, whatever their driver."""
+        return claim_holders.held_whole_of(self.kubelet_dir)
 
     def apply_lock(self, timeout):
         """The node's apply lock, waited for up to `timeout` s; nothing to lock in check mode."""

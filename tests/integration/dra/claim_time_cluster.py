@@ -35,10 +35,13 @@ VGPU_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metada
 PROFILES = ["L40S-24Q", "L40S-12Q"]
 
 
-def document(profiles=None):
-    """The agent's config: every GPU claim-time, offering `profiles`."""
+def document(profiles=None, whole=False):
+    """The agent's config: every GPU claim-time, offering `profiles` (and, with `whole`, the whole GPU too)."""
+    entry = {"devices": "all", "profiles": list(profiles or PROFILES)}
+    if whole:
+        entry["whole-gpu"] = True
     return {"version": "v1", "vgpu-configs": {"default": [{"devices": "all", "vgpu-devices": {}}]},
-            "claim-time": [{"devices": "all", "profiles": list(profiles or PROFILES)}]}
+            "claim-time": [entry]}
 
 
 def cluster_state(objects=()):
@@ -59,7 +62,7 @@ def cluster_state(objects=()):
 class ClaimTimeNode:
     """The node side: `engine` applied with `document()`, `offers` published, `driver` ready to prepare."""
 
-    def __init__(self, gpu_node, monkeypatch, tmp_path, api, profiles=None):
+    def __init__(self, gpu_node, monkeypatch, tmp_path, api, profiles=None, whole=False):
         for name in ("PATH", "GPUSIM_ROOT"):
             monkeypatch.setenv(name, gpu_node.env[name])
         self.gpu_node, self.api = gpu_node, api
@@ -67,7 +70,7 @@ class ClaimTimeNode:
         self.engine = vgpu_apply.NodeEngine(Sysfs(gpu_node.root), CommandRunner(), gpu_node.dev_root, "/proc",
                                             cache_dir=str(tmp_path), kubelet_dir=kubelet)
         vgpu_apply.apply(self.engine, vgpu_layout.from_layout([{"profiles": {}}]), enable_vfs=True)
-        doc = document(profiles)
+        doc = document(profiles, whole)
         self.engine.claim_time_declaration = declaration(doc)
         result = vgpu_apply.apply(self.engine, vgpu_layout.from_document(doc, "default"))
         sysfs = self.engine.sysfs

@@ -106,3 +106,26 @@ def test_the_dra_rows_run_through_claim_time_gpus_typed_at_prepare_and_cleared_a
     writes = [w["value"] for w in node.gpu_node.log() if w["path"].endswith("/current_vgpu_type")]
     assert sorted(writes) == sorted([str(offers[d].type_id) for d, _vf, _t, _p in kubelet.typed.values()]
                                     + ["0"] * len(kubelet.typed))
+
+
+def test_the_whole_gpu_and_its_vgpus_exclude_each_other_in_the_run(gpusim_node, dra_api_server, monkeypatch, tmp_path):
+    """exclusion.dra through the module and the scheduler double (tests/fakes/vmi_controller.py) over what a
+    whole-gpu claim-time node publishes: the whole GPU first then a vGPU of it, and the other way round."""
+    dra_api_server.reset(our_dra_driver(healthy_state(driver=False), devices={"gpu-b": published_devices()["gpu-b"]}))
+    node = ClaimTimeNode(gpusim_node("l40s:1"), monkeypatch, tmp_path, dra_api_server, profiles=["L40S-24Q"],
+                         whole=True)
+    dra_api_server.control("patch", {"resource": "kubevirt.io/v1/kubevirts", "namespace": "kubevirt",
+                                     "name": "kubevirt", "patch": {"spec": kubevirt_cr(pci=[], mdev=[])["spec"]}})
+    controller = VmiController(dra_api_server.url, interval=0.05)
+    controller.start()
+    try:
+        rc, result = run_module("vgpu_conformance", module_args(dra_api_server.kubeconfig_file(tmp_path),
+                                                                profiles=["L40S-24Q"]))
+    finally:
+        controller.stop()
+    assert rc == 0, result.get("msg")
+    found = row(result, "exclusion.dra", "%s@gpu-a" % node.gpus()[0])
+    assert found["status"] == "PASS", found
+    assert [(r["holds"][0].rsplit("/", 1)[1], r["second_allocation"]) for r in found["details"]["rounds"]] == [
+        ("whole-gpu-%s" % node.gpus()[0].replace(":", "-").replace(".", "-"), []),
+        ("l40s-24q-gpu-%s" % node.gpus()[0].replace(":", "-").replace(".", "-"), [])]

@@ -28,6 +28,12 @@ MIG-backed placements at claim time (issue 42.2; kubelet/dra/claim_time_mig.py) 
 the GPU's counters: the plan counts as many of a profile's placements as the counters let be allocated at once
 (`packed`), so the claim beyond them is the over-allocation.
 
+- `exclusion.dra` (issue 42.1; kubelet/dra/whole_gpu.py): on one GPU that publishes a whole-GPU device
+  (`wholeGPU: true`, profile `whole`) beside claim-time profile devices, a claim for the whole GPU is allocated
+  and its VMI runs; then a claim for a vGPU of that GPU (CEL on `parentGPU`) must stay unallocated and its VMI
+  unscheduled for the window; both go, and the same the other way round (a vGPU claim first, then the whole GPU).
+  PASS when both second claims stayed unallocated: the GPU's counter is never given whole and as vGPUs at once.
+
 The scheduler reads a pool from the slices of its highest `pool.generation` only, and allocates from a
 pool once all `resourceSliceCount` slices of that generation are there (k8s.io/dynamic-resource-allocation
 structured allocator); the plan counts the same devices.
@@ -41,7 +47,8 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.cluster.conformance.
 
 DRA_VGPU_DRIVER = "vgpu.accelops.io"   # this collection's DRA driver (plugins/module_utils/kubelet/dra)
 DEFAULT_DEVICE_CLASS = DRA_VGPU_DRIVER  # the DeviceClass of every vGPU the node agent role creates
-SHARING, OVERALLOCATION = "sharing.dra", "over-allocation.dra"
+SHARING, OVERALLOCATION, EXCLUSION = "sharing.dra", "over-allocation.dra", "exclusion.dra"
+WHOLE = "whole"     # the profile attribute of a whole-GPU device (kubelet/dra/whole_gpu.py PROFILE)
 VMI_PREFIX = "vgpu-conformance-dra"
 
 
@@ -242,6 +249,74 @@ def plan_workloads(profiles, resource_slices, nodes, device_class):
                       "driver": DRA_VGPU_DRIVER, "devices": devices, "gpus": gpus, "physical_gpus": len(gpus),
                       "claim_time": dict(shared.get((profile, node)) or {})})
     return plans, missing
+
+
+def plan_exclusion(profiles, resource_slices, nodes, device_class):
+    """The GPU `exclusion.dra` runs on: the first (node, pool, GPU) of a complete pool that publishes an untainted
+    whole-GPU device and an untainted claim-time device of one of `profiles` on that GPU; None when there is none.
+    Returns {"profile": "whole", "vgpu_profile", "node", "hostname", "gpu", "whole", "device_class", "driver"}."""
+    by_name = dict((n["metadata"]["name"], n) for n in nodes)
+    for (node, _pool), entry in sorted(newest_pools(resource_slices).items()):
+        if not entry["complete"]:
+            continue
+        usable = [d for d in sorted(entry["devices"], key=lambda d: str(d.get("name"))) if not d.get("taints")]
+        wholes = dict((_attribute(d, "parentGPU"), d["name"]) for d in usable if _attribute(d, "wholeGPU") is True)
+        for device in usable:
+            gpu, profile = _attribute(device, "parentGPU"), _attribute(device, "profile")
+            if claim_time(device) and gpu in wholes and profile in profiles:
+                return {"profile": WHOLE, "vgpu_profile": profile, "node": node, "gpu": gpu, "whole": wholes[gpu],
+                        "hostname": node_labels(by_name.get(node) or {}).get(HOSTNAME_LABEL, node),
+                        "device_class": device_class, "driver": DRA_VGPU_DRIVER}
+    return None
+
+
+def exclusion_sides(plan):
+    """The two plans whose claims exclude each other on the plan's GPU: the whole GPU, and a vGPU of it."""
+    return dict(plan, profile=WHOLE), dict(plan, profile=plan["vgpu_profile"])
+
+
+def exclusion_names():
+    """(first, second) claim/VMI names of the two rounds: whole then vGPU, vGPU then whole."""
+    return [("%s-excl-%d" % (VMI_PREFIX, n), "%s-excl-%d" % (VMI_PREFIX, n + 1)) for n in (1, 3)]
+
+
+def exclusion_check(plan, rounds, window):
+    """`rounds`: [(first plan, first name, its claim, second plan, second name, [(vmi, claim)] observed)], whole
+    then vGPU and the other way round. PASS when each first claim holds its device on the GPU and each second
+    one stayed unallocated, its VMI unscheduled, for the window."""
+    subject = "%s@%s" % (plan["gpu"], plan["node"])
+    details = {"node": plan["node"], "gpu": plan["gpu"], "vgpu_profile": plan["vgpu_profile"], "rounds": []}
+    problems, unknown, said = [], [], []
+    for first, a, held, second, b, seen in rounds:
+        got = [r for r in allocated(held) if r[1] == plan["driver"]]
+        given = [claim for _vmi, claim in seen if allocated(claim)]
+        details["rounds"].append({"first": a, "holds": [_device(r) for r in got], "second": b,
+                                  "phases": [_phase(vmi) for vmi, _claim in seen],
+                                  "second_allocation": [_device(r) for r in allocated(given[-1])] if given else []})
+        if not got:
+            unknown.append("ResourceClaim %s (%s of GPU %s) was not allocated: nothing to exclude" % (
+                a, first["profile"], plan["gpu"]))
+            continue
+        if given:
+            problems.append("ResourceClaim %s (%s of GPU %s) was allocated %s while %s held %s: one GPU given whole and "
+                            "as vGPUs" % (b, second["profile"], plan["gpu"], ", ".join(
+                                _device(r) for r in allocated(given[-1])), a, ", ".join(_device(r) for r in got)))
+            continue
+        vmi = seen[-1][0] if seen else None
+        if vmi is not None and (is_running(vmi) or node_of(vmi)):
+            problems.append("VMI %s was placed on %s with its claim unallocated" % (b, node_of(vmi) or "a node"))
+        elif vmi is None or unschedulable(vmi) is None:
+            problems.append("ResourceClaim %s stayed unallocated but VMI %s has no Unschedulable condition after %gs"
+                            % (b, b, window))
+        else:
+            said.append("%s (%s) stayed unallocated for %gs while %s held %s" % (
+                b, second["profile"], window, a, ", ".join(_device(r) for r in got)))
+    if problems:
+        return Check(EXCLUSION, KAR_SHARING, subject, FAIL, "; ".join(problems), details)
+    if unknown:
+        return Check(EXCLUSION, KAR_SHARING, subject, UNKNOWN, "; ".join(unknown), details)
+    return Check(EXCLUSION, KAR_SHARING, subject, PASS, "the whole GPU and %s vGPUs of it exclude each other: %s" % (
+        plan["vgpu_profile"], "; ".join(said)), details)
 
 
 def workload_names(plan):

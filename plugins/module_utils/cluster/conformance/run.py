@@ -345,12 +345,14 @@ def preflight(api, params):
         resources = [r for r in resources if r.profiles & set(profiles) or not r.profiles]
     plans, missing = checks.plan_workloads(resources, profiles, node_facts, nodes, dra.dra_gpus(dra_state[2]))
     dra_plans, dra_missing = dra.plan_workloads(profiles, dra_state[2], nodes, device_class) if not dra_off else ([], [])
-    return {"cr": cr, "nodes": nodes, "namespace": namespace, "dra": dra_state, "resources": resources,
+    exclusion = None if dra_off else dra.plan_exclusion(
+        profiles or [p for p in dra_profiles if p != dra.WHOLE], dra_state[2], nodes, device_class)
+    return {"exclusion": exclusion, "cr": cr, "nodes": nodes, "namespace": namespace, "dra": dra_state, "resources": resources,
             "profiles": profiles, "plans": plans, "missing": missing, "node_facts": node_facts, "prefix": prefix,
             "dra_off": dra_off, "dra_plans": dra_plans, "dra_missing": dra_missing}
 
 
-def _would_create(params, run_id, plans, dra_plans):
+def _would_create(params, run_id, plans, dra_plans, exclusion=None):
     manifests = [workloads.namespace_manifest(params["namespace"], run_id)]
     for plan in plans:
         names, extra = checks.vmi_names(plan)
@@ -360,6 +362,12 @@ def _would_create(params, run_id, plans, dra_plans):
         for name in names + [extra]:
             manifests += [workloads.claim_manifest(name, params["namespace"], run_id, plan),
                           workloads.vmi_manifest(name, params["namespace"], run_id, plan, params, claim=name)]
+    if exclusion is not None:
+        whole, vgpu = dra.exclusion_sides(exclusion)
+        for (a, b), side in zip(dra.exclusion_names(), ((whole, vgpu), (vgpu, whole))):
+            for name, plan in zip((a, b), side):
+                manifests += [workloads.claim_manifest(name, params["namespace"], run_id, plan),
+                              workloads.vmi_manifest(name, params["namespace"], run_id, plan, params, claim=name)]
     return manifests
 
 
@@ -440,6 +448,22 @@ def _exercise_dra(api, params, created, plan, rows):
     _delete_workloads(api, created, names + [extra], names + [extra], params, pending=extra)
 
 
+def _exercise_exclusion(api, params, created, plan, rows):
+    """exclusion.dra (dra.py): the whole GPU first, a vGPU of it must stay pending; then the other way round."""
+    namespace, run_id, poll = created.namespace, created.run_id, params["poll_interval"]
+    whole, vgpu = dra.exclusion_sides(plan)
+    rounds = []
+    for (a, b), (first, second) in zip(dra.exclusion_names(), ((whole, vgpu), (vgpu, whole))):
+        _claimed(api, params, created, first, a, "%s of GPU %s" % (first["profile"], plan["gpu"]))
+        wait_for(api, namespace, run_id, lambda v, a=a: checks.is_running(v.get(a)), params["running_timeout"], poll)
+        _claimed(api, params, created, second, b, "%s of GPU %s while %s holds it" % (second["profile"], plan["gpu"], a))
+        seen = observe(api, namespace, run_id, b, params["pending_timeout"], poll, params["running_timeout"],
+                       claim=True)
+        rounds.append((first, a, api.list_claims(namespace, run_id).get(a), second, b, seen))
+        _delete_workloads(api, created, [a, b], [a, b], params, pending=b)
+    rows.append(dra.exclusion_check(plan, rounds, params["pending_timeout"]))
+
+
 def run(api, params, check_mode, now=None):
     """The whole run; returns the module result. Raises ConformanceError / K8sError (one line) after cleanup."""
     validate_params(params)
@@ -448,7 +472,7 @@ def run(api, params, check_mode, now=None):
     dra_served = dra.dra_vgpus(plan["dra"][2])   # the vGPUs DRA publishes are not the device plugin's to count
     rows = checks.inventory_checks(plan["resources"]) + checks.accounting_checks(plan["resources"], plan["node_facts"],
                                                                                  dra_served)
-    manifests = _would_create(params, run_id, plan["plans"], plan["dra_plans"])
+    manifests = _would_create(params, run_id, plan["plans"], plan["dra_plans"], plan["exclusion"])
     created = Created(params["namespace"], run_id)
     cleanup = {"deleted": [], "left": []}
     workload_rows, dra_rows = [], []
@@ -457,10 +481,13 @@ def run(api, params, check_mode, now=None):
             workload_rows += checks.not_run_rows(item, "check mode: no workload created")
         for item in plan["dra_plans"]:
             dra_rows += dra.not_run_rows(item, "check mode: no claim created")
+        if plan["exclusion"] is not None:
+            dra_rows.append(checks.Check(dra.EXCLUSION, checks.KAR_SHARING, "%s@%s" % (
+                plan["exclusion"]["gpu"], plan["exclusion"]["node"]), checks.UNKNOWN, "check mode: no claim created", {}))
     else:
         try:
             with interruptible():
-                if plan["plans"] or plan["dra_plans"]:
+                if plan["plans"] or plan["dra_plans"] or plan["exclusion"]:
                     created.namespace_ours = True   # set first: a create cut short may still have happened
                     api.create_namespace(workloads.namespace_manifest(params["namespace"], run_id))
                     created.items.append("Namespace %s" % params["namespace"])
@@ -468,6 +495,8 @@ def run(api, params, check_mode, now=None):
                     _exercise(api, params, created, item, workload_rows)
                 for item in plan["dra_plans"]:
                     _exercise_dra(api, params, created, item, dra_rows)
+                if plan["exclusion"] is not None:
+                    _exercise_exclusion(api, params, created, plan["exclusion"], dra_rows)
         except BaseException as exc:
             with uninterrupted():
                 cleanup = created.cleanup(api, params)

@@ -70,9 +70,11 @@ def vmi_manifest(name, namespace, run_id, plan, params, claim=None):
     return vmi
 
 
-def profile_selector(driver, profile):
-    """The CEL expression that selects the devices of one vGPU profile of `driver` (README's claim examples)."""
-    return 'device.attributes["%s"].profile == "%s"' % (driver, profile)
+def profile_selector(driver, profile, gpu=None):
+    """The CEL expression that selects the devices of one vGPU profile of `driver` (README's claim examples); with
+    `gpu`, only those of that physical GPU (`parentGPU`: the whole-or-vGPUs row, dra.exclusion_check)."""
+    found = 'device.attributes["%s"].profile == "%s"' % (driver, profile)
+    return found if gpu is None else '%s && device.attributes["%s"].parentGPU == "%s"' % (found, driver, gpu)
 
 
 def claim_manifest(name, namespace, run_id, plan):
@@ -83,7 +85,7 @@ def claim_manifest(name, namespace, run_id, plan):
                      "labels": {RUN_LABEL: run_id, PROFILE_LABEL: plan["profile"]}},
         "spec": {"devices": {"requests": [{"name": DRA_REQUEST, "exactly": {
             "deviceClassName": plan["device_class"], "allocationMode": "ExactCount", "count": 1,
-            "selectors": [{"cel": {"expression": profile_selector(plan["driver"], plan["profile"])}}]}}]}},
+            "selectors": [{"cel": {"expression": profile_selector(plan["driver"], plan["profile"], plan.get("gpu"))}}]}}]}},
     }
 
 

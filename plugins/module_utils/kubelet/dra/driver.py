@@ -215,7 +215,7 @@ class DraDriver:
                         ref, item.pool, item.device, self.pool))
                 if self._whole(item.device):     # a claim-time GPU given whole: checked now (whole_gpu.py)
                     entries.append(claims.PreparedDevice(item.request, item.pool, self.whole.check(
-                        ref, item.device, earlier.get(item.device))))
+                        ref, item.device, earlier.get(item.device) if self._this_boot(ref) else None)))
                     continue
                 if self._chosen_now(item):   # claim-time: a free VF of the allocated GPU (claim_time_prepare.py)
                     taken = others | {e.device.key for e in entries}
@@ -312,14 +312,20 @@ class DraDriver:
             if self._whole(entry.device.name):
                 self.whole.take(ref, entry.device, self._whole_step(ref, entry.device.name))
 
+    def _this_boot(self, ref):
+        """Whether the claim's record was written in this boot: only then is a PF off nvidia where its steps left it
+        (a reboot puts the PF back on nvidia; on vfio-pci after that, someone else bound it)."""
+        return (self.checkpoint.get(ref.uid) or {}).get("bootID") == self.checkpoint.boot_id
+
     def _give_back_whole(self, ref, entry):
         """Every GPU the record gives whole back to vGPUs (the caller holds the node lock); a ClaimError (the record
-        stays) when one cannot be given back."""
+        stays) when one cannot be given back. A record of an earlier boot never rebinds the PF (whole_gpu.give_back)."""
+        ours = (entry or {}).get("bootID") == self.checkpoint.boot_id
         for record in (entry or {}).get("devices") or ():
             if isinstance(record.get("whole"), dict):
                 if self.whole is None:
                     raise ClaimError("%s: GPU %s was given whole; this driver cannot give it back" % (ref, record["key"]))
-                self.whole.give_back(ref, record["key"], self._whole_step(ref, record["device"]))
+                self.whole.give_back(ref, record["key"], self._whole_step(ref, record["device"]), ours)
 
     def _chosen_now(self, item):
         return self.typer is not None and self.typer.owns(item.device)

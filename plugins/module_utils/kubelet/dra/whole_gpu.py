@@ -157,12 +157,16 @@ class WholeGpuPreparer:
         mine = claim_holders.HOLDER % (ref.namespace, ref.name)
         try:
             driver = pci.PciDevice(self.sysfs, device.gpu).driver
+            found = self.holders.held([device.gpu] + pci.PciDevice(self.sysfs, device.gpu).virtfns())
+            # another claim's record holds the PF (given whole to it, a stale allocation): named, not guessed at
+            others = [h for h in found.get(device.gpu) or () if claim_holders.is_claim_holder(h) and h != mine]
+            if others:
+                why = "it is given whole to %s" % ", ".join(sorted(others))
             # a retry after a crash finds the PF where this claim's recorded step left it (any driver): ours
-            if driver != whole_gpu.HOST_DRIVER and not (earlier or {}).get("whole"):
+            elif driver != whole_gpu.HOST_DRIVER and not (earlier or {}).get("whole"):
                 why = "it is bound to %s, not by this driver (an operator's passthrough?)" % (driver or "no driver")
             else:
-                scope = [device.gpu] + pci.PciDevice(self.sysfs, device.gpu).virtfns()
-                why = whole_gpu.busy(self.sysfs, device.gpu, self.holders.held(scope), (mine,))
+                why = whole_gpu.busy(self.sysfs, device.gpu, found, (mine,))
         except (SysfsError, OSError) as exc:
             why = "it cannot be read (%s)" % exc
         if why:
@@ -189,11 +193,12 @@ class WholeGpuPreparer:
             # the sriov engine's errors (SriovError) name the PF; said as this claim's error
             raise ClaimError("%s: GPU %s cannot be given whole: %s" % (ref, device.gpu, exc)) from None
 
-    def give_back(self, ref, gpu, step):
-        """Unprepare's steps (node/engine/whole_gpu.give_back) for the PF `gpu`; a ClaimError naming it when they fail."""
+    def give_back(self, ref, gpu, step, ours=True):
+        """Unprepare's steps (node/engine/whole_gpu.give_back) for the PF `gpu`; a ClaimError naming it when they fail.
+        `ours`: the claim's record is of this boot (else the PF's driver is not this driver's doing)."""
         self.holders.forget()
         try:
-            whole_gpu.give_back(self.sysfs, gpu, self._set_vfs, step, self.holders.held([gpu]))
+            whole_gpu.give_back(self.sysfs, gpu, self._set_vfs, step, self.holders.held([gpu]), ours)
         except Exception as exc:  # pylint: disable=broad-exception-caught
             raise ClaimError("%s: GPU %s is not given back to vGPUs yet: %s; the kubelet retries" % (
                 ref, gpu, exc)) from None

@@ -46,7 +46,6 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import c
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout.vgpu_layout import LayoutError
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.vgpu_types import VgpuTypeError, parse_profile
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine.vgpu_writer import VgpuWriter, attempt
-from ansible_collections.accelops.vgpu.plugins.module_utils.node.engine import whole_gpu
 
 VDM_KEY, LAYOUT_KEY = "claim-time", "claim_time"
 VDM_ENTRY_KEYS = ("devices", "device-filter", "profiles", "whole-gpu")
@@ -276,6 +275,11 @@ class Modes:
         return found
 
 
+def held_whole_at(modes_file):
+    """claim_holders.held_whole of the checkpoint beside `modes_file` (the DRA driver's directory)."""
+    return claim_holders.held_whole(claim_holders.read_claims(claim_holders.checkpoint_path(os.path.dirname(modes_file))))
+
+
 def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, boot_id=None):
     """Modes for one reconcile (under the node lock, before any write): which GPUs are claim-time, refused
     moves (LayoutError), the VFs of claim-time GPUs that carry a type no holder explains (left by the
@@ -303,7 +307,7 @@ def plan(sysfs, declaration_, gpus, modes_file, held_of, vfs_of, recheck=None, b
     gpus_here = sorted(set(chosen) | set(before))
     held = held_of(gpus_here + [vf for address in gpus_here for vf in vfs_of.get(address) or ()])
     check_moves(sysfs, before, chosen, held, vfs_of)
-    given = whole_gpu.held(claim_holders.read_claims(claim_holders.checkpoint_path(os.path.dirname(modes_file))))
+    given = held_whole_at(modes_file)
     given = {address: given[address] for address in gpus_here if address in given}
     _check_whole_moves(before, chosen, given)
     parents = inuse.mdev_parents(sysfs)

@@ -7,7 +7,7 @@ Works on a live /sys, on gpusim, and on a plain copy of a host's sysfs (relative
 missing or unreadable): every attribute is read on its own and what cannot be read is reported as
 null, never as an error.
 
-    gather(sysfs, held, type_names=None, mig_info=None) -> {"gpus": [...], "vfs": [...], "mdevs": [...]}
+    gather(sysfs, held, type_names=None, mig_info=None, whole=None) -> {"gpus": [...], "vfs": [...], "mdevs": [...]}
 
 - gpus: every PCI base class 0x03 function that is not a VF. `framework` is `vendor-vfio` when its
   VFs have `nvidia/` (vGPU 17+ on Ada/Hopper/Blackwell), `mdev` when it or its VFs are mdev parents
@@ -19,7 +19,8 @@ null, never as an error.
   (enabled/disabled, null without MIG or nvidia-smi) and `gpu_instances`; a VF with a vGPU its
   `gpu_instance_id` (the driver's output; 0 for time-sliced types).
 - every GPU: `reserved`, why the engine leaves it alone (passed through: bound to vfio-pci or another
-  driver than nvidia, node/holders/pf_driver.py), null when it is the engine's; `held`/`holders` of the PF
+  driver than nvidia, node/holders/pf_driver.py), null when it is the engine's or a DRA claim holds it whole
+  (`held_whole`: {by, step}, from the checkpoint: claim_holders.held_whole); `held`/`holders` of the PF
   itself (a passthrough VM holding its VFIO group).
 - mdevs: every `bus/mdev/devices/<uuid>` with parent, type and whether a VM holds it.
 `held` is the mapping of inuse.held_devices().
@@ -105,7 +106,7 @@ def _mig_facts(mig_info, address, vendor):
     return _attempt(lambda: mig_info(address), unknown)
 
 
-def _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names, mig_info=None):
+def _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names, mig_info=None, whole=None):
     vendor, device = _attempt(lambda: dev.vendor), _attempt(lambda: dev.device)
     vf_addresses = _attempt(dev.virtfns, [])
     vfs = [_vf_facts(sysfs, vf, dev.address, held, parents, bus_parents) for vf in vf_addresses]
@@ -125,7 +126,10 @@ def _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names, mig_info=None
         "vfs": vf_addresses,
         "mdev_types": _mdev_types(sysfs, dev.address) if pf_parent else [],
         # passed through (bound to vfio-pci...): the engine leaves it alone; why (node/holders/pf_driver.py), else null
-        "reserved": _attempt(lambda: pf_driver.reserved(sysfs, dev)),
+        # given whole to a DRA claim (claim_holders.held_whole): held by it, not reserved, whatever its driver
+        "reserved": None if dev.address in whole else _attempt(lambda: pf_driver.reserved(sysfs, dev)),
+        "held_whole": ({"by": whole[dev.address][0], "step": whole[dev.address][1].get("step")}
+                       if dev.address in whole else None),
         "held": bool(inuse.holders(held, dev.address, parents)),
         "holders": inuse.holders(held, dev.address, parents),
     }
@@ -150,15 +154,17 @@ def _is_gpu_pf(dev):
     return _attempt(lambda: dev.is_display and not dev.is_vf, False)
 
 
-def gather(sysfs, held, type_names=None, mig_info=None):
-    """{"gpus", "vfs", "mdevs"} of the node; `held` = inuse.held_devices(...)."""
+def gather(sysfs, held, type_names=None, mig_info=None, whole=None):
+    """{"gpus", "vfs", "mdevs"} of the node; `held` = inuse.held_devices(...); `whole` = claim_holders.held_whole
+    (the GPUs DRA claims hold whole)."""
+    whole = whole or {}
     parents = _attempt(lambda: inuse.mdev_parents(sysfs), {})
     bus_parents = set(_attempt(lambda: vgpu_types.mdev_parents(sysfs), []))
     gpus, vfs = [], []
     for address in _attempt(lambda: pci.list_addresses(sysfs), []):
         dev = pci.PciDevice(sysfs, address)
         if _is_gpu_pf(dev):
-            gpu, gpu_vfs = _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names, mig_info)
+            gpu, gpu_vfs = _gpu_facts(sysfs, dev, held, parents, bus_parents, type_names, mig_info, whole)
             gpus.append(gpu)
             vfs.extend(gpu_vfs)
     mdevs = [_mdev_facts(sysfs, uuid, parent, held) for uuid, parent in sorted(parents.items())]

@@ -141,43 +141,45 @@ def _sriov_pfs(sysfs):
     return found
 
 
-def _by_address(sysfs, address, take_over=()):
+def _by_address(sysfs, address, take_over=(), whole=None):
     dev = device_selection.physical_function(sysfs, address)
     if not dev.sriov_capable:
         raise SriovError("devices: %s does not support SR-IOV (no sriov_totalvfs)" % address)
-    why = pf_driver.reserved(sysfs, dev, take_over)
+    why = pf_driver.reserved(sysfs, dev, take_over, whole)
     if why is not None:
-        raise SriovError(str(pf_driver.named_error(address, why)))
+        raise SriovError(str(pf_driver.named_error(address, why, whole=whole)))
     return dev
 
 
-def _own(sysfs, devs, take_over, skipped):
-    """The PFs of `devs` the engine may change; the others (passed through) go to `skipped` (node/holders/pf_driver.py)."""
-    found = pf_driver.skipped(sysfs, devs, take_over)
+def _own(sysfs, devs, take_over, skipped, whole=None):
+    """The PFs of `devs` the engine may change; the others (passed through, or given whole to a DRA claim) go to
+    `skipped` (node/holders/pf_driver.py)."""
+    found = pf_driver.skipped(sysfs, devs, take_over, whole)
     if skipped is not None:
         skipped.extend(found)
     gone = set(s.address for s in found)
     return [dev for dev in devs if dev.address not in gone]
 
 
-def select_pfs(sysfs, devices="all", take_over=(), skipped=None):
+def select_pfs(sysfs, devices="all", take_over=(), skipped=None, whole=None):
     """`devices` -> [PciDevice] of the selected PFs, in address order (see the module docstring).
     A PF passed through (pf_driver.reserved) is left out and added to the list `skipped` when `all` or a
-    filter selects it, and an error when its address is listed (unless `take_over` lists it)."""
+    filter selects it, and an error when its address is listed (unless `take_over` lists it). A PF a DRA claim
+    holds whole (`whole`: claim_holders.held_whole) likewise, whatever its driver and `take_over`."""
     items = _as_items(devices)
     if any(item.lower() == "all" for item in items):
         if len(items) != 1:
             raise SriovError("devices: 'all' cannot be combined with other entries (%s)" % ", ".join(map(shown, items)))
-        return _own(sysfs, [dev for dev in _sriov_pfs(sysfs) if dev.is_display], take_over, skipped)
+        return _own(sysfs, [dev for dev in _sriov_pfs(sysfs) if dev.is_display], take_over, skipped, whole)
     if not items:
         raise SriovError("devices: the list is empty; give 'all', PCI addresses or vendor/device filters")
     try:
-        return _select_listed(sysfs, items, take_over, [] if skipped is None else skipped)
+        return _select_listed(sysfs, items, take_over, [] if skipped is None else skipped, whole)
     except device_selection.SelectionError as err:
         raise SriovError(str(err)) from None
 
 
-def _select_listed(sysfs, items, take_over=(), skipped=None):
+def _select_listed(sysfs, items, take_over=(), skipped=None, whole=None):
     """Addresses and filters -> PFs, by device_selection's rules (shared with the vGPU layouts)."""
     selection, devices, candidates = device_selection.Selection(), {}, None
     for item in items:
@@ -193,9 +195,9 @@ def _select_listed(sysfs, items, take_over=(), skipped=None):
             if candidates is None:
                 candidates = _sriov_pfs(sysfs)
             matches = [dev for dev in candidates if dev.id_pair == (vendor, device)]
-            matches = _own(sysfs, matches, take_over, skipped)
+            matches = _own(sysfs, matches, take_over, skipped, whole)
         selection.spelling(key, item)
-        for dev in matches if matches is not None else [_by_address(sysfs, key, take_over)]:
+        for dev in matches if matches is not None else [_by_address(sysfs, key, take_over, whole)]:
             selection.choose(dev.address, item)
             devices[dev.address] = dev
     if not devices and skipped:
@@ -297,12 +299,13 @@ def _recheck_removal(sysfs, plan):
 
 
 def plan_vfs(sysfs, runner, devices="all", num_vfs="max", state="present", method="auto", force=False,
-             held=None, sriov_manage_path=None, take_over=()):
+             held=None, sriov_manage_path=None, take_over=(), whole=None):
     """Validate everything and return a SriovPlan; nothing is written.
 
     `sriov_manage_path`: the sriov-manage to use (checked when NVIDIA PFs may need it); None finds it.
     `take_over`: PF addresses passed through (node/holders/pf_driver.py) the engine may rebind, none of whose
-    VFIO groups may be held (`held` is asked).
+    VFIO groups may be held (`held` is asked). `whole`: claim_holders.held_whole, the GPUs DRA claims hold whole:
+    skipped, or refused when named (never given VFs nor rebound; a reboot leaves them on nvidia without VFs).
     """
     if state not in STATES:
         raise SriovError("state %r is not one of %s" % (state, ", ".join(STATES)))
@@ -310,7 +313,7 @@ def plan_vfs(sysfs, runner, devices="all", num_vfs="max", state="present", metho
         raise SriovError("method %r is not one of %s" % (method, ", ".join(METHODS)))
     wanted = parse_num_vfs(num_vfs) if state == "present" else 0
     skipped = []
-    pfs = select_pfs(sysfs, devices, take_over, skipped)
+    pfs = select_pfs(sysfs, devices, take_over, skipped, whole)
     taking = [d.address for d in pfs if d.address in take_over and pf_driver.reserved(sysfs, d) is not None]
     if taking:
         if held is None:

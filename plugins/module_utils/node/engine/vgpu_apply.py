@@ -364,7 +364,9 @@ class NodeEngine:
         for address, allow in self.modes.offerable():     # a claim-time GPU passed through offers nothing
             self._claim_time_offers(gpus[address], allow, vfs_of.get(address), enable_vfs and state == "present")
         self.offers_planned = True
-        self.skipped = self.modes.reserved + drop_reserved(selection, list(gpus.values()), self.sysfs, self.take_over)
+        # a GPU a DRA claim holds whole is never the layout's, even where the modes file lost it (held, not reserved)
+        self.skipped = self.modes.reserved + drop_reserved(selection, list(gpus.values()), self.sysfs, self.take_over,
+                                                           claim_time_layout.held_whole_at(self.modes_file))
         frameworks, no_vgpu = frameworks_of(self.sysfs, selection, gpus, vfs_of)
         self.skipped += no_vgpu
         # the scope names the VFs too (read with the GPUs): no physfn link is read to place them

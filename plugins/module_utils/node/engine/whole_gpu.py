@@ -20,9 +20,11 @@ driver_override set only that driver binds the device; an empty write clears it.
 enabled (nvidia's remove takes them down under any VM; sriov-manage disables them first for the same reason).
 
 A PF that a record says a claim holds whole is this driver's, not an operator's reservation (node/pf_driver.py):
-`held(claims)` names those PFs; the reconcile (claim_time_layout.plan) neither touches nor reports them reserved.
+node/holders/claim_holders.held_whole names those PFs; the reconcile (claim_time_layout.plan), vgpu_facts and
+sriov_vfs neither touch nor report them reserved.
 A reboot leaves the PF on nvidia without VFs and the record in place: the kubelet prepares the claim again
-(STEP_DISABLE finds no VF, STEP_BIND rebinds) or unprepares it (VFs enabled again).
+(STEP_DISABLE finds no VF, STEP_BIND rebinds) or unprepares it (VFs enabled again). A record of an earlier boot
+never explains a PF off nvidia: someone else bound it since the reboot; it is neither taken nor rebound.
 """
 
 from __future__ import annotations
@@ -40,17 +42,6 @@ PREPARE_STEPS = (STEP_CHECKED, STEP_DISABLE, STEP_BIND, STEP_BOUND)
 
 class WholeGpuError(EngineError):
     """A whole-GPU step that cannot be taken; the message names the GPU."""
-
-
-def held(claims):
-    """{PF address: (claim holder name, the device's `whole` record)} of every checkpoint claim (node/claim_holders
-    format) holding a GPU whole."""
-    found = {}
-    for entry in (claims or {}).values():
-        for device in entry.get("devices") or ():
-            if isinstance(device.get("whole"), dict):
-                found[device["key"]] = (claim_holders.HOLDER % (entry["namespace"], entry["name"]), device["whole"])
-    return found
 
 
 def busy(sysfs, pf, found, mine=()):
@@ -113,10 +104,14 @@ def take(sysfs, pf, set_vfs, step):
     step(STEP_BOUND)
 
 
-def give_back(sysfs, pf, set_vfs, step, found):
+def give_back(sysfs, pf, set_vfs, step, found, ours=True):
     """Unprepare's steps: back to nvidia, the VFs enabled again and verified. `found`: inuse.held_devices of the PF:
-    a VM that still has its VFIO group open keeps it (the unbind would block until it lets go): an error."""
+    a VM that still has its VFIO group open keeps it (the unbind would block until it lets go): an error.
+    `ours` False (the record is of an earlier boot): a reboot put the PF back on nvidia, so a PF on another driver now
+    was bound by someone else (an operator, the GPU Operator's vfio-manager, another DRA driver): left as it is."""
     dev = pci.PciDevice(sysfs, pf)
+    if dev.driver != HOST_DRIVER and not ours:
+        return
     if dev.driver != HOST_DRIVER:
         holders = [h for h in inuse.holders(found, pf, {}) if not claim_holders.is_claim_holder(h)]
         if holders:

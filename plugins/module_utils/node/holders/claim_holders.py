@@ -102,6 +102,25 @@ def holders(claims):
     return {key: sorted(set(names)) for key, names in held.items()}
 
 
+def held_whole(claims):
+    """{PF address: (claim holder name, the device's `whole` record)} of every claim holding a GPU whole (issue 42:
+    kubelet/dra/whole_gpu.py, node/engine/whole_gpu.py). A PF in it is on vfio-pci (or on its way there or back)
+    because OUR Prepare moved it, not because an operator reserved it: the one reading every path uses to tell
+    them apart (the reconcile, vgpu_facts, sriov_vfs: node/holders/pf_driver.py)."""
+    found = {}
+    for entry in (claims or {}).values():
+        for device in entry.get("devices") or ():
+            if isinstance(device.get("whole"), dict):
+                found[device["key"]] = (HOLDER % (entry["namespace"], entry["name"]), device["whole"])
+    return found
+
+
+def held_whole_of(kubelet_dir=DEFAULT_KUBELET_DIR, driver=DRIVER):
+    """held_whole() of the checkpoint under `kubelet_dir`; none there: {}. A damaged checkpoint raises (unknown is
+    held)."""
+    return held_whole(read_claims(checkpoint_path(plugin_dir(kubelet_dir or DEFAULT_KUBELET_DIR, driver))))
+
+
 def read_boot_id(proc_root="/proc"):
     """The running kernel's boot ID (`<proc_root>/sys/kernel/random/boot_id`), recorded with each prepared claim;
     None when it cannot be read."""

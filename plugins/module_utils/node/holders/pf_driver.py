@@ -25,7 +25,14 @@ option `take_over`, CLI `--take-over`): the engine then treats the PF as its own
 no process holds the PF's VFIO group (`inuse.held_devices`, every holder source, probed when the /proc
 scan is incomplete).
 
-API: `reserved(sysfs, dev) -> reason or None`; `Skipped(address, driver, reason)`; `check_take_over(...)`.
+A GPU that a DRA claim holds whole (issue 42: our Prepare bound it to vfio-pci, its VFs off; the checkpoint
+says so, claim_holders.held_whole) is not reserved but HELD: whoever passes `whole` (that mapping) gets, for such a
+PF, a reason naming the claim, whatever driver it is on (after a reboot it is back on nvidia without VFs until the
+kubelet prepares the claim again) and whatever `take_over` says: sriov_vfs skips it (or refuses it when named),
+never enabling its VFs or rebinding it; vgpu_facts reports it `held_whole`, not `reserved`.
+
+API: `reserved(sysfs, dev, take_over, whole) -> reason or None`; `Skipped(address, driver, reason)`;
+`check_take_over(...)`.
 """
 
 from __future__ import annotations
@@ -57,8 +64,21 @@ class Skipped(namedtuple("Skipped", "address driver reason")):
         return "%s: skipped: %s" % (self.address, self.reason)
 
 
-def reserved(sysfs, dev, take_over=()):
-    """Why the PF `dev` (a pci.PciDevice) is not the engine's, or None when it is (module docstring)."""
+def held_whole(address, whole):
+    """Why PF `address` is held by a DRA claim given it whole (`whole`: claim_holders.held_whole), or None."""
+    if address not in (whole or {}):
+        return None
+    holder, record = whole[address]
+    return "given whole to %s (step %s) by the DRA driver; held until that claim is unprepared" % (
+        holder, record.get("step"))
+
+
+def reserved(sysfs, dev, take_over=(), whole=None):
+    """Why the PF `dev` (a pci.PciDevice) is not the engine's, or None when it is (module docstring); `whole`:
+    claim_holders.held_whole, whose PFs are held whatever their driver and `take_over`."""
+    why = held_whole(dev.address, whole)
+    if why is not None:
+        return why
     if dev.address in take_over:
         return None
     driver = dev.driver
@@ -79,18 +99,20 @@ def reserved(sysfs, dev, take_over=()):
     return None
 
 
-def skipped(sysfs, devs, take_over=()):
-    """[Skipped] of the PciDevices that are reserved, in the given order."""
+def skipped(sysfs, devs, take_over=(), whole=None):
+    """[Skipped] of the PciDevices that are reserved or held whole, in the given order."""
     found = []
     for dev in devs:
-        why = reserved(sysfs, dev, take_over)
+        why = reserved(sysfs, dev, take_over, whole)
         if why is not None:
             found.append(Skipped(dev.address, dev.driver, why))
     return found
 
 
-def named_error(address, why, how="devices"):
-    """The one-line error for a reserved PF a `devices` entry names."""
+def named_error(address, why, how="devices", whole=None):
+    """The one-line error for a reserved PF a `devices` entry names (held whole, in `whole`: no take_over takes it)."""
+    if address in (whole or {}):
+        return ReservedError("%s: %s is %s; its VFs and driver are left alone" % (how, address, why))
     return ReservedError("%s: %s is %s; it is left alone (take_over, on the CLI --take-over, lets the engine rebind it)"
                          % (how, address, why))
 

@@ -312,18 +312,19 @@ def resolve(entries, gpus, sysfs=None):
     return selected
 
 
-def drop_reserved(selection, gpus, sysfs, take_over=()):
-    """`selection` without the GPUs passed through (node/holders/pf_driver.py): [pf_driver.Skipped] of those
-    `devices: all` or a filter selected; a GPU an entry names (address or index) is a LayoutError."""
+def drop_reserved(selection, gpus, sysfs, take_over=(), whole=None):
+    """`selection` without the GPUs passed through or held whole by a DRA claim (`whole`: claim_holders.held_whole;
+    node/holders/pf_driver.py): [pf_driver.Skipped] of those `devices: all` or a filter selected; a GPU an entry
+    names (address or index) is a LayoutError."""
     by_address = dict((g.address, g) for g in gpus)
     skipped = []
     for address in list(selection):
-        why = pf_driver.reserved(sysfs, pci.PciDevice(sysfs, address), take_over)
+        why = pf_driver.reserved(sysfs, pci.PciDevice(sysfs, address), take_over, whole)
         if why is None:
             continue
         entry, named = naming_entry(selection[address], by_address[address])
         if entry is not None:
-            raise LayoutError("%s: %s" % (entry.origin, pf_driver.named_error(named, why)))
+            raise LayoutError("%s: %s" % (entry.origin, pf_driver.named_error(named, why, whole=whole)))
         skipped.append(pf_driver.Skipped(address, pci.PciDevice(sysfs, address).driver, why))
         del selection[address]
     return skipped

@@ -226,3 +226,47 @@ def test_mig_backed_placements_count_as_many_claims_as_their_counters_allow(monk
     plans, missing = dra.plan_workloads(["H100-1-10C", "H100-1-10CME", "H100-3-40C"], published, NODES, "c")
     assert missing == [] and [(p["profile"], p["count"], len(p["devices"])) for p in plans] == [
         ("H100-1-10C", 7, 7), ("H100-1-10CME", 1, 7), ("H100-3-40C", 2, 2)]
+
+
+def test_the_whole_gpu_and_its_vgpus_exclude_each_other_through_the_scheduler_double(monkeypatch):
+    """exclusion.dra (issue 42.1) over the slices a whole-gpu claim-time GPU publishes: the claims the run creates,
+    allocated by the scheduler double (counters charged), give the row PASS both ways; an allocator that ignores the
+    counters (as NVIDIA's whole-GPU devices, which have none) gives it FAIL."""
+    from ansible_collections.accelops.vgpu.plugins.module_utils.kubelet.dra import claim_time, devices, slices  # pylint: disable=import-outside-toplevel
+    from ansible_collections.accelops.vgpu.tests.fakes.vmi_controller import DraAllocator, Unallocatable  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(devices, "pcie_root", lambda sysfs, address: None)
+    monkeypatch.setattr(devices, "numa_node", lambda sysfs, address: None)
+    profiles = [{"profile": p, "type_name": "NVIDIA " + p, "type_id": t, "size_mib": s, "max_instances": m}
+                for p, t, s, m in (("L40S-24Q", 1155, 24576, 2), ("L40S-12Q", 1154, 12288, 4))]
+    gpus = [{"address": address, "model": "L40S", "vfs": 32, "whole_gpu": whole, "profiles": profiles}
+            for address, whole in ((GPU_A, False), (GPU_B, True))]
+    published = slices.desired_slices("gpu-a", claim_time.offers(None, gpus), 1)
+    assert dra.plan_exclusion(["L40S-48Q"], published, NODES, "vgpu.accelops.io") is None
+    plan_ = dra.plan_exclusion(["L40S-12Q", "L40S-24Q"], published, NODES, "vgpu.accelops.io")
+    assert (plan_["gpu"], plan_["node"], plan_["hostname"], plan_["vgpu_profile"], plan_["whole"]) == (
+        GPU_B, "gpu-a", "gpu-a.lan", "L40S-12Q", "whole-gpu-0000-42-00-0")
+    whole, vgpu = dra.exclusion_sides(plan_)
+    pending = vmi("b", "Pending", None, [UNSCHEDULABLE])
+
+    def rounds(overallocate):
+        found = []
+        for (a, b), (first, second) in zip(dra.exclusion_names(), ((whole, vgpu), (vgpu, whole))):
+            claims = [workloads.claim_manifest(n, "ns", "run", side) for n, side in ((a, first), (b, second))]
+            claims[0]["status"] = {"allocation": DraAllocator([CLASS], published, {}).allocate(claims[0], "gpu-a")}
+            try:
+                claims[1]["status"] = {"allocation": DraAllocator([CLASS], published, {("ns", a): claims[0]},
+                                                                  overallocate).allocate(claims[1], "gpu-a")}
+            except Unallocatable:
+                pass
+            found.append((first, a, claims[0], second, b, [(pending, claims[1])]))
+        return found
+    found = rounds(False)
+    assert [dra.allocated(r[2])[0][3] for r in found] == ["whole-gpu-0000-42-00-0", "l40s-12q-gpu-0000-42-00-0"]
+    row = dra.exclusion_check(plan_, found, 2)
+    assert (row.check, row.subject, row.status) == ("exclusion.dra", "%s@gpu-a" % GPU_B, PASS), row.reason
+    assert "vgpu-conformance-dra-excl-2 (L40S-12Q) stayed unallocated for 2s while vgpu-conformance-dra-excl-1 held " \
+        "%s/whole-gpu-0000-42-00-0" % dra.allocated(found[0][2])[0][2] in row.reason
+    row = dra.exclusion_check(plan_, rounds(True), 2)
+    assert row.status == FAIL and "one GPU given whole and as vGPUs" in row.reason
+    row = dra.exclusion_check(plan_, [(whole, "a", claim("a"), vgpu, "b", [(pending, claim("b"))])], 2)
+    assert row.status == UNKNOWN and "was not allocated: nothing to exclude" in row.reason

@@ -261,9 +261,10 @@ class Dying:
 
 
 PREPARE_POINTS = [("step", node_whole.STEP_DISABLE), ("vfs", 0), ("step", node_whole.STEP_BIND),
-                  ("write", "driver_override"), ("write", "nvidia/unbind"), ("step", node_whole.STEP_BOUND)]
+                  ("write", "driver_override"), ("write", "nvidia/unbind"), ("write", "vfio-pci/bind"),
+                  ("step", node_whole.STEP_BOUND)]
 UNPREPARE_POINTS = [("step", node_whole.STEP_RETURN), ("write", "driver_override"), ("write", "vfio-pci/unbind"),
-                    ("step", node_whole.STEP_ENABLE), ("vfs", "max")]
+                    ("write", "nvidia/bind"), ("step", node_whole.STEP_ENABLE), ("vfs", "max")]
 
 
 def whole_state(e):
@@ -379,3 +380,135 @@ def test_a_seeded_sequence_of_claims_never_gets_one_gpu_whole_and_as_vgpus_and_e
         if step % 9 == 8:       # a reconcile now and then: what it offers does not change under the claims
             e.result = e.reconcile()
     assert refused and {kinds[name] for name in kinds} == set(KINDS)
+
+
+# --- trying to break it (a fleet's day: restarts, reboots, stale allocations, operators) -----------------------------
+
+def test_a_vm_holding_the_pf_keeps_it_at_unprepare_until_it_lets_go(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.hold(GPU1)           # the VM's QEMU still has the PF's VFIO group open
+    answer = e.driver.unprepare([ref(one)])[UIDS[0]]
+    assert "GPU %s is not given back to vGPUs yet: GPU %s: still held by" % (GPU1, GPU1) in answer
+    assert whole_state(e) == ("vfio-pci", 0) and e.record(UIDS[0])["devices"][0]["whole"]["step"] == "bound"
+    e.reconcile()
+    assert whole_state(e) == ("vfio-pci", 0)
+    e.node.release(GPU1)
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
+
+
+@pytest.mark.parametrize("whole_first", [True, False])
+def test_one_call_with_a_whole_claim_and_a_vgpu_claim_of_the_same_gpu_prepares_one_only(env, whole_first):
+    """A stale allocation (the scheduler never gives both): whichever comes first in the kubelet's call is prepared,
+    the other is refused naming why, and the GPU is in the first one's state."""
+    one, two = claim("vm-whole", UIDS[0], [WHOLE], NODE), claim("vm-24q", UIDS[1], [D24], NODE)
+    e = env(one, two)
+    refs = [ref(one), ref(two)] if whole_first else [ref(two), ref(one)]
+    answers = e.driver.prepare(refs)
+    first, second = (UIDS[0], UIDS[1]) if whole_first else (UIDS[1], UIDS[0])
+    assert answers[first].error == "" and answers[second].error and e.record(second) is None
+    assert whole_state(e) == (("vfio-pci", 0) if whole_first else ("nvidia", 32))
+    assert e.driver.unprepare([ref(one), ref(two)]) == {UIDS[0]: "", UIDS[1]: ""}
+    assert whole_state(e) == ("nvidia", 32)
+
+
+def test_a_second_whole_claim_of_a_gpu_given_whole_is_refused_naming_the_claim_that_has_it(env):
+    one, two = claim("vm-whole", UIDS[0], [WHOLE], NODE), claim("vm-other", UIDS[1], [WHOLE], NODE)
+    e = env(one, two)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    answer = e.driver.prepare([ref(two)])[UIDS[1]]
+    assert "GPU %s cannot be given whole: it is given whole to DRA claim vms/vm-whole" % GPU1 in answer.error
+    assert whole_state(e) == ("vfio-pci", 0) and e.record(UIDS[1]) is None
+
+
+def test_after_a_reboot_the_boot_units_apply_without_a_declaration_leaves_the_vfs_off(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("reboot")
+    boot = e.make_engine()      # the boot unit: `accelops-vgpu apply`, no claim-time declaration, enable_vfs
+    vgpu_apply.apply(boot, vgpu_layout.from_document(DOC, "default"), enable_vfs=True)
+    assert whole_state(e) == ("nvidia", 0)
+
+
+def test_a_vgpu_manager_restart_while_the_gpu_is_given_whole_changes_nothing(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("manager-restart")
+    result = e.reconcile()
+    assert whole_state(e) == ("vfio-pci", 0) and [g for g in result["claim_time"] if g["address"] == GPU1][0][
+        "held_whole"]["step"] == "bound"
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
+
+
+def test_a_layout_apply_that_lost_the_claim_time_record_still_leaves_a_gpu_given_whole_alone(env):
+    """The modes file (claim-time-gpus.json) gone, a layout of `devices: all`: the checkpoint alone says the GPU is a
+    claim's; after a reboot it is on nvidia without VFs, and the layout would have given it VFs and vGPUs."""
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("reboot")
+    os.remove(e.engine.modes_file)
+    everything = {"version": "v1", "vgpu-configs": {"default": [{"devices": "all", "vgpu-devices": {"L40S-24Q": 2}}]}}
+    result = vgpu_apply.apply(e.make_engine(), vgpu_layout.from_document(everything, "default"), enable_vfs=True)
+    assert whole_state(e) == ("nvidia", 0)
+    [skipped] = [s for s in result["reserved"] if s["address"] == GPU1]
+    assert "given whole to DRA claim vms/vm-whole (step bound)" in skipped["reason"]
+
+
+@pytest.mark.parametrize("edit", ["to-the-layout", "out-of-claim-time", "whole-gpu-off"])
+def test_the_operator_editing_the_config_under_a_live_whole_claim_never_takes_the_gpu(env, edit):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    doc = json.loads(json.dumps(DOC))
+    if edit == "to-the-layout":
+        doc["vgpu-configs"]["default"][0]["devices"] = [0, 1]
+        del doc["claim-time"]
+    elif edit == "out-of-claim-time":
+        del doc["claim-time"]
+    else:
+        del doc["claim-time"][0]["whole-gpu"]
+    e.node.clear_log()
+    if edit == "whole-gpu-off":     # allowed: its device stays published while the claim has it
+        result = e.reconcile(doc)
+        assert {i.name for i in claim_time.offers(e.engine.sysfs, result["claim_time"])} >= {WHOLE}
+    else:
+        with pytest.raises(LayoutError, match="GPU %s: cannot move out of claim-time mode while it is given whole to "
+                                              "DRA claim vms/vm-whole" % GPU1):
+            e.reconcile(doc)
+    assert whole_state(e) == ("vfio-pci", 0) and [w for w in e.node.log() if GPU1 in w["path"] + w["value"]] == []
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
+
+
+def test_after_a_reboot_a_pf_someone_else_bound_to_vfio_pci_is_not_taken_for_the_claims_record(env):
+    """The record says the claim had the GPU whole, but a reboot put the PF back on nvidia: whoever bound it to vfio-pci
+    since (the GPU Operator's vfio-manager at boot, NVIDIA's DRA driver with PassthroughSupport, whose Configure takes a
+    PF already on vfio-pci as done: k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/vfio-device.go) is not this driver. The
+    kubelet's prepare again is refused, its unprepare drops the record without rebinding the PF, and it stays reserved."""
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("reboot")
+    e.node.bind(GPU1, "vfio-pci")       # not by us: the boot's vfio-manager, or another DRA driver
+    e.driver = e.start()
+    e.driver.checkpoint.boot_id = "another-boot"
+    answer = e.driver.prepare([ref(one)])[UIDS[0]]
+    assert "GPU %s cannot be given whole: it is bound to vfio-pci, not by this driver" % GPU1 in answer.error
+    e.node.clear_log()
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and e.record(UIDS[0]) is None
+    assert whole_state(e) == ("vfio-pci", 0) and [w for w in e.node.log() if w["result"] == "ok"] == []
+    [gpu] = [g for g in e.reconcile()["claim_time"] if g["address"] == GPU1]
+    assert "reserved" in gpu and "held_whole" not in gpu
+
+
+def test_after_a_reboot_the_unprepare_of_a_claim_never_prepared_again_gives_the_vfs_back(env):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    assert e.driver.prepare([ref(one)])[UIDS[0]].error == ""
+    e.node.ctl("reboot")
+    e.driver = e.start()
+    e.driver.checkpoint.boot_id = "another-boot"
+    assert e.driver.unprepare([ref(one)]) == {UIDS[0]: ""} and whole_state(e) == ("nvidia", 32)
