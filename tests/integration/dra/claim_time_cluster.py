@@ -82,7 +82,7 @@ class ClaimTimeNode:
                                 devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})), self.plugin_dir,
                                 self.cdi_dir, boot_id="boot-1",
                                 typer=ClaimTimePreparer(sysfs, node_holders(sysfs, gpu_node.dev_root, "/proc",
-                                                                                 kubelet)))
+                                                                            kubelet)))
         self.driver.typer.update(self.offers)
 
     def offer(self, device):

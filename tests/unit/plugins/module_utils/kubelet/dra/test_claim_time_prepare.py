@@ -49,7 +49,7 @@ class Env:
         driver = DraDriver(NODE, self.store.get, devices.NodeView(sysfs, lambda: facts.gather(sysfs, {})),
                            self.plugin_dir, self.cdi_dir, boot_id=self.engine.boot_id,   # this boot
                            typer=ClaimTimePreparer(sysfs, node_holders(sysfs, self.node.dev_root, "/proc",
-                                                                            self.kubelet)))
+                                                                       self.kubelet)))
         driver.typer.update(claim_time.offers(sysfs, self.result["claim_time"]))
         return driver
 
