@@ -25,7 +25,10 @@ class CommandError(EngineError):
 
 
 class CommandRunner:
-    """Runs argv lists (never a shell); `calls` records them for callers and tests."""
+    """Runs argv lists (never a shell); `calls` records the last KEPT_CALLS of them for callers and tests (the agent's
+    DRA driver keeps one runner for its whole life: an unbounded record would grow with every MIG-backed prepare)."""
+
+    KEPT_CALLS = 4096
 
     def __init__(self, timeout=600):
         self.timeout = timeout
@@ -50,6 +53,8 @@ class CommandRunner:
         """(rc, stdout, stderr); with check=True a non-zero rc raises CommandError."""
         argv = [str(a) for a in argv]
         self.calls.append(argv)
+        if len(self.calls) > self.KEPT_CALLS:
+            del self.calls[:-self.KEPT_CALLS]
         rc, out, err = self._execute(argv)
         if check and rc != 0:
             raise CommandError(argv, rc, out, err)
