@@ -118,6 +118,17 @@ def check_claim_time_scene(out):
     assert not [k for k in labels if k.startswith("nvidia.com/vgpu.config")]
 
 
+def check_claim_time_mig_scene(out):
+    """MIG-backed vGPUs placed at claim time (issue 42 item 2): three claims fill one H100 (3g at 0, 2g at 4, 1g at 6),
+    a fourth finds no free placement, and unprepare leaves no GPU instance."""
+    scene = out.split("MIG-backed vGPUs placed at claim time")[-1].split("The whole GPU or vGPUs")[0]
+    placed = re.findall(r"prepared: GPU instance \d+ at (\d+):(\d+), VF (\S+) typed", scene)
+    assert sorted((int(start), int(size)) for start, size, _vf in placed) == [(0, 4), (4, 2), (6, 1)], scene[-3000:]
+    assert len({vf for _s, _z, vf in placed}) == 3
+    assert "not allocated: no placement of H100-3-40C is free" in scene
+    assert "GPU instances left: 0" in scene, scene[-3000:]
+
+
 def check_whole_gpu_scene(out):
     """The whole GPU or vGPUs (issue 42 item 1): one L40S given whole to one VM (VFs off, vfio-pci), then, once that VM
     is deleted, back to nvidia with its VFs and two 24Q vGPUs of it to two VMs. Read from the scene's gpusim."""
@@ -175,6 +186,7 @@ def test_make_demo_programs_the_node_attests_it_and_follows_a_relabel(tmp_path):
         assert sorted(type_id for _gpu, type_id in node.values() if type_id) == [1152] * 12  # 12 x L40S-8Q
         assert stored("/apis/resource.k8s.io/v1/deviceclasses/" + DRIVER)["spec"]["selectors"]
         check_claim_time_scene(out)
+        check_claim_time_mig_scene(out)
         check_whole_gpu_scene(out)
     finally:
         subprocess.run([os.path.join(REPO, "tools", "demo.sh"), "--down"], cwd=REPO, capture_output=True,
