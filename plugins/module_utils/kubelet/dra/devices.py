@@ -139,13 +139,6 @@ def _framebuffer_mib(profile):
         return None
 
 
-def _mig_backed(profile):
-    try:
-        return vgpu_types.parse_profile(profile).mig_backed
-    except vgpu_types.VgpuTypeError:
-        return False
-
-
 def vfio_nodes(sysfs, device):
     """The device's VFIO nodes relative to `<dev>/vfio/`: its IOMMU group, and the iommufd cdev of a VF."""
     if device.mdev_uuid:
@@ -181,7 +174,7 @@ class _GpuPlace:
 def _common(place, gpu, profile, type_name):
     root, numa = place(gpu["address"])
     return {"parent_gpu": gpu["address"], "profile": profile, "type_name": type_name, "pcie_root": root,
-            "numa_node": numa, "product": gpu.get("model"), "mig_backed": _mig_backed(profile),
+            "numa_node": numa, "product": gpu.get("model"), "mig_backed": vgpu_types.mig_backed(profile),
             "framebuffer_mib": _framebuffer_mib(profile)}
 
 
