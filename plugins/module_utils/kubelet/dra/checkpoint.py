@@ -58,10 +58,14 @@ class Checkpoint:
     def get(self, uid):
         return self.claims.get(uid)
 
+    def this_boot(self, entry):
+        """Whether a claim's record was written since the node last booted."""
+        return bool(entry) and entry.get("bootID") == self.boot_id
+
     def completed_this_boot(self, uid):
         """Whether `uid` was fully prepared since the node last booted (its files are all there)."""
         entry = self.claims.get(uid)
-        return bool(entry) and entry.get("state") == COMPLETED and entry.get("bootID") == self.boot_id
+        return self.this_boot(entry) and entry.get("state") == COMPLETED
 
     def set(self, uid, namespace, name, state, devices):
         self.claims[uid] = {"namespace": namespace, "name": name, "state": state, "bootID": self.boot_id,

@@ -206,7 +206,9 @@ class DraDriver:
                                                      if not (self._chosen_now(item) or self._whole(item.device))}))
             held = self.checkpoint.holders()
             mine = HOLDER % (ref.namespace, ref.name)
-            earlier = {d["device"]: d for d in _gis_this_boot(self.checkpoint.get(ref.uid), self.checkpoint.boot_id)}
+            prior = self.checkpoint.get(ref.uid)
+            earlier = {d["device"]: d for d in _gis_this_boot(prior, self.checkpoint.boot_id)}
+            earlier_whole = earlier if self.checkpoint.this_boot(prior) else {}   # a reboot reset the PF since
             entries, typed = [], []
             others = {key for key, names in held.items() if set(names) - {mine}}
             for item in allocated:
@@ -215,7 +217,7 @@ class DraDriver:
                         ref, item.pool, item.device, self.pool))
                 if self._whole(item.device):     # a claim-time GPU given whole: checked now (whole_gpu.py)
                     entries.append(claims.PreparedDevice(item.request, item.pool, self.whole.check(
-                        ref, item.device, earlier.get(item.device) if self._this_boot(ref) else None)))
+                        ref, item.device, earlier_whole.get(item.device))))
                     continue
                 if self._chosen_now(item):   # claim-time: a free VF of the allocated GPU (claim_time_prepare.py)
                     taken = others | {e.device.key for e in entries}
@@ -312,15 +314,10 @@ class DraDriver:
             if self._whole(entry.device.name):
                 self.whole.take(ref, entry.device, self._whole_step(ref, entry.device.name))
 
-    def _this_boot(self, ref):
-        """Whether the claim's record was written in this boot: only then is a PF off nvidia where its steps left it
-        (a reboot puts the PF back on nvidia; on vfio-pci after that, someone else bound it)."""
-        return (self.checkpoint.get(ref.uid) or {}).get("bootID") == self.checkpoint.boot_id
-
     def _give_back_whole(self, ref, entry):
         """Every GPU the record gives whole back to vGPUs (the caller holds the node lock); a ClaimError (the record
         stays) when one cannot be given back. A record of an earlier boot never rebinds the PF (whole_gpu.give_back)."""
-        ours = (entry or {}).get("bootID") == self.checkpoint.boot_id
+        ours = self.checkpoint.this_boot(entry)     # a reboot puts the PF back on nvidia: else someone else bound it
         for record in (entry or {}).get("devices") or ():
             if isinstance(record.get("whole"), dict):
                 if self.whole is None:

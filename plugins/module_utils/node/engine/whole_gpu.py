@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A claim-time GPU given whole to one DRA claim (issue 42 item 1): the node-side steps and their record.
 
-The DRA driver (kubelet/dra/whole_gpu_prepare.py) runs these under the node lock. Every step is recorded in the
+The DRA driver (kubelet/dra/whole_gpu.py, WholeGpuPreparer) runs these under the node lock. Every step is recorded in the
 claim's checkpoint record (`devices[].whole.step`, written durably) BEFORE it is taken, so a crash at any point is
 found on restart and each step is idempotent (it checks sysfs first):
 
@@ -19,7 +19,7 @@ Linux rules followed (Documentation/ABI/testing/sysfs-bus-pci `driver_override`,
 driver_override set only that driver binds the device; an empty write clears it. The PF is never unbound with VFs
 enabled (nvidia's remove takes them down under any VM; sriov-manage disables them first for the same reason).
 
-A PF that a record says a claim holds whole is this driver's, not an operator's reservation (node/pf_driver.py):
+A PF that a record says a claim holds whole is this driver's, not an operator's reservation (node/holders/pf_driver.py):
 node/holders/claim_holders.held_whole names those PFs; the reconcile (claim_time_layout.plan), vgpu_facts and
 sriov_vfs neither touch nor report them reserved.
 A reboot leaves the PF on nvidia without VFs and the record in place: the kubelet prepares the claim again
