@@ -165,6 +165,9 @@ class WholeGpuPreparer:
             # a retry after a crash finds the PF where this claim's recorded step left it (any driver): ours
             elif driver != whole_gpu.HOST_DRIVER and not (earlier or {}).get("whole"):
                 why = "it is bound to %s, not by this driver (an operator's passthrough?)" % (driver or "no driver")
+            elif driver != whole_gpu.VFIO_DRIVER and not self.sysfs.isdir(whole_gpu.VFIO_DRIVER_DIR):
+                # else the VFs would go and the PF leave nvidia before the bind finds no driver to take it
+                why = "the %s driver is not loaded (modprobe %s)" % (whole_gpu.VFIO_DRIVER, whole_gpu.VFIO_DRIVER)
             else:
                 why = whole_gpu.busy(self.sysfs, device.gpu, found, (mine,))
         except (SysfsError, OSError) as exc:

@@ -35,6 +35,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import claim_holders, inuse
 
 HOST_DRIVER, VFIO_DRIVER = "nvidia", "vfio-pci"
+VFIO_DRIVER_DIR = "bus/pci/drivers/" + VFIO_DRIVER     # present while the module is loaded
 STEP_CHECKED, STEP_DISABLE, STEP_BIND, STEP_BOUND = "checked", "disable-vfs", "bind-vfio", "bound"
 STEP_RETURN, STEP_ENABLE = "bind-nvidia", "enable-vfs"
 PREPARE_STEPS = (STEP_CHECKED, STEP_DISABLE, STEP_BIND, STEP_BOUND)

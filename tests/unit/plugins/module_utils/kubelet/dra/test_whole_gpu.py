@@ -197,6 +197,18 @@ def test_a_vf_typed_held_prepared_or_allocated_blocks_the_whole_gpu_and_nothing_
     assert e.node.log() == [] and e.record(UIDS[0]) is None and e.pf_driver() == "nvidia"
 
 
+def test_without_the_vfio_pci_driver_loaded_the_whole_gpu_is_refused_before_any_write(env, monkeypatch):
+    one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
+    e = env(one)
+    isdir = Sysfs.isdir
+    monkeypatch.setattr(Sysfs, "isdir", lambda self, rel: rel != "bus/pci/drivers/vfio-pci" and isdir(self, rel))
+    e.node.clear_log()
+    answer = e.driver.prepare([ref(one)])[UIDS[0]]
+    assert answer.devices == [] and answer.error.startswith(
+        "claim vms/vm-whole: device %s: GPU %s cannot be given whole: the vfio-pci driver is not loaded" % (WHOLE, GPU1))
+    assert e.node.log() == [] and e.record(UIDS[0]) is None and whole_state(e) == ("nvidia", 32)
+
+
 def test_a_gpu_an_operator_bound_to_vfio_pci_is_not_taken_nor_called_ours(env):
     one = claim("vm-whole", UIDS[0], [WHOLE], NODE)
     e = env(one)
