@@ -192,8 +192,14 @@ class Smi:
     def __init__(self, runner, fixed=None, identity=None):
         self.runner = runner
         self.fixed = FixedAnswers() if fixed is None else fixed
-        self.identity = identity or (lambda pf: None)
+        self._identity = identity or (lambda pf: None)
+        self.identities = {}    # PF -> its identity, read once per Smi (one engine, one reconcile)
         self.modes = {}      # PF -> the MIG mode this Smi read last
+
+    def identity(self, pf):
+        if pf not in self.identities:
+            self.identities[pf] = self._identity(pf)
+        return self.identities[pf]
 
     def run_fixed(self, pf, args, what):
         """The output of a fixed-answer call (class FixedAnswers), asked only when not kept for this identity."""
@@ -227,7 +233,7 @@ class Smi:
                                    "--query-gpu=mig.mode.current")[1])
         kept = self.fixed.get(pf)
         if kept is not None and kept[1] is not _UNREAD and kept[1] != mode:
-            del self.fixed[pf]      # read in the other MIG mode: asked again
+            self.fixed.pop(pf, None)    # read in the other MIG mode: asked again (the DRA driver's reads share it)
         elif kept is not None:
             self.fixed[pf] = (kept[0], mode, kept[2])
         self.modes[pf] = mode
