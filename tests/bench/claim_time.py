@@ -137,11 +137,11 @@ def run(args):
     return result
 
 
-def cli(argv, module, measure, name):
+def cli(argv, module, measure, name, gpus=8, runs=1):
     """`python -m tests.bench.<name> [--gpus N] [--runs N] [--out DIR]`: `measure(args)` written to <out>/<name>.json."""
     parser = argparse.ArgumentParser(prog="python -m tests.bench." + name, description=module.__doc__.split("\n\n")[1])
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--gpus", type=int, default=gpus)
+    parser.add_argument("--runs", type=int, default=runs)
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     result = measure(args)

@@ -14,10 +14,8 @@ Python process per call; every sysfs access a round trip to the simulator). Writ
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import pathlib
 import shutil
 import sys
 import tempfile
@@ -35,7 +33,7 @@ from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders import 
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.holders.kubelet_holders import node_holders
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.hw.sysfs import Sysfs
 from ansible_collections.accelops.vgpu.plugins.module_utils.node.layout import vgpu_layout
-from ansible_collections.accelops.vgpu.tests.bench.claim_time import limits
+from ansible_collections.accelops.vgpu.tests.bench.claim_time import cli, limits
 from ansible_collections.accelops.vgpu.tests.bench.dra import latency
 from ansible_collections.accelops.vgpu.tests.integration.dra.dra_helpers import NODE, NodeRunner
 
@@ -113,17 +111,7 @@ def run(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.whole_gpu", description=__doc__.split("\n\n")[1])
-    parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", default="bench-results")
-    args = parser.parse_args(argv)
-    result = run(args)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "whole_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return 0
+    return cli(argv, sys.modules[__name__], run, "whole_gpu", gpus=2, runs=3)
 
 
 if __name__ == "__main__":
